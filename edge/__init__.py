@@ -1,0 +1,1 @@
+"""Edge plane: OpenAI-compatible HTTP and SSE in front of the regions."""

@@ -1,0 +1,132 @@
+"""The edge's HTTP application: OpenAI-compatible routes, health and metrics.
+Every error leaves as an OpenAI error object."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from edge import metrics
+from edge.completions import CompletionsHandler, authenticate
+from edge.errors import OpenAIError, from_mesh_error
+from edge.health import path_health
+from edge.mesh_client import MeshClient
+from edge.settings import EdgeSettings
+from llmmesh.errors import MeshError
+from llmmesh.v1 import common_pb2, model_registry_service_pb2
+
+log = logging.getLogger(__name__)
+
+
+def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
+    """A model as ``GET /v1/models`` lists it: OpenAI's fields plus the mesh's."""
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "llmmesh",
+        "tier": model_registry_service_pb2.ModelTier.Name(model.tier).removeprefix("MODEL_TIER_").lower(),
+        "context_window": model.context_window,
+        "pricing": {
+            "input_per_1k_usd": model.pricing.input_per_1k_usd,
+            "output_per_1k_usd": model.pricing.output_per_1k_usd,
+        },
+        "regions": sorted(d.region for d in model.deployments),
+        "default_for_tiers": [
+            common_pb2.Tier.Name(t).removeprefix("TIER_").lower() for t in model.default_for_tiers
+        ],
+    }
+
+
+def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
+    """The edge application over a mesh client."""
+    completions = CompletionsHandler(settings, mesh)
+
+    async def list_models(request: Request) -> Response:
+        await authenticate(request, mesh)
+        models = await mesh.list_models()
+        return JSONResponse({"object": "list", "data": [model_object(m) for m in models]})
+
+    async def healthz(request: Request) -> Response:
+        ok, detail = await path_health(mesh)
+        return JSONResponse(detail, status_code=200 if ok else 503)
+
+    async def readyz(request: Request) -> Response:
+        ok = await mesh.global_serving()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    async def on_openai_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OpenAIError)
+        return exc.response()
+
+    async def on_mesh_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, MeshError)
+        return from_mesh_error(exc).response()
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        status = exc.status_code if exc.status_code in (404, 405) else 400
+        return OpenAIError(status, f"{request.method} {request.url.path}: {exc.detail}", code=code).response()
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return OpenAIError(500, "internal error", type="server_error", code="internal_error").response()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await mesh.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions.handle, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ],
+        exception_handlers={
+            OpenAIError: on_openai_error,
+            MeshError: on_mesh_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+        lifespan=lifespan,
+    )
+
+    return app
+
+
+class RequestCounter:
+    """Pure ASGI middleware counting answered requests by route and status
+    (no response wrapping, so streams and disconnects pass through as is)."""
+
+    def __init__(self, app: Starlette) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                route = scope.get("route")
+                path = getattr(route, "path", "other")
+                metrics.REQUESTS.labels(route=path, status=str(message["status"])).inc()
+            await send(message)
+
+        await self._app(scope, receive, counting_send)

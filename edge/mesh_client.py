@@ -1,0 +1,159 @@
+"""The edge's gRPC clients: the global plane (keys, routing, models) and a
+channel per region."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import (
+    billing_service_pb2_grpc,
+    chat_service_pb2_grpc,
+    geo_routing_service_pb2,
+    geo_routing_service_pb2_grpc,
+    model_registry_service_pb2,
+    model_registry_service_pb2_grpc,
+    policy_service_pb2,
+    policy_service_pb2_grpc,
+)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The tenant behind an API key."""
+
+    secret: str
+    tenant: policy_service_pb2.Tenant
+    key_id: str
+
+
+def _global_error(err: grpc.aio.AioRpcError) -> MeshError:
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(
+            Reason.GLOBAL_PLANE_UNAVAILABLE, "the global control plane is unreachable", retry_after_s=1.0
+        )
+    return from_rpc_error(err)
+
+
+class MeshClient:
+    """Talks to the global plane and opens region channels on demand."""
+
+    def __init__(
+        self, global_address: str, auth_cache_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._global = open_channel(global_address)
+        self.policy = policy_service_pb2_grpc.PolicyServiceStub(self._global)
+        self.geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(self._global)
+        self.registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(self._global)
+        self.billing = billing_service_pb2_grpc.BillingServiceStub(self._global)
+        self._global_health = health_pb2_grpc.HealthStub(self._global)
+        self._regions: dict[str, grpc.aio.Channel] = {}
+        self._auth_cache: dict[str, tuple[float, Principal]] = {}
+        self._auth_cache_s = auth_cache_s
+        self._clock = clock
+
+    async def authenticate(self, secret: str) -> Principal:
+        """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
+        hit = self._auth_cache.get(secret)
+        if hit is not None and self._clock() - hit[0] < self._auth_cache_s:
+            return hit[1]
+        try:
+            resp = await self.policy.AuthenticateKey(
+                policy_service_pb2.AuthenticateKeyRequest(secret=secret), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+        principal = Principal(secret=secret, tenant=resp.tenant, key_id=resp.key_id)
+        self._auth_cache[secret] = (self._clock(), principal)
+        return principal
+
+    async def route(self, tenant_id: str, model: str) -> list[geo_routing_service_pb2.RegionStatus]:
+        """The tenant's serving regions, best first; raises when there are none."""
+        try:
+            resp = await self.geo.Route(
+                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, model=model), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+        return list(resp.regions)
+
+    async def list_models(self) -> list[model_registry_service_pb2.Model]:
+        models: list[model_registry_service_pb2.Model] = []
+        token = ""
+        try:
+            while True:
+                resp = await self.registry.ListModels(
+                    model_registry_service_pb2.ListModelsRequest(page_size=100, page_token=token), timeout=5.0
+                )
+                models.extend(resp.models)
+                token = resp.next_page_token
+                if not token:
+                    return models
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+
+    async def list_regions(self) -> list[geo_routing_service_pb2.RegionStatus]:
+        try:
+            resp = await self.geo.ListRegions(
+                geo_routing_service_pb2.ListRegionsRequest(page_size=500), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+        return list(resp.regions)
+
+    async def global_serving(self) -> bool:
+        try:
+            resp = await self._global_health.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def chat(self, address: str) -> chat_service_pb2_grpc.ChatServiceStub:
+        """A ChatService stub for a region, reusing one channel per address."""
+        channel = self._regions.get(address)
+        if channel is None:
+            channel = self._regions[address] = open_channel(address)
+        return chat_service_pb2_grpc.ChatServiceStub(channel)
+
+    async def close(self) -> None:
+        for channel in self._regions.values():
+            await channel.close()
+        await self._global.close()
+
+
+class ModelResolver:
+    """Resolves requested model names per tenant tier, cached briefly so the
+    edge answers 404 for unknown models without a global call per request."""
+
+    def __init__(
+        self, mesh: MeshClient, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._mesh = mesh
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
+
+    async def resolve(self, name: str, tenant: policy_service_pb2.Tenant) -> model_registry_service_pb2.Model:
+        key = (name, int(tenant.tier))
+        hit = self._cache.get(key)
+        if hit is not None and self._clock() - hit[0] < self._ttl_s:
+            return hit[1]
+        try:
+            resp = await self._mesh.registry.ResolveModel(
+                model_registry_service_pb2.ResolveModelRequest(name=name, tenant_tier=tenant.tier),
+                timeout=5.0,
+            )
+        except grpc.aio.AioRpcError as err:
+            if hit is not None and err.code() == grpc.StatusCode.UNAVAILABLE:
+                return hit[1]
+            raise _global_error(err) from err
+        model: model_registry_service_pb2.Model = resp.model
+        self._cache[key] = (self._clock(), model)
+        return model

@@ -1,0 +1,150 @@
+"""The OpenAI request bodies the edge accepts, and their translation to the
+contract. Validation failures become 400s naming the offending ``param``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
+
+from edge.errors import OpenAIError
+from llmmesh.v1 import common_pb2
+
+_ROLE: dict[str, common_pb2.ChatRole.ValueType] = {
+    "system": common_pb2.CHAT_ROLE_SYSTEM,
+    "developer": common_pb2.CHAT_ROLE_DEVELOPER,
+    "user": common_pb2.CHAT_ROLE_USER,
+    "assistant": common_pb2.CHAT_ROLE_ASSISTANT,
+    "tool": common_pb2.CHAT_ROLE_TOOL,
+}
+
+
+class TextPart(BaseModel):
+    """One text part of a multi-part message content."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    """``stream_options`` of a streaming request."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions``."""
+
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    user: StrictStr | None = None
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def to_messages(self) -> list[common_pb2.ChatMessage]:
+        out = []
+        for i, m in enumerate(self.messages):
+            text = m.text()
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise OpenAIError(
+                    400,
+                    f"messages[{i}].content is not valid UTF-8 text",
+                    param=f"messages[{i}].content",
+                    code="invalid_value",
+                ) from exc
+            out.append(common_pb2.ChatMessage(role=_ROLE[m.role], content=text, name=m.name or ""))
+        return out
+
+    def to_sampling(self) -> common_pb2.SamplingParams:
+        sampling = common_pb2.SamplingParams()
+        limit = self.output_limit()
+        if limit is not None:
+            if limit < 1:
+                param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+                raise OpenAIError(400, f"{param} must be at least 1", param=param, code="invalid_value")
+            sampling.max_tokens = limit
+        if self.temperature is not None:
+            sampling.temperature = float(self.temperature)
+        if self.top_p is not None:
+            sampling.top_p = float(self.top_p)
+        if self.seed is not None:
+            sampling.seed = self.seed
+        if self.stop is not None:
+            sampling.stop.extend([self.stop] if isinstance(self.stop, str) else self.stop)
+        return sampling
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif (
+            part in ("str", "int", "float", "bool", "list[TextPart]", "list[constrained-str]") or "[" in part
+        ):
+            # pydantic names union branches in the location; they are not fields
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def parse_chat_request(body: object) -> ChatCompletionRequest:
+    """Validate a decoded JSON body, or raise a 400 OpenAIError."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param(tuple(first["loc"]))
+        if first["type"] == "missing":
+            raise OpenAIError(
+                400, f"missing required parameter: '{param}'", param=param, code="missing_required_parameter"
+            ) from exc
+        raise OpenAIError(
+            400, f"invalid value for '{param}': {first['msg']}", param=param, code="invalid_value"
+        ) from exc

@@ -1,0 +1,83 @@
+"""Starting and stopping one edge: uvicorn on a socket bound up front, so
+port 0 works and the bound URL is known before serving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from edge.app import RequestCounter, build_app
+from edge.mesh_client import MeshClient
+from edge.settings import EdgeSettings
+from llmmesh import lifecycle
+
+log = logging.getLogger(__name__)
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the process owner drains it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class EdgeServer:
+    """A running edge."""
+
+    url: str
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """Stop accepting, let open streams finish for a few seconds, close."""
+        self.server.should_exit = True
+        try:
+            async with asyncio.timeout(10):
+                await self.task
+        except TimeoutError:
+            self.server.force_exit = True
+            await self.task
+
+
+async def start_edge(settings: EdgeSettings) -> EdgeServer:
+    """Start an edge in this process and return it serving."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    mesh = MeshClient(settings.global_address, auth_cache_s=settings.auth_cache_ms / 1000)
+    app = RequestCounter(build_app(settings, mesh))
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, access_log=False
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="edge-http")
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the edge HTTP server stopped during startup")
+        await asyncio.sleep(0.02)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{port}"
+    log.info("edge serving on %s", url)
+    return EdgeServer(url=url, server=server, task=task)
+
+
+async def serve(settings: EdgeSettings) -> None:
+    """Run an edge until SIGTERM or SIGINT, then drain."""
+    stop = lifecycle.stop_event()
+    edge = await start_edge(settings)
+    lifecycle.write_ready_file(settings.ready_file, {"url": edge.url})
+    await stop.wait()
+    log.info("edge draining")
+    await edge.stop()

@@ -1,0 +1,1 @@
+"""Engine pod plane: vLLM or the simulator behind EngineService."""

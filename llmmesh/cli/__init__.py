@@ -1,0 +1,1 @@
+"""The ``llmmesh`` command line."""

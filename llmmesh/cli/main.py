@@ -1,0 +1,119 @@
+"""``llmmesh``: run the embedded mesh or one plane."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from llmmesh import config
+from llmmesh.errors import MeshError
+
+
+def _setup_logging(name: str, level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_plane(name: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    try:
+        asyncio.run(coro())
+    except MeshError as err:
+        print(f"llmmesh {name}: {err.message}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"llmmesh {name}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_global(args: argparse.Namespace) -> int:
+    from globalplane.server import serve
+    from globalplane.settings import GlobalSettings
+
+    return _run_plane("global", lambda: serve(config.load(GlobalSettings, args)))
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    from engine.server import serve
+    from engine.settings import EngineSettings
+
+    return _run_plane("engine", lambda: serve(config.load(EngineSettings, args)))
+
+
+def _cmd_region(args: argparse.Namespace) -> int:
+    from region.server import serve
+    from region.settings import RegionSettings
+
+    return _run_plane("region", lambda: serve(config.load(RegionSettings, args)))
+
+
+def _cmd_edge(args: argparse.Namespace) -> int:
+    from edge.server import serve
+    from edge.settings import EdgeSettings
+
+    return _run_plane("edge", lambda: serve(config.load(EdgeSettings, args)))
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from llmmesh.cli.up import run_up
+
+    return run_up(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from edge.settings import EdgeSettings
+    from engine.settings import EngineSettings
+    from globalplane.settings import GlobalSettings
+    from llmmesh.cli.up import add_up_arguments
+    from region.settings import RegionSettings
+
+    parser = argparse.ArgumentParser(
+        prog="llmmesh", description="A gRPC-native, multi-region LLM serving mesh."
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up", help="run the embedded mesh: global plane, a region, its engine pod and the edge"
+    )
+    add_up_arguments(up)
+    up.set_defaults(func=_cmd_up)
+
+    planes: list[tuple[str, str, type[Any], Callable[[argparse.Namespace], int]]] = [
+        ("global", "run the global control plane", GlobalSettings, _cmd_global),
+        ("region", "run one region plane", RegionSettings, _cmd_region),
+        ("engine", "run one engine pod", EngineSettings, _cmd_engine),
+        ("edge", "run the OpenAI-compatible HTTP edge", EdgeSettings, _cmd_edge),
+    ]
+    for name, help_text, settings_cls, func in planes:
+        plane = sub.add_parser(
+            name, help=help_text, description=f"{help_text}; flags override LLMMESH_* variables."
+        )
+        config.add_arguments(plane, settings_cls)
+        plane.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.command, args.log_level)
+    try:
+        result: int = args.func(args)
+    except ValueError as err:  # a malformed LLMMESH_* variable
+        print(f"llmmesh {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Process lifecycle shared by every plane: stop signals and ready files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT, for a graceful drain."""
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, event.set)
+    return event
+
+
+def write_ready_file(path: str | None, payload: dict[str, object]) -> None:
+    """Atomically write ``payload`` as JSON, telling a supervisor we serve."""
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(target)

@@ -1,0 +1,1 @@
+"""Generated protobuf modules of package llmmesh.v1 (scripts/genproto.py)."""

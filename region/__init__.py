@@ -1,0 +1,1 @@
+"""Region plane: gateway, KV-affinity router, safety, context builder, zone store, metering."""

@@ -1,0 +1,126 @@
+"""The region's engine pods: channels, health and a placement choice.
+
+Placement here is least-loaded over healthy pods; the KV-affinity router
+replaces it behind the same ``pick`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from llmmesh.errors import Reason, Unavailable
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EnginePodHandle:
+    """One engine pod as the region sees it."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: engine_service_pb2_grpc.EngineServiceStub
+    health: health_pb2_grpc.HealthStub
+    pod_id: str = ""
+    model: str = ""
+    healthy: bool = False
+    in_flight: int = 0
+    info: engine_service_pb2.GetEngineInfoResponse = field(
+        default_factory=engine_service_pb2.GetEngineInfoResponse
+    )
+
+
+class EnginePool:
+    """Tracks the pods of a region and picks one per turn."""
+
+    def __init__(self, addresses: list[str], health_interval_s: float = 1.0) -> None:
+        self._pods: list[EnginePodHandle] = []
+        for address in addresses:
+            channel = open_channel(address)
+            self._pods.append(
+                EnginePodHandle(
+                    address=address,
+                    channel=channel,
+                    stub=engine_service_pb2_grpc.EngineServiceStub(channel),
+                    health=health_pb2_grpc.HealthStub(channel),
+                )
+            )
+        self._interval_s = health_interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pods(self) -> list[EnginePodHandle]:
+        return list(self._pods)
+
+    @property
+    def healthy_pods(self) -> list[EnginePodHandle]:
+        return [p for p in self._pods if p.healthy]
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({p.model for p in self._pods if p.model})
+
+    async def check(self) -> None:
+        """Probe every pod once; learn its identity the first time it answers."""
+        await asyncio.gather(*(self._check_pod(p) for p in self._pods))
+
+    async def _check_pod(self, pod: EnginePodHandle) -> None:
+        try:
+            resp = await pod.health.Check(
+                health_pb2.HealthCheckRequest(service="llmmesh.v1.EngineService"), timeout=2.0
+            )
+            serving = resp.status == health_pb2.HealthCheckResponse.SERVING
+            if serving and not pod.pod_id:
+                pod.info = await pod.stub.GetEngineInfo(
+                    engine_service_pb2.GetEngineInfoRequest(), timeout=2.0
+                )
+                pod.pod_id, pod.model = pod.info.pod_id, pod.info.model
+        except grpc.aio.AioRpcError:
+            serving = False
+        if serving != pod.healthy:
+            log.info("engine pod %s (%s) is %s", pod.pod_id or "?", pod.address, "up" if serving else "down")
+        pod.healthy = serving
+
+    def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> EnginePodHandle:
+        """The healthy pod serving ``model`` with the fewest turns in flight."""
+        candidates = [
+            p
+            for p in self._pods
+            if p.healthy and p.address not in exclude and (not model or not p.model or p.model == model)
+        ]
+        if not candidates:
+            raise Unavailable(
+                Reason.ENGINE_UNAVAILABLE,
+                f"no healthy engine pod serves model {model!r} in this region",
+                retry_after_s=1.0,
+            )
+        return min(candidates, key=lambda p: p.in_flight)
+
+    def mark_failed(self, pod: EnginePodHandle) -> None:
+        """Take a pod out of placement until its next good health check."""
+        pod.healthy = False
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.check()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="engine-health")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for pod in self._pods:
+            await pod.channel.close()

@@ -1,0 +1,121 @@
+"""The region's ChatService: a thin gRPC face over the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn, TypeAlias
+
+import grpc
+import grpc.aio
+
+from llmmesh import apikeys
+from llmmesh.errors import InvalidArgument, MeshError, Reason, Unimplemented
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region.gateway import ChatGateway
+
+log = logging.getLogger(__name__)
+
+# grpc ships no type stubs; the alias names what the value is.
+Context: TypeAlias = grpc.aio.ServicerContext
+
+
+def caller_secret(context: Context) -> str | None:
+    """The API key from ``authorization: Bearer`` metadata."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            return apikeys.bearer_secret(value)
+    return None
+
+
+class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
+    """Serves chat turns and describes the region."""
+
+    def __init__(
+        self, gateway: ChatGateway, region_info: Callable[[], chat_service_pb2.GetRegionInfoResponse]
+    ) -> None:
+        self._gateway = gateway
+        self._region_info = region_info
+
+    async def Chat(
+        self, request_iterator: AsyncIterator[chat_service_pb2.ChatRequest], context: Context
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("action") != "start":
+            await InvalidArgument(Reason.INVALID_REQUEST, "the first message must be 'start'").abort(context)
+        cancel = asyncio.Event()
+        watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel))
+        emitted = False
+        try:
+            async for event in self._gateway.run_turn(first.start, caller_secret(context), cancel):
+                emitted = True
+                yield event
+        except MeshError as err:
+            if emitted:
+                yield chat_service_pb2.ChatResponse(error=err.to_stream_error())
+            else:
+                await err.abort(context)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    @staticmethod
+    async def _watch_controls(
+        request_iterator: AsyncIterator[chat_service_pb2.ChatRequest], cancel: asyncio.Event
+    ) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            async for request in request_iterator:
+                if request.WhichOneof("action") == "cancel":
+                    log.info("turn cancelled by client: %s", request.cancel.reason or "no reason given")
+                    cancel.set()
+                    return
+
+    async def GetRegionInfo(
+        self,
+        request: chat_service_pb2.GetRegionInfoRequest,
+        context: Context,
+    ) -> chat_service_pb2.GetRegionInfoResponse:
+        return self._region_info()
+
+    # The zone-bound conversation store comes with the region plane's store;
+    # until then these answer UNIMPLEMENTED with ErrorInfo, not a bare status.
+    async def CreateConversation(
+        self, request: chat_service_pb2.CreateConversationRequest, context: Context
+    ) -> chat_service_pb2.CreateConversationResponse:
+        await _conversations_unavailable(context)
+
+    async def GetConversation(
+        self, request: chat_service_pb2.GetConversationRequest, context: Context
+    ) -> chat_service_pb2.GetConversationResponse:
+        await _conversations_unavailable(context)
+
+    async def ListConversations(
+        self, request: chat_service_pb2.ListConversationsRequest, context: Context
+    ) -> chat_service_pb2.ListConversationsResponse:
+        await _conversations_unavailable(context)
+
+    async def DeleteConversation(
+        self, request: chat_service_pb2.DeleteConversationRequest, context: Context
+    ) -> chat_service_pb2.DeleteConversationResponse:
+        await _conversations_unavailable(context)
+
+    async def ListMessages(
+        self, request: chat_service_pb2.ListMessagesRequest, context: Context
+    ) -> chat_service_pb2.ListMessagesResponse:
+        await _conversations_unavailable(context)
+
+
+async def _conversations_unavailable(context: Context) -> NoReturn:
+    await Unimplemented(Reason.NOT_IMPLEMENTED, "this region does not store conversations yet").abort(context)
+
+
+def region_health(healthy_pods: int, total_pods: int) -> common_pb2.HealthState.ValueType:
+    """A region serves while any pod does; it is degraded while some do not."""
+    if healthy_pods == 0:
+        return common_pb2.HEALTH_STATE_DOWN
+    if healthy_pods < total_pods:
+        return common_pb2.HEALTH_STATE_DEGRADED
+    return common_pb2.HEALTH_STATE_SERVING

@@ -1,0 +1,90 @@
+"""The edge's HTTP routes over an in-process mesh."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.stack import DEV_KEY, Stack, running_stack, wait_until
+
+pytestmark = pytest.mark.asyncio
+AUTH = {"authorization": f"Bearer {DEV_KEY}"}
+BODY = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 10}
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack(with_edge=True) as running:
+        yield running
+
+
+@pytest_asyncio.fixture
+async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    assert stack.edge is not None
+    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as client:
+        yield client
+
+
+def sse_events(text: str) -> list[tuple[int | None, str]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        event_id, data = None, ""
+        for line in block.splitlines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: "):
+                data = line[6:]
+        events.append((event_id, data))
+    return events
+
+
+async def test_stream_ids_are_increasing_and_end_with_done(http: httpx.AsyncClient) -> None:
+    resp = await http.post(
+        "/v1/chat/completions",
+        json={**BODY, "stream": True, "stream_options": {"include_usage": True}},
+        headers=AUTH,
+    )
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert resp.headers["x-llmmesh-region"] == "us-east"
+    events = sse_events(resp.text)
+    assert events[-1] == (None, "[DONE]")
+    ids = [i for i, _ in events[:-1] if i is not None]
+    assert len(ids) == len(events) - 1
+    assert ids == sorted(set(ids))
+    chunks = [json.loads(d) for _, d in events[:-1]]
+    assert {c["id"] for c in chunks} == {resp.headers["x-request-id"]}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+async def test_models_needs_a_key(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v1/models")).status_code == 401
+    listed = (await http.get("/v1/models", headers=AUTH)).json()
+    (model,) = listed["data"]
+    assert model["id"] == "llmmesh-tiny" and model["context_window"] > 0
+
+
+async def test_metrics_count_requests_and_tokens(http: httpx.AsyncClient) -> None:
+    await http.post("/v1/chat/completions", json={**BODY, "stream": True}, headers=AUTH)
+    text = (await http.get("/metrics")).text
+    assert 'llmmesh_edge_requests_total{route="/v1/chat/completions",status="200"}' in text
+    assert "llmmesh_edge_output_tokens_total" in text
+
+
+async def test_healthz_fails_when_the_engine_is_gone(stack: Stack, http: httpx.AsyncClient) -> None:
+    await wait_until(lambda: stack.global_plane.directory.status("us-east") is not None, what="heartbeat")
+    assert (await http.get("/healthz")).status_code == 200
+    await stack.engine.stop(0)
+    await wait_until(lambda: not stack.region.pool.healthy_pods, what="engine marked down")
+    resp = await http.get("/healthz")
+    assert resp.status_code == 503
+    assert resp.json()["regions"]["us-east"]["healthy_engine_pods"] == 0
+    failed = await http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+    assert failed.status_code == 503
+    assert failed.json()["error"]["code"] == "engine_unavailable"
+    assert "retry-after" in failed.headers

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from globalplane.policy_records import Tenant
+from globalplane.region_directory import GeoPoint, LocationHint, RegionDirectory, RegionHealth, RegionReport
+from globalplane.tiers import TenantTier
+from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
+from tests.globalplane.manual_clock import ManualClock
+
+PARIS = GeoPoint(48.86, 2.35)
+FRANKFURT = GeoPoint(50.11, 8.68)
+DUBLIN = GeoPoint(53.35, -6.26)
+
+
+def _tenant(zone: str = "eu") -> Tenant:
+    return Tenant("ten_1", "acme", zone, TenantTier.PRO, datetime(2031, 1, 1, tzinfo=UTC))
+
+
+def _report(
+    region: str,
+    zone: str = "eu",
+    health: RegionHealth = RegionHealth.SERVING,
+    *,
+    queue_depth: int = 0,
+    location: GeoPoint | None = None,
+    models: tuple[str, ...] = ("m",),
+) -> RegionReport:
+    return RegionReport(region, zone, f"{region}:443", health, 8, queue_depth, models, location, 2, 2)
+
+
+def _names(directory: RegionDirectory, **kw: str) -> list[str]:
+    return [s.report.region for s in directory.route(_tenant(), **kw)]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def directory(clock: ManualClock) -> RegionDirectory:
+    d = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    d.heartbeat(_report("eu-west", location=DUBLIN, queue_depth=4))
+    d.heartbeat(_report("eu-central", location=FRANKFURT, queue_depth=1))
+    d.heartbeat(_report("us-east", zone="us"))
+    return d
+
+
+def test_route_stays_in_zone_and_prefers_light_load(directory: RegionDirectory) -> None:
+    assert _names(directory) == ["eu-central", "eu-west"]
+
+
+def test_preferred_region_comes_first_only_if_eligible(directory: RegionDirectory) -> None:
+    assert _names(directory, preferred_region="eu-west") == ["eu-west", "eu-central"]
+    # Another zone's region is never returned, not even when preferred.
+    assert _names(directory, preferred_region="us-east") == ["eu-central", "eu-west"]
+
+
+def test_hint_naming_a_region_puts_it_first(directory: RegionDirectory) -> None:
+    assert _names(directory, location_hint="eu-west") == ["eu-west", "eu-central"]
+    assert _names(directory, location_hint="eu-west", preferred_region="eu-central")[0] == "eu-central"
+
+
+def test_point_hint_orders_by_distance(directory: RegionDirectory) -> None:
+    assert _names(directory, location_hint=f"{PARIS.latitude},{PARIS.longitude}") == ["eu-central", "eu-west"]
+    assert _names(directory, location_hint="52.0,-8.0") == ["eu-west", "eu-central"]
+
+
+@pytest.mark.parametrize("hint", ["91,0", "0,181", "1,2,3", "abc def", "EU-WEST", "1;2"])
+def test_malformed_hint_is_invalid(hint: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        LocationHint.parse(hint)
+    assert info.value.metadata["param"] == "client_location_hint"
+
+
+def test_serving_before_degraded_and_draining_excluded(directory: RegionDirectory) -> None:
+    directory.heartbeat(_report("eu-central", health=RegionHealth.DEGRADED))
+    directory.heartbeat(_report("eu-north", health=RegionHealth.DRAINING))
+    assert _names(directory) == ["eu-west", "eu-central"]
+
+
+def test_model_filter(directory: RegionDirectory) -> None:
+    directory.heartbeat(_report("eu-south", models=("big",)))
+    assert _names(directory, model="big") == ["eu-south"]
+    with pytest.raises(FailedPrecondition) as info:
+        directory.route(_tenant(), model="none")
+    assert info.value.reason == Reason.NO_REGION_IN_ZONE
+    assert info.value.metadata["zone"] == "eu"
+
+
+def test_missed_heartbeats_mark_a_region_down(directory: RegionDirectory, clock: ManualClock) -> None:
+    clock.advance(milliseconds=2999)
+    directory.heartbeat(_report("eu-central", location=FRANKFURT))
+    status = directory.status("eu-west")
+    assert status is not None
+    assert status.effective_health == RegionHealth.SERVING
+    clock.advance(milliseconds=1)
+    status = directory.status("eu-west")
+    assert status is not None
+    assert status.effective_health == RegionHealth.DOWN
+    assert _names(directory) == ["eu-central"]
+    clock.advance(seconds=3)
+    with pytest.raises(FailedPrecondition) as info:
+        directory.route(_tenant())
+    assert info.value.reason == Reason.NO_REGION_IN_ZONE
+    assert "zone 'eu'" in info.value.message
+
+
+def test_a_region_never_changes_zone(directory: RegionDirectory) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        directory.heartbeat(_report("eu-west", zone="us"))
+    assert info.value.reason == Reason.WRONG_ZONE
+
+
+@pytest.mark.parametrize(
+    ("report", "param"),
+    [
+        (_report("EU_WEST"), "region"),
+        (_report("eu-west", zone="eu-x"), "zone"),
+        (RegionReport("eu-west", "eu", " ", RegionHealth.SERVING), "chat_address"),
+        (RegionReport("eu-west", "eu", "a:1", RegionHealth.SERVING, capacity=-1), "capacity"),
+    ],
+)
+def test_heartbeat_validates(report: RegionReport, param: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        RegionDirectory().heartbeat(report)
+    assert info.value.metadata["param"] == param
+
+
+def test_list_regions_pages_and_filters(directory: RegionDirectory) -> None:
+    first = directory.list_regions(zone="eu", page_size=1)
+    second = directory.list_regions(zone="eu", page_size=1, page_token=first.next_page_token)
+    assert [s.report.region for s in first.items + second.items] == ["eu-central", "eu-west"]
+    assert second.next_page_token == ""
+    assert [s.report.region for s in directory.serving("m")] == ["eu-central", "eu-west", "us-east"]
+
+
+_ZONES = ["eu", "us", "ap"]
+_regions = st.lists(
+    st.tuples(
+        st.sampled_from(_ZONES),
+        st.integers(0, 5),
+        st.sampled_from(list(RegionHealth)),
+        st.integers(0, 10),
+        st.integers(0, 4000),
+        st.booleans(),
+    ),
+    max_size=12,
+)
+
+
+@given(
+    regions=_regions,
+    zone=st.sampled_from(_ZONES),
+    preferred=st.sampled_from(["", "eu-r1", "us-r2", "ap-r3"]),
+    hint=st.sampled_from(["", "us-r1", "eu-r0", "10.5,20.25", "-45,170"]),
+)
+def test_property_route_never_leaves_the_zone(
+    regions: list[tuple[str, int, RegionHealth, int, int, bool]], zone: str, preferred: str, hint: str
+) -> None:
+    clock = ManualClock()
+    directory = RegionDirectory(clock=clock)
+    for region_zone, number, health, queue, silent_ms, located in regions:
+        name = f"{region_zone}-r{number}"
+        known = directory.status(name)
+        if known is not None and known.report.zone != region_zone:
+            continue
+        location = GeoPoint(number * 10.0, number * -20.0) if located else None
+        directory.heartbeat(RegionReport(name, region_zone, "h:1", health, 4, queue, ("m",), location))
+        clock.advance(milliseconds=silent_ms)
+    expected = {
+        s.report.region
+        for s in directory.list_regions(zone=zone, page_size=500).items
+        if s.effective_health in (RegionHealth.SERVING, RegionHealth.DEGRADED)
+    }
+    if not expected:
+        with pytest.raises(FailedPrecondition) as info:
+            directory.route(_tenant(zone), model="m", location_hint=hint, preferred_region=preferred)
+        assert info.value.reason == Reason.NO_REGION_IN_ZONE
+        return
+    routed = directory.route(_tenant(zone), model="m", location_hint=hint, preferred_region=preferred)
+    names = [s.report.region for s in routed]
+    assert all(s.report.zone == zone for s in routed)
+    assert set(names) == expected
+    assert len(names) == len(set(names))
+    if preferred in expected:
+        assert names[0] == preferred

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from globalplane.model_catalog import Model, ModelCatalog, ModelTier
+from globalplane.tenant_book import TenantBook
+from globalplane.tiers import TenantTier
+from globalplane.usage_ledger import UsageLedger, UsageRecord, format_usd
+from llmmesh.errors import InvalidArgument, NotFound, Reason
+from tests.globalplane.manual_clock import ManualClock
+
+MODEL = Model("m", ModelTier.SMALL, 4096, Decimal("0.0005"), Decimal("0.0015"))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(datetime(2031, 5, 17, 12, 0, tzinfo=UTC))
+
+
+@pytest.fixture
+def tenants(clock: ManualClock) -> TenantBook:
+    return TenantBook(clock)
+
+
+@pytest.fixture
+def ledger(tenants: TenantBook, clock: ManualClock) -> UsageLedger:
+    return UsageLedger(tenants, ModelCatalog([MODEL]), clock)
+
+
+async def _tenant_id(tenants: TenantBook) -> str:
+    return (await tenants.create_tenant("acme", "eu", TenantTier.PRO)).id
+
+
+def _record(
+    tenant_id: str, request_id: str, inp: int = 1000, out: int = 2000, end_time: datetime | None = None
+) -> UsageRecord:
+    return UsageRecord(request_id, tenant_id, "m", "eu-west", inp, out, end_time=end_time)
+
+
+@pytest.mark.asyncio
+async def test_cost_is_exact_decimal(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    await ledger.record([_record(tid, "r1", 1000, 2000), _record(tid, "r2", 1, 1)])
+    totals = await ledger.usage(tid)
+    # 1000*0.0005/1000 + 2000*0.0015/1000 + 1*0.0005/1000 + 1*0.0015/1000
+    assert totals.cost_usd == Decimal("0.0035") + Decimal("0.000002")
+    assert format_usd(totals.cost_usd) == "0.003502"
+    assert (totals.input_tokens, totals.output_tokens, totals.requests) == (1001, 2001, 2)
+    assert totals.period == "2031-05"
+
+
+@pytest.mark.asyncio
+async def test_huge_counts_stay_exact(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    big = 2**62
+    await ledger.record([_record(tid, "r1", big, big)])
+    expected = Decimal(big) * Decimal("0.0005") / 1000 + Decimal(big) * Decimal("0.0015") / 1000
+    assert (await ledger.usage(tid)).cost_usd == Decimal(big) * Decimal("0.000002")
+    assert expected == Decimal(big) * Decimal("0.000002")
+
+
+@pytest.mark.asyncio
+async def test_duplicates_are_counted_not_billed(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    first = await ledger.record([_record(tid, "r1"), _record(tid, "r1")])
+    again = await ledger.record([_record(tid, "r1", 99, 99)])
+    assert (first.accepted, first.duplicates) == (1, 1)
+    assert (again.accepted, again.duplicates) == (0, 1)
+    assert (await ledger.usage(tid)).requests == 1
+
+
+@pytest.mark.asyncio
+async def test_concurrent_delivery_bills_once(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    batch = [_record(tid, f"r{i}") for i in range(10)]
+    outcomes = await asyncio.gather(*(ledger.record(batch) for _ in range(25)))
+    assert sum(o.accepted for o in outcomes) == 10
+    assert sum(o.duplicates for o in outcomes) == 24 * 10
+    totals = await ledger.usage(tid)
+    assert totals.requests == 10
+    assert totals.cost_usd == 10 * Decimal("0.0035")
+
+
+@pytest.mark.asyncio
+async def test_period_comes_from_end_time_in_utc(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    april = datetime(2031, 4, 30, 23, 59, tzinfo=UTC)
+    await ledger.record([_record(tid, "r1", end_time=april), _record(tid, "r2")])
+    assert (await ledger.usage(tid, "2031-04")).requests == 1
+    assert (await ledger.usage(tid, "2031-05")).requests == 1
+    empty = await ledger.usage(tid, "2030-01")
+    assert (empty.requests, empty.cost_usd) == (0, Decimal(0))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("period", ["2031-13", "2031-5", "31-05", "May", "2031-00"])
+async def test_malformed_period_is_invalid(tenants: TenantBook, ledger: UsageLedger, period: str) -> None:
+    tid = await _tenant_id(tenants)
+    with pytest.raises(InvalidArgument) as info:
+        await ledger.usage(tid, period)
+    assert info.value.metadata["param"] == "period"
+
+
+@pytest.mark.asyncio
+async def test_invalid_batches_store_nothing(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    with pytest.raises(InvalidArgument):
+        await ledger.record([_record(tid, "ok"), _record(tid, "")])
+    with pytest.raises(InvalidArgument):
+        await ledger.record([_record(tid, "ok"), _record(tid, "neg", -1, 0)])
+    with pytest.raises(NotFound) as tenant:
+        await ledger.record([_record(tid, "ok"), _record("ten_missing", "x")])
+    assert tenant.value.reason == Reason.TENANT_NOT_FOUND
+    with pytest.raises(NotFound) as model:
+        await ledger.record([UsageRecord("x", tid, "nope", "eu-west", 1, 1)])
+    assert model.value.reason == Reason.UNKNOWN_MODEL
+    assert await ledger.reconcile(["ok"]) == ["ok"]
+
+
+@pytest.mark.asyncio
+async def test_reconcile_names_what_never_arrived(tenants: TenantBook, ledger: UsageLedger) -> None:
+    tid = await _tenant_id(tenants)
+    await ledger.record([_record(tid, "r1"), _record(tid, "r3")])
+    assert await ledger.reconcile(["r1", "r2", "r3", "r4", "r2"]) == ["r2", "r4"]

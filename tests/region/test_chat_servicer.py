@@ -1,0 +1,230 @@
+"""ChatService on a real in-process region, engine pod and global plane."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+
+from llmmesh.errors import MeshError, from_rpc_error
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import (
+    billing_service_pb2,
+    chat_service_pb2,
+    chat_service_pb2_grpc,
+    common_pb2,
+    engine_service_pb2,
+    engine_service_pb2_grpc,
+)
+from tests.stack import DEV_KEY, Stack, running_stack, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+USER = common_pb2.CHAT_ROLE_USER
+
+
+def start(text: str = "Tell me about the mesh.", **sampling: object) -> chat_service_pb2.ChatRequest:
+    return chat_service_pb2.ChatRequest(
+        start=chat_service_pb2.ChatStart(
+            model="auto",
+            messages=[common_pb2.ChatMessage(role=USER, content=text)],
+            sampling=common_pb2.SamplingParams(**sampling),  # type: ignore[arg-type]
+        )
+    )
+
+
+def auth(key: str = DEV_KEY) -> tuple[tuple[str, str]]:
+    return (("authorization", f"Bearer {key}"),)
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack() as running:
+        yield running
+
+
+async def run_turn(
+    stack: Stack, request: chat_service_pb2.ChatRequest, key: str = DEV_KEY
+) -> list[chat_service_pb2.ChatResponse]:
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(key))
+        await call.write(request)
+        await call.done_writing()
+        return [event async for event in call]
+
+
+async def turn_error(stack: Stack, request: chat_service_pb2.ChatRequest, key: str = DEV_KEY) -> MeshError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await run_turn(stack, request, key)
+    return from_rpc_error(info.value)
+
+
+async def billed(stack: Stack, request_id: str) -> billing_service_pb2.UsageRecord | None:
+    await wait_until(lambda: stack.region.outbox.pending == 0, what="usage delivered")
+    missing = await stack.global_plane.ledger.reconcile([request_id])
+    return None if missing else billing_service_pb2.UsageRecord(request_id=request_id)
+
+
+async def test_a_turn_streams_started_deltas_usage_finished(stack: Stack) -> None:
+    events = await run_turn(stack, start(max_tokens=16))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[0] == "started"
+    assert kinds[-2:] == ["usage", "finished"]
+    assert set(kinds[1:-2]) == {"delta"}
+    started = events[0].started
+    assert (started.region, started.zone, started.pod_id) == ("us-east", "us", "us-east-pod-0")
+    deltas = [e.delta for e in events if e.HasField("delta")]
+    assert [d.sequence for d in deltas] == list(range(1, len(deltas) + 1))
+    streamed = sum(len(d.token_ids) for d in deltas)
+    usage = events[-2].usage
+    assert usage.usage.output_tokens == streamed <= 16
+    assert usage.usage.input_tokens > 0
+    assert events[-1].finished.reason in (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
+
+
+async def test_billed_usage_equals_streamed_tokens(stack: Stack) -> None:
+    tenant = await stack.global_plane.tenants.get_tenant("dev")
+    before = await stack.global_plane.ledger.usage(tenant.id, "")
+    events = await run_turn(stack, start(max_tokens=12))
+    streamed = sum(len(e.delta.token_ids) for e in events if e.HasField("delta"))
+    request_id = events[0].started.request_id
+    assert await billed(stack, request_id) is not None
+    after = await stack.global_plane.ledger.usage(tenant.id, "")
+    assert after.output_tokens - before.output_tokens == streamed
+    assert after.requests - before.requests == 1
+
+
+async def test_continuation_goes_on_from_the_delivered_tokens(stack: Stack) -> None:
+    whole = await run_turn(stack, start("Continue me.", max_tokens=20, seed=7))
+    deltas = [e.delta for e in whole if e.HasField("delta")]
+    tokens = [t for d in deltas for t in d.token_ids]
+    assert len(tokens) > 6
+    request = start("Continue me.", max_tokens=20, seed=7)
+    request.start.continuation.CopyFrom(
+        chat_service_pb2.Continuation(emitted_token_ids=tokens[:5], last_sequence=5)
+    )
+    rest = await run_turn(stack, request)
+    rest_deltas = [e.delta for e in rest if e.HasField("delta")]
+    assert rest_deltas[0].sequence == 6
+    assert [t for d in rest_deltas for t in d.token_ids] == tokens[5:]
+    assert "".join(d.text for d in deltas[5:]) == "".join(d.text for d in rest_deltas)
+
+
+@pytest.mark.parametrize(("key", "reason"), [("", "API_KEY_MISSING"), ("sk-not-a-key", "API_KEY_INVALID")])
+async def test_bad_keys_are_unauthenticated(stack: Stack, key: str, reason: str) -> None:
+    async with open_channel(stack.region.address) as channel:
+        metadata = auth(key) if key else ()
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=metadata)
+        await call.write(start())
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert from_rpc_error(info.value).reason == reason
+
+
+async def test_a_revoked_key_stops_working_after_a_refresh(stack: Stack) -> None:
+    key, secret = await stack.global_plane.tenants.create_api_key("dev")
+    await stack.region.policy.refresh()
+    assert (await run_turn(stack, start(max_tokens=2), key=secret))[0].HasField("started")
+    await stack.global_plane.tenants.revoke_api_key(key.id)
+    await stack.region.policy.refresh()
+    error = await turn_error(stack, start(), key=secret)
+    assert error.reason == "API_KEY_REVOKED"
+
+
+def _with_message(role: common_pb2.ChatRole.ValueType, content: str) -> chat_service_pb2.ChatRequest:
+    message = common_pb2.ChatMessage(role=role, content=content)
+    return chat_service_pb2.ChatRequest(start=chat_service_pb2.ChatStart(model="auto", messages=[message]))
+
+
+@pytest.mark.parametrize(
+    ("request_factory", "code", "reason"),
+    [
+        (lambda: chat_service_pb2.ChatRequest(start=chat_service_pb2.ChatStart(model="auto")),
+         grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_PROMPT"),
+        (lambda: _with_message(common_pb2.CHAT_ROLE_UNSPECIFIED, "hi"),
+         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+        (lambda: _with_message(USER, "   "), grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_PROMPT"),
+        (lambda: start(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING"),
+        (lambda: start(temperature=-0.5), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING"),
+        (lambda: chat_service_pb2.ChatRequest(cancel=chat_service_pb2.ChatCancel()),
+         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+        (lambda: _with_message(USER, "x" * 1_000_001), grpc.StatusCode.INVALID_ARGUMENT, "PROMPT_TOO_LONG"),
+        (lambda: _with_message(USER, "word " * 5000), grpc.StatusCode.INVALID_ARGUMENT, "PROMPT_TOO_LONG"),
+    ],
+)  # fmt: skip
+async def test_bad_turns_get_invalid_argument_and_the_region_keeps_serving(
+    stack: Stack, request_factory: object, code: grpc.StatusCode, reason: str
+) -> None:
+    assert callable(request_factory)
+    error = await turn_error(stack, request_factory())
+    assert (error.code, error.reason) == (code, reason)
+    assert (await run_turn(stack, start(max_tokens=2)))[-1].HasField("finished")
+
+
+async def test_too_many_messages_are_refused(stack: Stack) -> None:
+    request = start()
+    request.start.messages.extend([common_pb2.ChatMessage(role=USER, content="hi")] * 2048)
+    error = await turn_error(stack, request)
+    assert error.reason == "INVALID_REQUEST"
+    assert error.metadata["param"] == "messages"
+
+
+async def test_unknown_model_is_not_found(stack: Stack) -> None:
+    request = start()
+    request.start.model = "no-such-model"
+    error = await turn_error(stack, request)
+    assert (error.code, error.reason) == (grpc.StatusCode.NOT_FOUND, "UNKNOWN_MODEL")
+
+
+async def test_cancel_message_ends_the_turn_and_bills_it(stack: Stack) -> None:
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+        await call.write(start(max_tokens=2000))
+        events = [await call.read(), await call.read()]
+        await call.write(chat_service_pb2.ChatRequest(cancel=chat_service_pb2.ChatCancel(reason="test")))
+        while (event := await call.read()) is not grpc.aio.EOF:
+            events.append(event)
+    assert events[-1].finished.reason == common_pb2.FINISH_REASON_CANCELLED
+    streamed = sum(len(e.delta.token_ids) for e in events if e.HasField("delta"))
+    assert events[-2].usage.usage.output_tokens >= streamed
+    assert await billed(stack, events[0].started.request_id) is not None
+
+
+async def test_client_cancellation_aborts_the_engine_request(stack: Stack) -> None:
+    async with open_channel(stack.engine.address) as engine_channel:
+        engine = engine_service_pb2_grpc.EngineServiceStub(engine_channel)
+        async with open_channel(stack.region.address) as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+            await call.write(start(max_tokens=2000))
+            first = await call.read()
+            await call.read()
+            load = await engine.GetLoad(engine_service_pb2.GetLoadRequest())
+            assert load.report.running == 1
+            call.cancel()
+        async with asyncio.timeout(10):
+            while (await engine.GetLoad(engine_service_pb2.GetLoadRequest())).report.running:
+                await asyncio.sleep(0.02)
+    assert await billed(stack, first.started.request_id) is not None
+
+
+async def test_region_reports_to_geo_routing(stack: Stack) -> None:
+    await wait_until(lambda: stack.global_plane.directory.status("us-east") is not None, what="heartbeat")
+    status = stack.global_plane.directory.status("us-east")
+    assert status is not None
+    assert status.report.zone == "us"
+    info = stack.region.info()
+    assert info.healthy_engine_pods == 1
+    assert info.models == ["llmmesh-tiny"]
+
+
+async def test_keeps_serving_on_cached_policy_while_global_is_down(stack: Stack) -> None:
+    await run_turn(stack, start(max_tokens=2))  # warms the model cache
+    await stack.global_plane.stop(0)
+    events = await run_turn(stack, start(max_tokens=4))
+    assert events[-1].HasField("finished")
+    assert stack.region.outbox.pending >= 1

@@ -1,0 +1,68 @@
+"""An in-process mesh for servicer-level tests: the global plane, one engine
+pod, one region and optionally the edge, each a real gRPC (or HTTP) server on
+port 0 in this event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from edge.server import EdgeServer, start_edge
+from edge.settings import EdgeSettings
+from engine.server import EnginePod, start_engine
+from engine.settings import EngineSettings
+from globalplane.server import GlobalPlane, start_global_plane
+from globalplane.settings import GlobalSettings
+from region.server import RegionPlane, start_region
+from region.settings import RegionSettings
+
+DEV_KEY = "sk-llmmesh-test"
+
+
+@dataclass
+class Stack:
+    """The running planes."""
+
+    global_plane: GlobalPlane
+    engine: EnginePod
+    region: RegionPlane
+    edge: EdgeServer | None
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; fail after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+    assert predicate(), what
+
+
+@asynccontextmanager
+async def running_stack(with_edge: bool = False, **engine_overrides: object) -> AsyncIterator[Stack]:
+    """Start every plane in this process; stop them all afterwards."""
+    glob = await start_global_plane(GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200))
+    engine = await start_engine(EngineSettings(pod_id="us-east-pod-0", **engine_overrides))  # type: ignore[arg-type]
+    region = await start_region(
+        RegionSettings(
+            global_address=glob.address,
+            engine_addresses=engine.address,
+            heartbeat_interval_ms=200,
+            policy_refresh_ms=200,
+            engine_health_interval_ms=100,
+        )
+    )
+    edge = (
+        await start_edge(EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0))
+        if with_edge
+        else None
+    )
+    try:
+        yield Stack(glob, engine, region, edge)
+    finally:
+        if edge is not None:
+            await edge.stop()
+        await region.stop(0.5)
+        await engine.stop(0.5)
+        await glob.stop(0.5)
