@@ -20,8 +20,8 @@ from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.turns import OpenTurn, open_turn
 from llmmesh import apikeys
-from llmmesh.errors import MeshError, Reason, Unavailable, from_stream_error
-from llmmesh.v1 import chat_service_pb2, common_pb2
+from llmmesh.errors import MeshError
+from llmmesh.v1 import chat_service_pb2
 
 
 async def authenticate(request: Request, mesh: MeshClient) -> Principal:
@@ -86,30 +86,18 @@ class CompletionsHandler:
         return await self._complete(turn, completion_id, created, model.name, headers)
 
     async def _stream(self, turn: OpenTurn, chunks: ChunkStream, arrived: float) -> AsyncIterator[bytes]:
-        usage = common_pb2.TokenUsage()
         first_token = True
         try:
             yield chunks.role()
-            reason: common_pb2.FinishReason.ValueType | None = None
-            async for event in turn.events():
-                kind = event.WhichOneof("event")
-                if kind == "delta":
-                    if first_token:
-                        metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - arrived)
-                        first_token = False
-                    metrics.OUTPUT_TOKENS.inc(len(event.delta.token_ids))
-                    yield chunks.content(event.delta.sequence, event.delta.text)
-                elif kind == "usage":
-                    usage = event.usage.usage
-                elif kind == "finished":
-                    reason = event.finished.reason
-                elif kind == "error":
-                    raise from_stream_error(event.error)
-            if reason is None:
-                raise Unavailable(Reason.REGION_UNAVAILABLE, "the region stream ended without a finish event")
-            yield chunks.finish(reason)
+            async for delta in turn.deltas():
+                if first_token:
+                    metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - arrived)
+                    first_token = False
+                metrics.OUTPUT_TOKENS.inc(len(delta.token_ids))
+                yield chunks.content(delta.sequence, delta.text)
+            yield chunks.finish(turn.reason)
             if chunks.include_usage:
-                yield chunks.usage(usage)
+                yield chunks.usage(turn.usage)
             yield DONE
         except MeshError as err:
             error = from_mesh_error(err)
@@ -120,30 +108,11 @@ class CompletionsHandler:
             turn.close()
 
     async def _complete(
-        self,
-        turn: OpenTurn,
-        completion_id: str,
-        created: int,
-        model: str,
-        headers: dict[str, str],
+        self, turn: OpenTurn, completion_id: str, created: int, model: str, headers: dict[str, str]
     ) -> Response:
-        parts: list[str] = []
-        usage = common_pb2.TokenUsage()
-        reason: common_pb2.FinishReason.ValueType | None = None
         try:
-            async for event in turn.events():
-                kind = event.WhichOneof("event")
-                if kind == "delta":
-                    parts.append(event.delta.text)
-                elif kind == "usage":
-                    usage = event.usage.usage
-                elif kind == "finished":
-                    reason = event.finished.reason
-                elif kind == "error":
-                    raise from_stream_error(event.error)
+            text = "".join([delta.text async for delta in turn.deltas()])
         finally:
             turn.close()
-        if reason is None:
-            raise Unavailable(Reason.REGION_UNAVAILABLE, "the region stream ended without a finish event")
-        body = completion_object(completion_id, created, model, "".join(parts), reason, usage)
+        body = completion_object(completion_id, created, model, text, turn.reason, turn.usage)
         return JSONResponse(body, headers=headers)

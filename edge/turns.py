@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import grpc
@@ -18,7 +18,7 @@ import grpc.aio
 
 from edge.mesh_client import MeshClient, Principal
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error, from_stream_error
-from llmmesh.v1 import chat_service_pb2
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,32 @@ class OpenTurn:
 
     call: ChatCall
     started: chat_service_pb2.ChatStarted
+    usage: common_pb2.TokenUsage = field(default_factory=common_pb2.TokenUsage)
+    reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
 
-    async def events(self) -> AsyncIterator[chat_service_pb2.ChatResponse]:
-        """The events after ``started``. A broken stream raises MeshError."""
+    async def deltas(self) -> AsyncIterator[chat_service_pb2.ChatDelta]:
+        """The turn's output deltas; ``usage`` and ``reason`` are set once it
+        ends. A broken stream, an error event or a missing finish raises
+        MeshError."""
         while True:
             try:
                 event = await self.call.read()
             except grpc.aio.AioRpcError as err:
                 raise from_rpc_error(err) from err
             if event is grpc.aio.EOF:
-                return
+                break
             assert isinstance(event, chat_service_pb2.ChatResponse)
-            yield event
+            kind = event.WhichOneof("event")
+            if kind == "delta":
+                yield event.delta
+            elif kind == "usage":
+                self.usage = event.usage.usage
+            elif kind == "finished":
+                self.reason = event.finished.reason
+            elif kind == "error":
+                raise from_stream_error(event.error)
+        if self.reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            raise Unavailable(Reason.REGION_UNAVAILABLE, "the region stream ended without a finish event")
 
     async def cancel(self, reason: str) -> None:
         """Ask the region to stop the turn; its usage is still metered."""
