@@ -56,6 +56,21 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
         models = await mesh.list_models()
         return JSONResponse({"object": "list", "data": [model_object(m) for m in models]})
 
+    async def usage(request: Request) -> Response:
+        principal = await authenticate(request, mesh)
+        totals = await mesh.usage(principal.tenant.id, request.query_params.get("period", ""))
+        return JSONResponse(
+            {
+                "object": "usage",
+                "period": totals.period,
+                "input_tokens": totals.input_tokens,
+                "output_tokens": totals.output_tokens,
+                # A decimal string: exact, as billing computes it.
+                "cost_usd": totals.cost_usd,
+                "requests": totals.requests,
+            }
+        )
+
     async def healthz(request: Request) -> Response:
         ok, detail = await path_health(mesh)
         return JSONResponse(detail, status_code=200 if ok else 503)
@@ -94,6 +109,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
         routes=[
             Route("/v1/chat/completions", completions.handle, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/usage", usage, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import (
+    billing_service_pb2,
     billing_service_pb2_grpc,
     chat_service_pb2_grpc,
     geo_routing_service_pb2,
@@ -107,6 +108,16 @@ class MeshClient:
         except grpc.aio.AioRpcError as err:
             raise _global_error(err) from err
         return list(resp.regions)
+
+    async def usage(self, tenant_id: str, period: str) -> billing_service_pb2.GetUsageResponse:
+        """A tenant's billed usage in one period ("YYYY-MM", empty for now)."""
+        try:
+            resp: billing_service_pb2.GetUsageResponse = await self.billing.GetUsage(
+                billing_service_pb2.GetUsageRequest(tenant_id=tenant_id, period=period), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+        return resp
 
     async def global_serving(self) -> bool:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -88,3 +89,20 @@ async def test_healthz_fails_when_the_engine_is_gone(stack: Stack, http: httpx.A
     assert failed.status_code == 503
     assert failed.json()["error"]["code"] == "engine_unavailable"
     assert "retry-after" in failed.headers
+
+
+async def test_usage_grows_by_what_a_turn_streamed(stack: Stack, http: httpx.AsyncClient) -> None:
+    before = (await http.get("/v1/usage", headers=AUTH)).json()
+    done = (await http.post("/v1/chat/completions", json=BODY, headers=AUTH)).json()
+    await wait_until(lambda: stack.region.outbox.pending == 0, what="usage delivered")
+    after = (await http.get("/v1/usage", headers=AUTH)).json()
+    assert after["output_tokens"] - before["output_tokens"] == done["usage"]["completion_tokens"]
+    assert after["input_tokens"] - before["input_tokens"] == done["usage"]["prompt_tokens"]
+    assert after["requests"] - before["requests"] == 1
+    assert Decimal(after["cost_usd"]) > Decimal(before["cost_usd"])
+
+
+async def test_usage_rejects_a_malformed_period(http: httpx.AsyncClient) -> None:
+    resp = await http.get("/v1/usage", params={"period": "last-month"}, headers=AUTH)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "period"
