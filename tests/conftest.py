@@ -11,6 +11,17 @@ import os
 import socket
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge correctness, not speed: a loaded CI machine must not
+# turn a slow example into a failure.
+settings.register_profile(
+    "llmmesh",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=bool(os.environ.get("CI")),
+)
+settings.load_profile("llmmesh")
 
 POSTGRES_URL = os.environ.get(
     "LLMMESH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
