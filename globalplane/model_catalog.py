@@ -1,9 +1,9 @@
 """The model catalog: what the mesh serves, at what price, for which tiers.
 
-Prices are exact decimals. Where a model runs is not stored here but read
-from whatever reports deployments (the region directory), so it is never
-stale. Public methods are coroutines so a SQL-backed catalog can replace
-this in-memory one without touching the servicers.
+Backed by the global store. Prices are exact decimals with a history: a
+price change adds a revision, so costs billed earlier stay explained. Where a
+model runs is not stored but read from whatever reports deployments (the
+region directory), so it is never stale.
 """
 
 from __future__ import annotations
@@ -12,13 +12,23 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
+from typing import Any, TypeVar
 
-from globalplane.paging import Page, paginate
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from globalplane import schema
+from globalplane.clock import Clock, utc_now
+from globalplane.paging import Page, page_of, page_window
 from globalplane.settings import GlobalSettings
+from globalplane.store import GlobalStore
 from globalplane.tiers import TenantTier
 from llmmesh.errors import InvalidArgument, NotFound, PermissionDenied, Reason
+
+R = TypeVar("R")
 
 AUTO = "auto"
 """The model name that asks for the tenant tier's default."""
@@ -104,36 +114,142 @@ def _no_deployments(_model: str) -> Sequence[ModelDeployment]:
     return ()
 
 
+def _priced_models() -> sa.Select[Any]:
+    """Models joined with their current (highest-revision) price."""
+    m, p = schema.models, schema.model_prices
+    latest = sa.select(p.c.model, sa.func.max(p.c.revision).label("revision")).group_by(p.c.model).subquery()
+    return (
+        sa.select(m, p.c.input_per_1k_usd, p.c.output_per_1k_usd, p.c.revision)
+        .join(latest, latest.c.model == m.c.name)
+        .join(p, sa.and_(p.c.model == latest.c.model, p.c.revision == latest.c.revision))
+    )
+
+
+def _model_of(row: sa.Row[Any]) -> Model:
+    return Model(
+        name=row.name,
+        tier=ModelTier(row.tier),
+        context_window=row.context_window,
+        input_per_1k_usd=row.input_per_1k_usd,
+        output_per_1k_usd=row.output_per_1k_usd,
+        tokenizer_family=row.tokenizer_family,
+        chat_template_family=row.chat_template_family,
+        default_for_tiers=frozenset(TenantTier(t) for t in row.default_for_tiers),
+        allowed_tiers=frozenset(TenantTier(t) for t in row.allowed_tiers),
+    )
+
+
+def _tiers(tiers: frozenset[TenantTier]) -> list[str]:
+    return sorted(t.value for t in tiers)
+
+
+def find_model(conn: Connection, name: str) -> Model:
+    """The model ``name`` at its current price; NOT_FOUND ``UNKNOWN_MODEL`` otherwise."""
+    row = conn.execute(_priced_models().where(schema.models.c.name == name)).first()
+    if row is None:
+        raise NotFound(Reason.UNKNOWN_MODEL, f"unknown model {name!r}", metadata={"model": name})
+    return _model_of(row)
+
+
+def _store_model(conn: Connection, model: Model, now: datetime) -> None:
+    """Insert or replace ``model``, taking its default tiers from other models.
+
+    A changed (or first) price becomes a new price revision.
+    """
+    m, p = schema.models, schema.model_prices
+    for other in conn.execute(_priced_models().where(m.c.name != model.name)).all():
+        claimed = _model_of(other).default_for_tiers
+        if claimed & model.default_for_tiers:
+            conn.execute(
+                sa.update(m)
+                .where(m.c.name == other.name)
+                .values(default_for_tiers=_tiers(claimed - model.default_for_tiers))
+            )
+    values = {
+        "tier": model.tier.value,
+        "context_window": model.context_window,
+        "tokenizer_family": model.tokenizer_family,
+        "chat_template_family": model.chat_template_family,
+        "default_for_tiers": _tiers(model.default_for_tiers),
+        "allowed_tiers": _tiers(model.allowed_tiers),
+    }
+    current = conn.execute(_priced_models().where(m.c.name == model.name)).first()
+    if current is None:
+        conn.execute(sa.insert(m).values(name=model.name, **values))
+        revision = 1
+    else:
+        conn.execute(sa.update(m).where(m.c.name == model.name).values(**values))
+        prices = (current.input_per_1k_usd, current.output_per_1k_usd)
+        if prices == (model.input_per_1k_usd, model.output_per_1k_usd):
+            return
+        revision = current.revision + 1
+    conn.execute(
+        sa.insert(p).values(
+            model=model.name,
+            revision=revision,
+            input_per_1k_usd=model.input_per_1k_usd,
+            output_per_1k_usd=model.output_per_1k_usd,
+            effective_time=now,
+        )
+    )
+
+
 class ModelCatalog:
     """Models by name; each tenant tier has at most one default model."""
 
-    def __init__(self, models: Iterable[Model] = (), deployments: DeploymentSource = _no_deployments) -> None:
-        self._models: dict[str, Model] = {}
+    def __init__(
+        self, store: GlobalStore, deployments: DeploymentSource = _no_deployments, clock: Clock = utc_now
+    ) -> None:
+        self._store = store
         self._deployments = deployments
-        for model in models:
-            self._store(model)
+        self._clock = clock
+
+    async def add_missing(self, models: Iterable[Model]) -> None:
+        """Add those of ``models`` the catalog lacks; models it has keep their stored definition."""
+        wanted = list(models)
+        for model in wanted:
+            self._validate(model)
+        now = self._clock()
+
+        def add(conn: Connection) -> None:
+            for model in wanted:
+                if conn.execute(
+                    sa.select(schema.models.c.name).where(schema.models.c.name == model.name)
+                ).first():
+                    continue
+                _store_model(conn, model, now)
+
+        await self._transaction_retrying_races(add)
 
     async def list_models(self, page_size: int = 0, page_token: str = "") -> Page[Model]:
         """Models ordered by name, with their current deployments."""
-        page = paginate(self._models.values(), lambda m: m.name, page_size, page_token)
+        after, size = page_window(page_size, page_token)
+        query = _priced_models().order_by(schema.models.c.name).limit(size + 1)
+        if after is not None:
+            query = query.where(schema.models.c.name > after)
+        rows = await self._store.transaction(lambda conn: conn.execute(query).all())
+        page = page_of([_model_of(r) for r in rows], lambda m: m.name, size)
         return Page([self._deployed(m) for m in page.items], page.next_page_token)
 
     async def get_model(self, name: str) -> Model:
         """The model ``name``; NOT_FOUND ``UNKNOWN_MODEL`` otherwise."""
-        model = self._models.get(name)
-        if model is None:
-            raise NotFound(Reason.UNKNOWN_MODEL, f"unknown model {name!r}", metadata={"model": name})
-        return self._deployed(model)
+        return self._deployed(await self._store.transaction(lambda conn: find_model(conn, name)))
 
     async def upsert_model(self, model: Model) -> Model:
         """Add or replace ``model`` after validating it.
 
         A tier it claims as default stops being the default of any other
-        model, so "auto" stays unambiguous.
+        model, so "auto" stays unambiguous. A changed price becomes a new
+        price revision.
         """
         self._validate(model)
-        self._store(model)
-        return self._deployed(self._models[model.name])
+        now = self._clock()
+
+        def upsert(conn: Connection) -> Model:
+            _store_model(conn, model, now)
+            return find_model(conn, model.name)
+
+        return self._deployed(await self._transaction_retrying_races(upsert))
 
     async def resolve(self, name: str, tenant_tier: TenantTier) -> Model:
         """The model a request for ``name`` means for a tenant of ``tenant_tier``.
@@ -143,7 +259,9 @@ class ModelCatalog:
         PERMISSION_DENIED ``MODEL_NOT_ALLOWED`` when the model excludes the tier.
         """
         if name in ("", AUTO):
-            chosen = next((m for m in self._models.values() if tenant_tier in m.default_for_tiers), None)
+            # Catalogs are small; JSON containment differs per database, so filter here.
+            rows = await self._store.transaction(lambda conn: conn.execute(_priced_models()).all())
+            chosen = next((m for m in map(_model_of, rows) if tenant_tier in m.default_for_tiers), None)
             if chosen is None:
                 raise NotFound(
                     Reason.UNKNOWN_MODEL,
@@ -159,6 +277,14 @@ class ModelCatalog:
                 metadata={"model": name, "tier": tenant_tier.value},
             )
         return model
+
+    async def _transaction_retrying_races(self, work: Callable[[Connection], R]) -> R:
+        # Two first-time upserts of one model race on its primary key; the
+        # loser retries and then finds the row.
+        try:
+            return await self._store.transaction(work)
+        except sa.exc.IntegrityError:
+            return await self._store.transaction(work)
 
     def _validate(self, model: Model) -> None:
         if model.name == AUTO or not _MODEL_NAME.match(model.name):
@@ -182,14 +308,6 @@ class ModelCatalog:
                 "default_for_tiers must be a subset of allowed_tiers",
                 metadata={"param": "default_for_tiers"},
             )
-
-    def _store(self, model: Model) -> None:
-        for other in list(self._models.values()):
-            if other.name != model.name and other.default_for_tiers & model.default_for_tiers:
-                self._models[other.name] = dataclasses.replace(
-                    other, default_for_tiers=other.default_for_tiers - model.default_for_tiers
-                )
-        self._models[model.name] = dataclasses.replace(model, deployments=())
 
     def _deployed(self, model: Model) -> Model:
         return dataclasses.replace(model, deployments=tuple(self._deployments(model.name)))

@@ -34,6 +34,28 @@ def _decode(token: str) -> str:
         ) from None
 
 
+def page_window(
+    page_size: int, page_token: str, *, default_size: int = 50, max_size: int = 500
+) -> tuple[str | None, int]:
+    """The key a page starts after (``None`` for the first page) and its size.
+
+    ``page_size`` 0 means ``default_size``; larger than ``max_size`` is
+    clamped; negative is INVALID_ARGUMENT, as is a malformed token.
+    """
+    if page_size < 0:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST, "page_size must be >= 0", metadata={"param": "page_size"}
+        )
+    return (_decode(page_token) if page_token else None), min(page_size or default_size, max_size)
+
+
+def page_of(candidates: list[T], key: Callable[[T], str], size: int) -> Page[T]:
+    """The page made of the first ``size`` of ``candidates`` (in key order, up to ``size + 1`` of them)."""
+    page = candidates[:size]
+    more = len(candidates) > size
+    return Page(page, _encode(key(page[-1])) if more and page else "")
+
+
 def paginate(
     items: Iterable[T],
     key: Callable[[T], str],
@@ -46,18 +68,10 @@ def paginate(
     """The page of ``items`` (ordered by ``key``, which must be unique) after ``page_token``.
 
     Keyset tokens stay correct when items are added between calls: nothing is
-    skipped or served twice. ``page_size`` 0 means ``default_size``; larger
-    than ``max_size`` is clamped; negative is INVALID_ARGUMENT.
+    skipped or served twice. Sizes as in :func:`page_window`.
     """
-    if page_size < 0:
-        raise InvalidArgument(
-            Reason.INVALID_REQUEST, "page_size must be >= 0", metadata={"param": "page_size"}
-        )
-    size = min(page_size or default_size, max_size)
+    after, size = page_window(page_size, page_token, default_size=default_size, max_size=max_size)
     ordered = sorted(items, key=key)
-    if page_token:
-        after = _decode(page_token)
+    if after is not None:
         ordered = [item for item in ordered if key(item) > after]
-    page = ordered[:size]
-    more = len(ordered) > size
-    return Page(page, _encode(key(page[-1])) if more and page else "")
+    return page_of(ordered[: size + 1], key, size)

@@ -17,10 +17,12 @@ from globalplane.policy_servicer import PolicyServicer
 from globalplane.region_directory import RegionDirectory
 from globalplane.registry_servicer import ModelRegistryServicer
 from globalplane.settings import GlobalSettings
+from globalplane.store import GlobalStore, default_database_url
 from globalplane.tenant_book import TenantBook
 from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger
 from llmmesh import lifecycle
+from llmmesh.errors import AlreadyExists, Reason, Unauthenticated
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -45,6 +47,7 @@ class GlobalPlane:
 
     address: str
     settings: GlobalSettings
+    store: GlobalStore
     tenants: TenantBook
     catalog: ModelCatalog
     ledger: UsageLedger
@@ -52,44 +55,75 @@ class GlobalPlane:
     server: GrpcServer
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """Drain: refuse new calls and give running ones ``grace_s`` to finish."""
+        """Drain: refuse new calls and give running ones ``grace_s`` to finish; then close the store."""
         await self.server.stop(grace_s)
+        self.store.dispose()
 
 
-async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -> GlobalPlane:
-    """Build the books, bootstrap the dev tenant and start serving on ``settings.host:port``.
+async def ensure_dev_tenant(tenants: TenantBook, settings: GlobalSettings) -> None:
+    """Make sure tenant ``dev_tenant`` exists and ``dev_key`` authenticates as it.
 
-    When ``settings.dev_key`` is non-empty, tenant ``settings.dev_tenant``
-    (zone ``dev_zone``, tier ``dev_tier``) exists with an API key whose
-    secret is ``dev_key``.
+    Idempotent, because the store outlives the process: a restart finds
+    both already there. A dev key that was revoked stays revoked; a dev
+    tenant stored in another zone keeps its zone (zones never change).
     """
-    tenants = TenantBook(clock)
-    directory = RegionDirectory(settings.heartbeat_interval_ms, settings.missed_heartbeats_until_down, clock)
-
-    def deployments(model: str) -> Sequence[ModelDeployment]:
-        return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
-
-    catalog = ModelCatalog([default_model(settings)], deployments)
-    ledger = UsageLedger(tenants, catalog, clock)
-    if settings.dev_key:
+    try:
         dev = await tenants.create_tenant(
             settings.dev_tenant, settings.dev_zone, TenantTier.parse(settings.dev_tier)
         )
+    except AlreadyExists:
+        dev = await tenants.get_tenant(settings.dev_tenant)
+        if dev.zone != settings.dev_zone:
+            log.warning("dev tenant %r is pinned to zone %r, not %r", dev.name, dev.zone, settings.dev_zone)
+    try:
+        await tenants.authenticate(settings.dev_key)
+    except Unauthenticated as err:
+        if err.reason != Reason.API_KEY_INVALID:
+            log.warning("the dev API key is unusable: %s", err.message)
+            return
         await tenants.create_api_key(dev.id, secret=settings.dev_key)
 
-    def register(server: grpc.aio.Server) -> None:
-        policy_service_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(tenants), server)
-        billing_service_pb2_grpc.add_BillingServiceServicer_to_server(BillingServicer(ledger), server)
-        model_registry_service_pb2_grpc.add_ModelRegistryServiceServicer_to_server(
-            ModelRegistryServicer(catalog), server
-        )
-        geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
-            GeoRoutingServicer(directory, tenants), server
+
+async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -> GlobalPlane:
+    """Open the store, bootstrap the default model and dev tenant, and serve on ``settings.host:port``.
+
+    The store is ``settings.database_url``, or SQLite under ``$LLMMESH_HOME``
+    when that is empty; missing tables are created. When ``settings.dev_key``
+    is non-empty, tenant ``settings.dev_tenant`` (zone ``dev_zone``, tier
+    ``dev_tier``) exists with an API key whose secret is ``dev_key``.
+    """
+    store = await GlobalStore.open(settings.database_url or default_database_url())
+    try:
+        tenants = TenantBook(store, clock)
+        directory = RegionDirectory(
+            settings.heartbeat_interval_ms, settings.missed_heartbeats_until_down, clock
         )
 
-    server = GrpcServer(register, SERVICE_NAMES, settings.host, settings.port)
-    address = await server.start()
-    return GlobalPlane(address, settings, tenants, catalog, ledger, directory, server)
+        def deployments(model: str) -> Sequence[ModelDeployment]:
+            return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
+
+        catalog = ModelCatalog(store, deployments, clock)
+        await catalog.add_missing([default_model(settings)])
+        ledger = UsageLedger(store, clock)
+        if settings.dev_key:
+            await ensure_dev_tenant(tenants, settings)
+
+        def register(server: grpc.aio.Server) -> None:
+            policy_service_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(tenants), server)
+            billing_service_pb2_grpc.add_BillingServiceServicer_to_server(BillingServicer(ledger), server)
+            model_registry_service_pb2_grpc.add_ModelRegistryServiceServicer_to_server(
+                ModelRegistryServicer(catalog), server
+            )
+            geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
+                GeoRoutingServicer(directory, tenants), server
+            )
+
+        server = GrpcServer(register, SERVICE_NAMES, settings.host, settings.port)
+        address = await server.start()
+    except BaseException:
+        store.dispose()
+        raise
+    return GlobalPlane(address, settings, store, tenants, catalog, ledger, directory, server)
 
 
 async def serve(settings: GlobalSettings) -> None:

@@ -14,6 +14,9 @@ class GlobalSettings:
     host: str = setting("127.0.0.1", "Interface the gRPC server binds.")
     port: int = setting(0, "Port the gRPC server binds; 0 picks a free one.")
     ready_file: str = setting("", "Path of a JSON file written with the address once serving.")
+    database_url: str = setting(
+        "", "SQLAlchemy URL of the global store; empty means sqlite:///$LLMMESH_HOME/global.db."
+    )
     dev_tenant: str = setting("dev", "Name of the development tenant created at start.")
     dev_zone: str = setting("us", "Zone the development tenant is pinned to.")
     dev_tier: str = setting("pro", "Tier of the development tenant: free, pro or enterprise.")

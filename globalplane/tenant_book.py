@@ -1,18 +1,24 @@
 """The tenant book: tenants, their API keys and the policy version regions sync on.
 
-In memory for now; the public methods are coroutines so that a SQL-backed
-book can replace this one without touching the servicers.
+Backed by the global store: each public method is one transaction, and every
+change to a tenant or key bumps the policy version in that same transaction.
+Only the SHA-256 of a key's secret is stored.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
 from typing import TypeVar
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from globalplane import schema
 from globalplane.clock import Clock, utc_now
-from globalplane.paging import Page, paginate
+from globalplane.paging import Page, page_of, page_window
 from globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, TenantUpdate
+from globalplane.policy_rows import bump_version, find_tenant, key_of, key_row, tenant_of, tenant_row
+from globalplane.store import GlobalStore
 from globalplane.tiers import TenantTier, require_zone
 from llmmesh import apikeys
 from llmmesh.errors import AlreadyExists, InvalidArgument, NotFound, Reason, Unauthenticated
@@ -45,20 +51,21 @@ def _require_name(name: str) -> str:
     return name
 
 
+def _name_taken(conn: Connection, name: str) -> bool:
+    t = schema.tenants
+    return conn.execute(sa.select(t.c.id).where(t.c.name == name)).first() is not None
+
+
+def _tenant_exists(name: str) -> AlreadyExists:
+    return AlreadyExists(Reason.TENANT_EXISTS, f"tenant {name!r} already exists", metadata={"name": name})
+
+
 class TenantBook:
     """Tenants and API keys, with a version that increases on every change."""
 
-    def __init__(self, clock: Clock = utc_now) -> None:
+    def __init__(self, store: GlobalStore, clock: Clock = utc_now) -> None:
+        self._store = store
         self._clock = clock
-        self._tenants: dict[str, Tenant] = {}
-        self._keys: dict[str, ApiKey] = {}
-        self._key_by_hash: dict[str, str] = {}
-        self._version = 0
-
-    @property
-    def version(self) -> int:
-        """The policy version; any change to a tenant or key increases it."""
-        return self._version
 
     # ------------------------------------------------------------ tenants
 
@@ -77,7 +84,7 @@ class TenantBook:
 
         Raises INVALID_ARGUMENT (``param`` in metadata) for an empty name, a
         malformed zone, a missing tier or a negative limit, and ALREADY_EXISTS
-        ``TENANT_EXISTS`` when the name is taken.
+        ``TENANT_EXISTS`` when the name is taken (also when two creations race).
         """
         _require_name(name)
         require_zone(zone)
@@ -85,10 +92,6 @@ class TenantBook:
             raise InvalidArgument(Reason.INVALID_REQUEST, "tier must be set", metadata={"param": "tier"})
         for field, value in zip(_LIMIT_FIELDS, (rpm_limit, tpm_limit, monthly_token_quota), strict=True):
             _require_limit(field, value)
-        if self._by_name(name) is not None:
-            raise AlreadyExists(
-                Reason.TENANT_EXISTS, f"tenant {name!r} already exists", metadata={"name": name}
-            )
         tenant = Tenant(
             id=new_id("ten"),
             name=name,
@@ -100,23 +103,36 @@ class TenantBook:
             monthly_token_quota=monthly_token_quota,
             allowed_models=tuple(allowed_models),
         )
-        self._tenants[tenant.id] = tenant
-        self._version += 1
-        return tenant
+
+        def create(conn: Connection) -> Tenant:
+            if _name_taken(conn, name):
+                raise _tenant_exists(name)
+            conn.execute(sa.insert(schema.tenants).values(tenant_row(tenant)))
+            bump_version(conn)
+            return tenant
+
+        try:
+            return await self._store.transaction(create)
+        except sa.exc.IntegrityError:
+            raise _tenant_exists(name) from None
 
     async def get_tenant(self, ref: str) -> Tenant:
         """The tenant whose id or name is ``ref``; NOT_FOUND ``TENANT_NOT_FOUND`` otherwise."""
-        tenant = self._tenants.get(ref) or self._by_name(ref)
-        if tenant is None:
-            raise NotFound(Reason.TENANT_NOT_FOUND, f"no tenant {ref!r}", metadata={"tenant": ref})
-        return tenant
+        return await self._store.transaction(lambda conn: find_tenant(conn, ref))
 
     async def list_tenants(self, page_size: int = 0, page_token: str = "", zone: str = "") -> Page[Tenant]:
         """Tenants ordered by name, optionally only those of ``zone``."""
         if zone:
             require_zone(zone)
-        tenants = [t for t in self._tenants.values() if not zone or t.zone == zone]
-        return paginate(tenants, lambda t: t.name, page_size, page_token)
+        after, size = page_window(page_size, page_token)
+        t = schema.tenants
+        query = sa.select(t).order_by(t.c.name).limit(size + 1)
+        if zone:
+            query = query.where(t.c.zone == zone)
+        if after is not None:
+            query = query.where(t.c.name > after)
+        rows = await self._store.transaction(lambda conn: conn.execute(query).all())
+        return page_of([tenant_of(r) for r in rows], lambda t: t.name, size)
 
     async def update_tenant(self, ref: str, update: TenantUpdate) -> Tenant:
         """Apply ``update`` to the tenant ``ref``.
@@ -124,37 +140,45 @@ class TenantBook:
         A tenant never changes zone: an update naming another zone is
         INVALID_ARGUMENT ``WRONG_ZONE`` (naming the same zone is a no-op).
         """
-        tenant = await self.get_tenant(ref)
-        if update.zone is not None and update.zone != tenant.zone:
-            raise InvalidArgument(
-                Reason.WRONG_ZONE,
-                f"tenant {tenant.name!r} is pinned to zone {tenant.zone!r}; its zone cannot change",
-                metadata={"param": "zone", "zone": tenant.zone},
-            )
-        name = tenant.name
-        if update.name is not None and update.name != tenant.name:
-            _require_name(update.name)
-            if self._by_name(update.name) is not None:
-                raise AlreadyExists(Reason.TENANT_EXISTS, f"tenant {update.name!r} already exists")
-            name = update.name
         for field in _LIMIT_FIELDS:
             limit: int | None = getattr(update, field)
             if limit is not None:
                 _require_limit(field, limit)
-        updated = dataclasses.replace(
-            tenant,
-            name=name,
-            tier=_or(update.tier, tenant.tier),
-            rpm_limit=_or(update.rpm_limit, tenant.rpm_limit),
-            tpm_limit=_or(update.tpm_limit, tenant.tpm_limit),
-            monthly_token_quota=_or(update.monthly_token_quota, tenant.monthly_token_quota),
-            allowed_models=_or(update.allowed_models, tenant.allowed_models),
-        )
-        if updated == tenant:
-            return tenant
-        self._tenants[tenant.id] = updated
-        self._version += 1
-        return updated
+        if update.name is not None:
+            _require_name(update.name)
+
+        def apply(conn: Connection) -> Tenant:
+            tenant = find_tenant(conn, ref)
+            if update.zone is not None and update.zone != tenant.zone:
+                raise InvalidArgument(
+                    Reason.WRONG_ZONE,
+                    f"tenant {tenant.name!r} is pinned to zone {tenant.zone!r}; its zone cannot change",
+                    metadata={"param": "zone", "zone": tenant.zone},
+                )
+            if update.name is not None and update.name != tenant.name and _name_taken(conn, update.name):
+                raise _tenant_exists(update.name)
+            updated = Tenant(
+                id=tenant.id,
+                name=_or(update.name, tenant.name),
+                zone=tenant.zone,
+                tier=_or(update.tier, tenant.tier),
+                create_time=tenant.create_time,
+                rpm_limit=_or(update.rpm_limit, tenant.rpm_limit),
+                tpm_limit=_or(update.tpm_limit, tenant.tpm_limit),
+                monthly_token_quota=_or(update.monthly_token_quota, tenant.monthly_token_quota),
+                allowed_models=_or(update.allowed_models, tenant.allowed_models),
+            )
+            if updated == tenant:
+                return tenant
+            t = schema.tenants
+            conn.execute(sa.update(t).where(t.c.id == tenant.id).values(tenant_row(updated)))
+            bump_version(conn)
+            return updated
+
+        try:
+            return await self._store.transaction(apply)
+        except sa.exc.IntegrityError:
+            raise _tenant_exists(update.name or ref) from None
 
     # ------------------------------------------------------------ API keys
 
@@ -166,7 +190,6 @@ class TenantBook:
         ``secret`` empty lets the server choose one; a chosen secret (for
         development meshes) must not already belong to a key.
         """
-        tenant = await self.get_tenant(tenant_ref)
         now = self._clock()
         if expire_time is not None and expire_time <= now:
             raise InvalidArgument(
@@ -174,40 +197,67 @@ class TenantBook:
             )
         secret = secret or apikeys.new_secret()
         digest = apikeys.hash_secret(secret)
-        if digest in self._key_by_hash:
-            raise InvalidArgument(
-                Reason.INVALID_REQUEST, "that secret is already in use", metadata={"param": "secret"}
-            )
-        key = ApiKey(
-            id=new_id("key"),
-            tenant_id=tenant.id,
-            display_prefix=apikeys.display_prefix(secret),
-            secret_sha256=digest,
-            create_time=now,
-            expire_time=expire_time,
+        in_use = InvalidArgument(
+            Reason.INVALID_REQUEST, "that secret is already in use", metadata={"param": "secret"}
         )
-        self._keys[key.id] = key
-        self._key_by_hash[digest] = key.id
-        self._version += 1
-        return key, secret
+
+        def create(conn: Connection) -> ApiKey:
+            tenant = find_tenant(conn, tenant_ref)
+            k = schema.api_keys
+            if conn.execute(sa.select(k.c.id).where(k.c.secret_sha256 == digest)).first() is not None:
+                raise in_use
+            key = ApiKey(
+                id=new_id("key"),
+                tenant_id=tenant.id,
+                display_prefix=apikeys.display_prefix(secret),
+                secret_sha256=digest,
+                create_time=now,
+                expire_time=expire_time,
+            )
+            conn.execute(sa.insert(k).values(key_row(key)))
+            bump_version(conn)
+            return key
+
+        try:
+            return await self._store.transaction(create), secret
+        except sa.exc.IntegrityError:
+            raise in_use from None
 
     async def revoke_api_key(self, key_id: str) -> ApiKey:
         """Revoke a key; revoking it again returns it unchanged. NOT_FOUND ``KEY_NOT_FOUND``."""
-        key = self._keys.get(key_id)
-        if key is None:
-            raise NotFound(Reason.KEY_NOT_FOUND, f"no API key {key_id!r}", metadata={"key_id": key_id})
-        if key.revoke_time is not None:
-            return key
-        revoked = dataclasses.replace(key, revoke_time=self._clock())
-        self._keys[key_id] = revoked
-        self._version += 1
-        return revoked
+        now = self._clock()
+
+        def revoke(conn: Connection) -> ApiKey:
+            k = schema.api_keys
+            row = conn.execute(sa.select(k).where(k.c.id == key_id)).first()
+            if row is None:
+                raise NotFound(Reason.KEY_NOT_FOUND, f"no API key {key_id!r}", metadata={"key_id": key_id})
+            key = key_of(row)
+            if key.revoke_time is not None:
+                return key
+            # The guard keeps the first revocation time when two revocations race.
+            done = conn.execute(
+                sa.update(k).where(k.c.id == key_id, k.c.revoke_time.is_(None)).values(revoke_time=now)
+            )
+            if done.rowcount:
+                bump_version(conn)
+            return key_of(conn.execute(sa.select(k).where(k.c.id == key_id)).one())
+
+        return await self._store.transaction(revoke)
 
     async def list_api_keys(self, tenant_ref: str, page_size: int = 0, page_token: str = "") -> Page[ApiKey]:
         """A tenant's keys, revoked and expired ones included, ordered by id."""
-        tenant = await self.get_tenant(tenant_ref)
-        keys = [k for k in self._keys.values() if k.tenant_id == tenant.id]
-        return paginate(keys, lambda k: k.id, page_size, page_token)
+        after, size = page_window(page_size, page_token)
+
+        def listing(conn: Connection) -> list[ApiKey]:
+            tenant = find_tenant(conn, tenant_ref)
+            k = schema.api_keys
+            query = sa.select(k).where(k.c.tenant_id == tenant.id).order_by(k.c.id).limit(size + 1)
+            if after is not None:
+                query = query.where(k.c.id > after)
+            return [key_of(r) for r in conn.execute(query)]
+
+        return page_of(await self._store.transaction(listing), lambda k: k.id, size)
 
     async def authenticate(self, secret: str) -> tuple[Tenant, str]:
         """The tenant owning ``secret`` and the key's id.
@@ -217,15 +267,24 @@ class TenantBook:
         """
         if not secret:
             raise Unauthenticated(Reason.API_KEY_MISSING, "no API key given")
-        key_id = self._key_by_hash.get(apikeys.hash_secret(secret))
-        if key_id is None:
+        digest = apikeys.hash_secret(secret)
+
+        def lookup(conn: Connection) -> tuple[ApiKey, Tenant] | None:
+            k = schema.api_keys
+            row = conn.execute(sa.select(k).where(k.c.secret_sha256 == digest)).first()
+            if row is None:
+                return None
+            return key_of(row), find_tenant(conn, row.tenant_id)
+
+        found = await self._store.transaction(lookup)
+        if found is None:
             raise Unauthenticated(Reason.API_KEY_INVALID, "invalid API key")
-        key = self._keys[key_id]
+        key, tenant = found
         if key.revoke_time is not None:
             raise Unauthenticated(Reason.API_KEY_REVOKED, "API key revoked", metadata={"key_id": key.id})
         if key.expired_at(self._clock()):
             raise Unauthenticated(Reason.API_KEY_EXPIRED, "API key expired", metadata={"key_id": key.id})
-        return self._tenants[key.tenant_id], key.id
+        return tenant, key.id
 
     # ------------------------------------------------------------ snapshots
 
@@ -233,13 +292,22 @@ class TenantBook:
         """The tenants of ``zone`` and all their keys, at the current version.
 
         The version is global: a change in another zone moves it too, which
-        costs a region one needless refresh but never a stale policy.
+        costs a region one needless refresh but never a stale policy. It is
+        read before the tenants and keys, so under concurrent writes a
+        snapshot may be newer than its version says (the region refreshes
+        again), never older.
         """
         require_zone(zone)
-        tenants = tuple(sorted((t for t in self._tenants.values() if t.zone == zone), key=lambda t: t.name))
-        ids = {t.id for t in tenants}
-        keys = tuple(sorted((k for k in self._keys.values() if k.tenant_id in ids), key=lambda k: k.id))
-        return PolicySnapshot(self._version, zone, tenants, keys, self._clock())
 
-    def _by_name(self, name: str) -> Tenant | None:
-        return next((t for t in self._tenants.values() if t.name == name), None)
+        def read(conn: Connection) -> tuple[int, list[Tenant], list[ApiKey]]:
+            v, t, k = schema.policy_version, schema.tenants, schema.api_keys
+            version = conn.execute(sa.select(v.c.version).where(v.c.id == 1)).scalar_one()
+            tenants = [tenant_of(r) for r in conn.execute(sa.select(t).where(t.c.zone == zone))]
+            keys = conn.execute(
+                sa.select(k).join(t, t.c.id == k.c.tenant_id).where(t.c.zone == zone).order_by(k.c.id)
+            )
+            return version, tenants, [key_of(r) for r in keys]
+
+        version, tenants, keys = await self._store.transaction(read)
+        ordered = tuple(sorted(tenants, key=lambda t: t.name))
+        return PolicySnapshot(version, zone, ordered, tuple(keys), self._clock())

@@ -1,21 +1,30 @@
 """The usage ledger: idempotent ingestion of metered turns, exact costs, monthly totals.
 
-Holds token counts and costs keyed by request id; never prompt or output text.
+Backed by the global store. Holds token counts and costs keyed by request
+id; never prompt or output text. A batch is ingested in one transaction that
+inserts the new records (the request id primary key makes a repeat a no-op,
+whichever process or coroutine delivers it) and adds them to the monthly
+totals.
 """
 
 from __future__ import annotations
 
-import asyncio
 import decimal
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from globalplane import schema
 from globalplane.clock import Clock, utc_now
-from globalplane.model_catalog import Model, ModelCatalog
-from globalplane.tenant_book import TenantBook
+from globalplane.model_catalog import Model, find_model
+from globalplane.policy_rows import find_tenant
+from globalplane.store import GlobalStore, insert_new_rows
 from llmmesh.errors import InvalidArgument, Reason
 
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
@@ -57,13 +66,14 @@ class UsageTotals:
     cost_usd: Decimal = Decimal(0)
     requests: int = 0
 
-    def plus(self, input_tokens: int, output_tokens: int, cost: Decimal) -> UsageTotals:
+    def plus(self, other: UsageTotals) -> UsageTotals:
+        """These totals and ``other``'s, of the same period, added exactly."""
         return UsageTotals(
             self.period,
-            self.input_tokens + input_tokens,
-            self.output_tokens + output_tokens,
-            _EXACT.add(self.cost_usd, cost),
-            self.requests + 1,
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            _EXACT.add(self.cost_usd, other.cost_usd),
+            self.requests + other.requests,
         )
 
 
@@ -93,71 +103,143 @@ def require_period(period: str) -> str:
     return period
 
 
+_RECONCILE_CHUNK = 500
+
+
 class UsageLedger:
     """Billed turns keyed by request id, and per-tenant monthly totals.
 
     Ingestion is idempotent: a request id is billed once however often it
-    arrives, concurrently or not. Prices are those of the model at
-    ingestion time.
+    arrives, concurrently or not, from one process or several. Prices are
+    those of the model at ingestion time.
     """
 
-    def __init__(self, tenants: TenantBook, catalog: ModelCatalog, clock: Clock = utc_now) -> None:
-        self._tenants = tenants
-        self._catalog = catalog
+    def __init__(self, store: GlobalStore, clock: Clock = utc_now) -> None:
+        self._store = store
         self._clock = clock
-        self._billed: set[str] = set()
-        self._totals: dict[tuple[str, str], UsageTotals] = {}
-        # Validation awaits the tenant book and catalog; the lock keeps the
-        # check-then-insert of a request id atomic across those awaits.
-        self._lock = asyncio.Lock()
 
     async def record(self, records: Sequence[UsageRecord]) -> IngestOutcome:
-        """Ingest ``records`` all or nothing.
+        """Ingest ``records`` all or nothing, in one transaction.
 
         INVALID_ARGUMENT for an empty request id or a negative count,
         NOT_FOUND for an unknown tenant or model; then nothing is stored,
-        so the region can fix and resend the batch.
+        so the region can fix and resend the batch. Within a batch, the
+        first record of a request id counts and later ones are duplicates.
         """
-        async with self._lock:
-            priced = [(record, *await self._validate(record)) for record in records]
-            accepted = duplicates = 0
-            for record, tenant_id, model in priced:
-                if record.request_id in self._billed:
-                    duplicates += 1
-                    continue
-                self._billed.add(record.request_id)
-                period = period_of(record.end_time or self._clock())
-                key = (tenant_id, period)
-                totals = self._totals.get(key, UsageTotals(period))
-                cost = turn_cost(model, record.input_tokens, record.output_tokens)
-                self._totals[key] = totals.plus(record.input_tokens, record.output_tokens, cost)
-                accepted += 1
-            return IngestOutcome(accepted, duplicates)
+        for record in records:
+            _check_shape(record)
+        now = self._clock()
+
+        def ingest(conn: Connection) -> IngestOutcome:
+            rows: dict[str, dict[str, Any]] = {}
+            tenant_ids: dict[str, str] = {}
+            models: dict[str, Model] = {}
+            for record in records:
+                if record.tenant_id not in tenant_ids:
+                    tenant_ids[record.tenant_id] = find_tenant(conn, record.tenant_id).id
+                if record.model not in models:
+                    models[record.model] = find_model(conn, record.model)
+                row = _usage_row(record, tenant_ids[record.tenant_id], models[record.model], now)
+                rows.setdefault(record.request_id, row)
+            inserted = [
+                rows[rid] for (rid,) in insert_new_rows(conn, schema.usage_records, list(rows.values()))
+            ]
+            _add_to_totals(conn, inserted)
+            return IngestOutcome(len(inserted), len(records) - len(inserted))
+
+        return await self._store.transaction(ingest)
 
     async def usage(self, tenant_id: str, period: str = "") -> UsageTotals:
         """A tenant's totals for ``period`` ("YYYY-MM", UTC; empty for the current month)."""
         period = require_period(period) if period else period_of(self._clock())
-        tenant = await self._tenants.get_tenant(tenant_id)
-        return self._totals.get((tenant.id, period), UsageTotals(period))
+
+        def read(conn: Connection) -> UsageTotals:
+            tenant = find_tenant(conn, tenant_id)
+            u = schema.usage_totals
+            row = conn.execute(sa.select(u).where(u.c.tenant_id == tenant.id, u.c.period == period)).first()
+            return _totals_of(row) if row is not None else UsageTotals(period)
+
+        return await self._store.transaction(read)
 
     async def reconcile(self, request_ids: Iterable[str]) -> list[str]:
         """The ids among ``request_ids`` never ingested, in order, each once."""
-        async with self._lock:
-            missing = (rid for rid in request_ids if rid not in self._billed)
-            return list(dict.fromkeys(missing))
+        wanted = list(dict.fromkeys(request_ids))
 
-    async def _validate(self, record: UsageRecord) -> tuple[str, Model]:
-        """The record's tenant id and model, or the error that rejects the batch."""
-        if not record.request_id:
-            raise InvalidArgument(
-                Reason.INVALID_REQUEST, "usage record without request_id", metadata={"param": "request_id"}
-            )
-        for field in ("input_tokens", "output_tokens", "cached_input_tokens"):
-            if getattr(record, field) < 0:
-                raise InvalidArgument(
-                    Reason.INVALID_REQUEST,
-                    f"{field} must be >= 0 (request {record.request_id})",
-                    metadata={"param": f"usage.{field}", "request_id": record.request_id},
+        def known(conn: Connection) -> set[str]:
+            r = schema.usage_records
+            found: set[str] = set()
+            for start in range(0, len(wanted), _RECONCILE_CHUNK):
+                chunk = wanted[start : start + _RECONCILE_CHUNK]
+                found.update(
+                    conn.execute(sa.select(r.c.request_id).where(r.c.request_id.in_(chunk))).scalars()
                 )
-        tenant = await self._tenants.get_tenant(record.tenant_id)
-        return tenant.id, await self._catalog.get_model(record.model)
+            return found
+
+        billed = await self._store.transaction(known)
+        return [rid for rid in wanted if rid not in billed]
+
+
+def _check_shape(record: UsageRecord) -> None:
+    """The error that rejects the batch for a malformed ``record``, if any."""
+    if not record.request_id:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST, "usage record without request_id", metadata={"param": "request_id"}
+        )
+    for field in ("input_tokens", "output_tokens", "cached_input_tokens"):
+        if getattr(record, field) < 0:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"{field} must be >= 0 (request {record.request_id})",
+                metadata={"param": f"usage.{field}", "request_id": record.request_id},
+            )
+
+
+def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime) -> dict[str, Any]:
+    return {
+        "request_id": record.request_id,
+        "tenant_id": tenant_id,
+        "model": model.name,
+        "region": record.region,
+        "period": period_of(record.end_time or now),
+        "input_tokens": record.input_tokens,
+        "output_tokens": record.output_tokens,
+        "cached_input_tokens": record.cached_input_tokens,
+        "cost_usd": turn_cost(model, record.input_tokens, record.output_tokens),
+        "end_time": record.end_time,
+        "ingest_time": now,
+    }
+
+
+def _totals_of(row: sa.Row[Any]) -> UsageTotals:
+    return UsageTotals(row.period, row.input_tokens, row.output_tokens, row.cost_usd, row.requests)
+
+
+def _add_to_totals(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Add newly inserted usage rows to their tenant's monthly totals.
+
+    The totals row is created if missing, then locked and rewritten with
+    the exact sum computed here: SQLite cannot add decimals exactly, and
+    locking rows in key order keeps concurrent batches from deadlocking.
+    """
+    added: dict[tuple[str, str], UsageTotals] = {}
+    for row in rows:
+        key = (row["tenant_id"], row["period"])
+        turn = UsageTotals(row["period"], row["input_tokens"], row["output_tokens"], row["cost_usd"], 1)
+        added[key] = added.get(key, UsageTotals(row["period"])).plus(turn)
+    u = schema.usage_totals
+    zero = {"input_tokens": 0, "output_tokens": 0, "requests": 0, "cost_usd": Decimal(0)}
+    insert_new_rows(conn, u, [{"tenant_id": t, "period": p, **zero} for t, p in added])
+    for (tenant_id, period), more in sorted(added.items()):
+        where = (u.c.tenant_id == tenant_id, u.c.period == period)
+        current = _totals_of(conn.execute(sa.select(u).where(*where).with_for_update()).one())
+        total = current.plus(more)
+        conn.execute(
+            sa.update(u)
+            .where(*where)
+            .values(
+                input_tokens=total.input_tokens,
+                output_tokens=total.output_tokens,
+                requests=total.requests,
+                cost_usd=total.cost_usd,
+            )
+        )

@@ -67,10 +67,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return run_up(args)
 
 
+def _cmd_admin(args: argparse.Namespace) -> int:
+    from llmmesh.cli.admin import run_admin
+
+    return run_admin(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from edge.settings import EdgeSettings
     from engine.settings import EngineSettings
     from globalplane.settings import GlobalSettings
+    from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.up import add_up_arguments
     from region.settings import RegionSettings
 
@@ -85,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_up_arguments(up)
     up.set_defaults(func=_cmd_up)
+
+    admin = sub.add_parser("admin", help="administer tenants, API keys, usage and regions over gRPC")
+    add_admin_arguments(admin)
+    admin.set_defaults(func=_cmd_admin)
 
     planes: list[tuple[str, str, type[Any], Callable[[argparse.Namespace], int]]] = [
         ("global", "run the global control plane", GlobalSettings, _cmd_global),

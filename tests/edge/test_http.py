@@ -10,6 +10,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from globalplane.region_directory import RegionHealth
 from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -85,10 +86,13 @@ async def test_healthz_fails_when_the_engine_is_gone(stack: Stack, http: httpx.A
     resp = await http.get("/healthz")
     assert resp.status_code == 503
     assert resp.json()["regions"]["us-east"]["healthy_engine_pods"] == 0
-    failed = await http.post("/v1/chat/completions", json=BODY, headers=AUTH)
-    assert failed.status_code == 503
-    assert failed.json()["error"]["code"] == "engine_unavailable"
-    assert "retry-after" in failed.headers
+    # Once the directory hears the region is down, the zone has nowhere to send it.
+    assert await stack.region.heartbeat.beat()
+    status = stack.global_plane.directory.status("us-east")
+    assert status is not None and status.effective_health == RegionHealth.DOWN
+    refused = await http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "no_region_in_zone"
 
 
 async def test_usage_grows_by_what_a_turn_streamed(stack: Stack, http: httpx.AsyncClient) -> None:

@@ -4,6 +4,7 @@ import dataclasses
 from decimal import Decimal
 
 import pytest
+import pytest_asyncio
 
 from globalplane.model_catalog import (
     SIM_FAMILY,
@@ -15,6 +16,7 @@ from globalplane.model_catalog import (
     parse_price,
 )
 from globalplane.settings import GlobalSettings
+from globalplane.store import GlobalStore
 from globalplane.tiers import TenantTier
 from llmmesh.errors import InvalidArgument, NotFound, PermissionDenied, Reason
 
@@ -29,9 +31,11 @@ BIG = Model(
 )
 
 
-@pytest.fixture
-def catalog() -> ModelCatalog:
-    return ModelCatalog([default_model(GlobalSettings())])
+@pytest_asyncio.fixture
+async def catalog(store: GlobalStore) -> ModelCatalog:
+    catalog = ModelCatalog(store)
+    await catalog.add_missing([default_model(GlobalSettings())])
+    return catalog
 
 
 def test_default_model_comes_from_settings() -> None:
@@ -89,11 +93,11 @@ def test_parse_price_rejects_garbage() -> None:
 
 
 @pytest.mark.asyncio
-async def test_deployments_come_from_the_source() -> None:
+async def test_deployments_come_from_the_source(store: GlobalStore) -> None:
     catalog = ModelCatalog(
-        [default_model(GlobalSettings())],
-        lambda name: [ModelDeployment("eu-west", 2)] if name == "llmmesh-tiny" else [],
+        store, lambda name: [ModelDeployment("eu-west", 2)] if name == "llmmesh-tiny" else []
     )
+    await catalog.add_missing([default_model(GlobalSettings())])
     assert (await catalog.get_model("llmmesh-tiny")).deployments == (ModelDeployment("eu-west", 2),)
     page = await catalog.list_models()
     assert [m.deployments for m in page.items] == [(ModelDeployment("eu-west", 2),)]

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 
 from globalplane.policy_records import TenantUpdate
+from globalplane.store import GlobalStore
 from globalplane.tenant_book import TenantBook
 from globalplane.tiers import TenantTier
 from llmmesh import apikeys
@@ -18,8 +19,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def book(clock: ManualClock) -> TenantBook:
-    return TenantBook(clock)
+def book(store: GlobalStore, clock: ManualClock) -> TenantBook:
+    return TenantBook(store, clock)
 
 
 @pytest.mark.asyncio

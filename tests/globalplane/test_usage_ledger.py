@@ -5,8 +5,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+import pytest_asyncio
 
 from globalplane.model_catalog import Model, ModelCatalog, ModelTier
+from globalplane.store import GlobalStore
 from globalplane.tenant_book import TenantBook
 from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger, UsageRecord, format_usd
@@ -22,13 +24,14 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def tenants(clock: ManualClock) -> TenantBook:
-    return TenantBook(clock)
+def tenants(store: GlobalStore, clock: ManualClock) -> TenantBook:
+    return TenantBook(store, clock)
 
 
-@pytest.fixture
-def ledger(tenants: TenantBook, clock: ManualClock) -> UsageLedger:
-    return UsageLedger(tenants, ModelCatalog([MODEL]), clock)
+@pytest_asyncio.fixture
+async def ledger(store: GlobalStore, clock: ManualClock) -> UsageLedger:
+    await ModelCatalog(store, clock=clock).add_missing([MODEL])
+    return UsageLedger(store, clock)
 
 
 async def _tenant_id(tenants: TenantBook) -> str:

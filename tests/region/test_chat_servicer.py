@@ -228,3 +228,11 @@ async def test_keeps_serving_on_cached_policy_while_global_is_down(stack: Stack)
     events = await run_turn(stack, start(max_tokens=4))
     assert events[-1].HasField("finished")
     assert stack.region.outbox.pending >= 1
+
+
+async def test_no_serving_pod_is_unavailable_with_retry_info(stack: Stack) -> None:
+    await stack.engine.stop(0)
+    await wait_until(lambda: not stack.region.pool.healthy_pods, what="engine marked down")
+    error = await turn_error(stack, start())
+    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "ENGINE_UNAVAILABLE")
+    assert error.retry_after_s is not None and error.retry_after_s > 0

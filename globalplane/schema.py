@@ -1,0 +1,153 @@
+"""The global store's tables: control-plane metadata only, never conversation content.
+
+Every column is an identifier, a count, a price, a cost, a limit or a time.
+``tests/globalplane/test_schema.py`` holds the allow-list that keeps it so.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+metadata = sa.MetaData()
+
+
+class ExactDecimal(TypeDecorator[Decimal]):
+    """A decimal stored without rounding: NUMERIC where the database has it.
+
+    SQLite has no exact decimal type (its NUMERIC affinity converts to a
+    float), so there the value travels as its canonical string.
+    """
+
+    impl = sa.Numeric
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(sa.String(80))
+        return dialect.type_descriptor(sa.Numeric(asdecimal=True))
+
+    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        return format(value, "f") if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        return None if value is None else Decimal(value)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime on every backend (SQLite drops the offset, so it is restored on read)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the global store")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(128), nullable=False, unique=True),
+    sa.Column("zone", sa.String(16), nullable=False, index=True),
+    sa.Column("tier", sa.String(16), nullable=False),
+    sa.Column("rpm_limit", sa.BigInteger, nullable=False),
+    sa.Column("tpm_limit", sa.BigInteger, nullable=False),
+    sa.Column("monthly_token_quota", sa.BigInteger, nullable=False),
+    sa.Column("allowed_models", sa.JSON, nullable=False),
+    sa.Column("create_time", UtcDateTime, nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), sa.ForeignKey("tenants.id"), nullable=False, index=True),
+    sa.Column("display_prefix", sa.String(32), nullable=False),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("create_time", UtcDateTime, nullable=False),
+    sa.Column("expire_time", UtcDateTime, nullable=True),
+    sa.Column("revoke_time", UtcDateTime, nullable=True),
+)
+
+policy_version = sa.Table(
+    "policy_version",
+    metadata,
+    # One row (id 1): bumped in the same transaction as every tenant or key change.
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.BigInteger, nullable=False),
+)
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("tier", sa.String(16), nullable=False),
+    sa.Column("context_window", sa.Integer, nullable=False),
+    sa.Column("tokenizer_family", sa.String(64), nullable=False),
+    sa.Column("chat_template_family", sa.String(64), nullable=False),
+    sa.Column("default_for_tiers", sa.JSON, nullable=False),
+    sa.Column("allowed_tiers", sa.JSON, nullable=False),
+)
+
+model_prices = sa.Table(
+    "model_prices",
+    metadata,
+    # Price history: a new revision per price change; the highest is current,
+    # older ones explain costs already billed.
+    sa.Column("model", sa.String(128), sa.ForeignKey("models.name"), primary_key=True),
+    sa.Column("revision", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("input_per_1k_usd", ExactDecimal, nullable=False),
+    sa.Column("output_per_1k_usd", ExactDecimal, nullable=False),
+    sa.Column("effective_time", UtcDateTime, nullable=False),
+)
+
+usage_records = sa.Table(
+    "usage_records",
+    metadata,
+    # The primary key is what makes ingestion idempotent.
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("region", sa.String(64), nullable=False),
+    sa.Column("period", sa.String(7), nullable=False),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cached_input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", ExactDecimal, nullable=False),
+    sa.Column("end_time", UtcDateTime, nullable=True),
+    sa.Column("ingest_time", UtcDateTime, nullable=False),
+    sa.Index("ix_usage_records_tenant_period", "tenant_id", "period"),
+)
+
+usage_totals = sa.Table(
+    "usage_totals",
+    metadata,
+    # Per tenant and month, maintained in the transaction that inserts the records.
+    sa.Column("tenant_id", sa.String(64), sa.ForeignKey("tenants.id"), primary_key=True),
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("requests", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", ExactDecimal, nullable=False),
+)
+
+CONTROL_PLANE_TABLES = (tenants, api_keys, policy_version, models, model_prices)
+"""Read everywhere, written rarely: GLOBAL tables in a multi-region CockroachDB."""

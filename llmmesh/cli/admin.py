@@ -1,0 +1,314 @@
+"""``llmmesh admin``: tenants, API keys, usage and region health, over the global plane's gRPC API.
+
+Speaks only the generated stubs. The address comes from ``--global-address``
+or from ``$LLMMESH_HOME/mesh.json`` (written by ``llmmesh up``). Output is a
+human-readable table, or JSON with ``--json``. Any failure prints one line,
+``llmmesh admin: <message> (<REASON>)``, to stderr; the exit status is 2
+when the input was at fault (rejected arguments, unknown or duplicate
+names, no address to talk to) and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
+
+from llmmesh.cli.up import mesh_home
+from llmmesh.errors import from_rpc_error
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import billing_service_pb2 as bpb
+from llmmesh.v1 import (
+    billing_service_pb2_grpc,
+    common_pb2,
+    geo_routing_service_pb2_grpc,
+    policy_service_pb2_grpc,
+)
+from llmmesh.v1 import geo_routing_service_pb2 as gpb
+from llmmesh.v1 import policy_service_pb2 as ppb
+
+CALL_TIMEOUT_S = 10.0
+_TIERS = {"free": common_pb2.TIER_FREE, "pro": common_pb2.TIER_PRO, "enterprise": common_pb2.TIER_ENTERPRISE}
+_TIER_NAMES = {v: k for k, v in _TIERS.items()}
+_HEALTH_NAMES = {
+    common_pb2.HEALTH_STATE_SERVING: "serving",
+    common_pb2.HEALTH_STATE_DEGRADED: "degraded",
+    common_pb2.HEALTH_STATE_DRAINING: "draining",
+    common_pb2.HEALTH_STATE_DOWN: "down",
+}
+# Codes that mean "your input is wrong", as opposed to "something broke".
+_BAD_INPUT = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
+class AdminError(Exception):
+    """A failure to report as one line, with its reason and exit status."""
+
+    def __init__(self, message: str, reason: str, status: int) -> None:
+        super().__init__(message)
+        self.message, self.reason, self.status = message, reason, status
+
+
+Command = Callable[[grpc.aio.Channel, argparse.Namespace], Awaitable[Any]]
+"""Runs one admin command; returns what ``--json`` prints (the table is printed by the command)."""
+
+
+# ------------------------------------------------------------------ output
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _as_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _limit(value: int) -> str:
+    return str(value) if value else "unlimited"
+
+
+def _time(stamp: timestamp_pb2.Timestamp) -> str:
+    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%SZ") if stamp.seconds else "-"
+
+
+def _tenant_rows(tenants: Sequence[ppb.Tenant]) -> str:
+    rows = [
+        (
+            t.name,
+            t.id,
+            t.zone,
+            _TIER_NAMES.get(t.tier, "?"),
+            _limit(t.rpm_limit),
+            _limit(t.tpm_limit),
+            _limit(t.monthly_token_quota),
+            ",".join(t.allowed_models) or "all",
+        )
+        for t in tenants
+    ]
+    return _table(("NAME", "ID", "ZONE", "TIER", "RPM", "TPM", "MONTHLY QUOTA", "MODELS"), rows)
+
+
+# ------------------------------------------------------------------ commands
+
+
+async def _tenant_create(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    models = [m.strip() for m in (args.models or "").split(",") if m.strip()]
+    spec = ppb.Tenant(
+        name=args.name,
+        zone=args.zone,
+        tier=_TIERS[args.tier],
+        rpm_limit=args.rpm,
+        tpm_limit=args.tpm,
+        monthly_token_quota=args.quota,
+        allowed_models=models,
+    )
+    stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+    tenant = (await stub.CreateTenant(ppb.CreateTenantRequest(tenant=spec), timeout=CALL_TIMEOUT_S)).tenant
+    if not args.json:
+        print(_tenant_rows([tenant]))
+    return _as_dict(tenant)
+
+
+async def _tenant_list(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+    tenants: list[ppb.Tenant] = []
+    token = ""
+    while True:
+        request = ppb.ListTenantsRequest(zone=args.zone, page_size=500, page_token=token)
+        page = await stub.ListTenants(request, timeout=CALL_TIMEOUT_S)
+        tenants.extend(page.tenants)
+        token = page.next_page_token
+        if not token:
+            break
+    if not args.json:
+        print(_tenant_rows(tenants) if tenants else "no tenants")
+    return [_as_dict(t) for t in tenants]
+
+
+async def _key_create(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    request = ppb.CreateApiKeyRequest(tenant=args.tenant)
+    if args.expires_in_days is not None:
+        request.expire_time.FromDatetime(datetime.now(UTC) + timedelta(days=args.expires_in_days))
+    stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+    created = await stub.CreateApiKey(request, timeout=CALL_TIMEOUT_S)
+    key = created.api_key
+    if not args.json:
+        print(f"key id   {key.id}")
+        print(f"tenant   {key.tenant_id}")
+        print(f"expires  {_time(key.expire_time) if key.HasField('expire_time') else 'never'}")
+        print(f"secret   {created.secret}")
+        print("The secret is shown only now; store it safely.")
+    return {**_as_dict(key), "secret": created.secret}
+
+
+async def _key_revoke(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+    request = ppb.RevokeApiKeyRequest(key_id=args.key_id)
+    key = (await stub.RevokeApiKey(request, timeout=CALL_TIMEOUT_S)).api_key
+    if not args.json:
+        print(f"revoked key {key.id} of tenant {key.tenant_id} at {_time(key.revoke_time)}")
+    return _as_dict(key)
+
+
+async def _usage(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    stub = billing_service_pb2_grpc.BillingServiceStub(channel)
+    request = bpb.GetUsageRequest(tenant_id=args.tenant, period=args.period)
+    usage = await stub.GetUsage(request, timeout=CALL_TIMEOUT_S)
+    if not args.json:
+        rows = [(usage.period, usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd)]
+        print(_table(("PERIOD", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD"), rows))
+    return {**_as_dict(usage), "tenant": args.tenant}
+
+
+async def _regions(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    stub = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+    statuses: list[gpb.RegionStatus] = []
+    token = ""
+    while True:
+        request = gpb.ListRegionsRequest(zone=args.zone, page_size=500, page_token=token)
+        page = await stub.ListRegions(request, timeout=CALL_TIMEOUT_S)
+        statuses.extend(page.regions)
+        token = page.next_page_token
+        if not token:
+            break
+    now = datetime.now(UTC)
+    ages = [(now - s.last_heartbeat_time.ToDatetime(tzinfo=UTC)).total_seconds() for s in statuses]
+    if not args.json:
+        rows = [
+            (
+                s.report.region,
+                s.report.zone,
+                _HEALTH_NAMES.get(s.effective_health, "?"),
+                f"{max(age, 0.0):.1f}s",
+                s.report.queue_depth,
+                s.report.capacity,
+                f"{s.report.healthy_engine_pods}/{s.report.engine_pods}",
+                ",".join(s.report.models) or "-",
+            )
+            for s, age in zip(statuses, ages, strict=True)
+        ]
+        headers = ("REGION", "ZONE", "HEALTH", "HEARTBEAT AGE", "QUEUE", "CAPACITY", "PODS", "MODELS")
+        print(_table(headers, rows) if rows else "no regions have reported")
+    return [
+        {**_as_dict(s), "heartbeat_age_s": round(max(age, 0.0), 3)}
+        for s, age in zip(statuses, ages, strict=True)
+    ]
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def _global_address(args: argparse.Namespace) -> str:
+    if args.global_address:
+        return str(args.global_address)
+    mesh_file = mesh_home() / "mesh.json"
+    try:
+        address = json.loads(mesh_file.read_text()).get("global_address")
+    except FileNotFoundError:
+        raise AdminError(
+            f"no {mesh_file}; pass --global-address or start a mesh with `llmmesh up`", "NO_MESH", 2
+        ) from None
+    except (OSError, ValueError, AttributeError) as err:
+        raise AdminError(f"cannot read {mesh_file}: {err}", "NO_MESH", 2) from None
+    if not isinstance(address, str) or not address:
+        raise AdminError(f"{mesh_file} names no global_address", "NO_MESH", 2)
+    return address
+
+
+def _admin_error(err: grpc.aio.AioRpcError, address: str) -> AdminError:
+    code = err.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return AdminError(
+            f"cannot reach the global plane at {address}: {err.details()}", "GLOBAL_PLANE_UNAVAILABLE", 1
+        )
+    mesh_error = from_rpc_error(err)
+    return AdminError(mesh_error.message, mesh_error.reason, 2 if code in _BAD_INPUT else 1)
+
+
+async def _call(command: Command, args: argparse.Namespace, address: str) -> Any:
+    async with open_channel(address) as channel:
+        try:
+            return await command(channel, args)
+        except grpc.aio.AioRpcError as err:
+            raise _admin_error(err, address) from None
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    """Run the chosen admin command; 0 on success, else 2 (bad input) or 1, after one stderr line."""
+    try:
+        address = _global_address(args)
+        result = asyncio.run(_call(args.admin_command, args, address))
+    except AdminError as err:
+        print(f"llmmesh admin: {err.message} ({err.reason})", file=sys.stderr)
+        return err.status
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    return 0
+
+
+def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``admin`` subcommands; each sets ``admin_command``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--global-address", default="", help="host:port of the global plane (default: from mesh.json)"
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    groups = parser.add_subparsers(dest="admin_group", required=True, metavar="TOPIC")
+
+    tenant = groups.add_parser("tenant", help="create and list tenants").add_subparsers(
+        dest="tenant_action", required=True, metavar="ACTION"
+    )
+    create = tenant.add_parser("create", parents=[common], help="create a tenant pinned to a zone")
+    create.add_argument("name", help="unique tenant name")
+    create.add_argument("--zone", required=True, help="zone the tenant is pinned to, like eu or us")
+    create.add_argument("--tier", required=True, choices=sorted(_TIERS), help="service tier")
+    create.add_argument("--rpm", type=int, default=0, help="requests per minute per key; 0 = unlimited")
+    create.add_argument("--tpm", type=int, default=0, help="tokens per minute per key; 0 = unlimited")
+    create.add_argument("--quota", type=int, default=0, help="tokens per month; 0 = unlimited")
+    create.add_argument(
+        "--models", default="", help="comma-separated models it may use; empty = all of its tier"
+    )
+    create.set_defaults(admin_command=_tenant_create)
+    listing = tenant.add_parser("list", parents=[common], help="list tenants")
+    listing.add_argument("--zone", default="", help="only tenants of this zone")
+    listing.set_defaults(admin_command=_tenant_list)
+
+    key = groups.add_parser("key", help="create and revoke API keys").add_subparsers(
+        dest="key_action", required=True, metavar="ACTION"
+    )
+    key_create = key.add_parser("create", parents=[common], help="create an API key; prints its secret once")
+    key_create.add_argument("tenant", help="tenant name or id")
+    key_create.add_argument("--expires-in-days", type=int, default=None, help="expiry; default never")
+    key_create.set_defaults(admin_command=_key_create)
+    revoke = key.add_parser("revoke", parents=[common], help="revoke an API key")
+    revoke.add_argument("key_id", help="id of the key, key_…")
+    revoke.set_defaults(admin_command=_key_revoke)
+
+    usage = groups.add_parser("usage", parents=[common], help="a tenant's usage and cost in one month")
+    usage.add_argument("tenant", help="tenant name or id")
+    usage.add_argument("--period", default="", help="month as YYYY-MM (UTC); default the current one")
+    usage.set_defaults(admin_command=_usage)
+
+    regions = groups.add_parser("regions", parents=[common], help="region health as the global plane sees it")
+    regions.add_argument("--zone", default="", help="only regions of this zone")
+    regions.set_defaults(admin_command=_regions)

@@ -1,0 +1,253 @@
+"""``llmmesh admin`` in-process against a real global plane process (``llmmesh global``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmmesh.cli.main import main
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import billing_service_pb2 as bpb
+from llmmesh.v1 import (
+    billing_service_pb2_grpc,
+    common_pb2,
+    geo_routing_service_pb2_grpc,
+    policy_service_pb2_grpc,
+)
+from llmmesh.v1 import geo_routing_service_pb2 as gpb
+from llmmesh.v1 import policy_service_pb2 as ppb
+
+STARTUP_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def global_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A ``llmmesh global`` process on a port of its own, with a fresh SQLite store."""
+    home = tmp_path_factory.mktemp("admin-home")
+    ready = home / "global.ready.json"
+    command = [sys.executable, "-m", "llmmesh", "global", "--port", "0", "--ready-file", str(ready)]
+    command += ["--database-url", f"sqlite:///{home / 'global.db'}", "--dev-key", ""]
+    with (home / "global.log").open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not ready.exists():
+            assert process.poll() is None, (home / "global.log").read_text()
+            assert time.monotonic() < deadline, "the global plane did not become ready"
+            time.sleep(0.05)
+        yield str(json.loads(ready.read_text())["address"])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def admin(capsys: pytest.CaptureFixture[str], address: str, *argv: str) -> tuple[int, str, str]:
+    """Run ``llmmesh admin ARGV --global-address ADDRESS``; its status, stdout and stderr."""
+    status = main(["admin", *argv, "--global-address", address])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def admin_json(capsys: pytest.CaptureFixture[str], address: str, *argv: str) -> object:
+    status, out, err = admin(capsys, address, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("llmmesh admin: "), err
+    return lines[0]
+
+
+async def _authenticate(address: str, secret: str) -> ppb.AuthenticateKeyResponse:
+    async with open_channel(address) as channel:
+        stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+        response: ppb.AuthenticateKeyResponse = await stub.AuthenticateKey(
+            ppb.AuthenticateKeyRequest(secret=secret)
+        )
+        return response
+
+
+def test_tenant_create_and_list(capsys: pytest.CaptureFixture[str], global_address: str) -> None:
+    status, out, _ = admin(
+        capsys, global_address, "tenant", "create", "acme", "--zone", "eu", "--tier", "pro",
+        "--rpm", "60", "--tpm", "10000", "--models", "llmmesh-tiny, other",
+    )  # fmt: skip
+    assert status == 0
+    header, row = out.strip().splitlines()
+    assert header.split()[:4] == ["NAME", "ID", "ZONE", "TIER"]
+    assert row.split()[0] == "acme" and row.split()[2:7] == ["eu", "pro", "60", "10000", "unlimited"]
+    assert row.split()[7] == "llmmesh-tiny,other"
+    listed = admin_json(capsys, global_address, "tenant", "list", "--zone", "eu")
+    assert isinstance(listed, list)
+    acme = next(t for t in listed if t["name"] == "acme")
+    assert (acme["zone"], acme["tier"], acme["rpm_limit"]) == (
+        "eu",
+        "TIER_PRO",
+        "60",
+    )  # proto3 JSON: int64 as string
+    assert acme["allowed_models"] == ["llmmesh-tiny", "other"]
+    assert admin_json(capsys, global_address, "tenant", "list", "--zone", "nowhere") == []
+
+
+def test_duplicate_tenant_is_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str], global_address: str
+) -> None:
+    assert (
+        admin(capsys, global_address, "tenant", "create", "twice", "--zone", "us", "--tier", "free")[0] == 0
+    )
+    status, _, err = admin(
+        capsys, global_address, "tenant", "create", "twice", "--zone", "us", "--tier", "free"
+    )
+    assert status == 2
+    assert one_error_line(err) == "llmmesh admin: tenant 'twice' already exists (TENANT_EXISTS)"
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--zone", "eu-west"], "is not a zone name"),
+        (["--zone", "EU"], "is not a zone name"),
+        (["--zone", "eu", "--rpm", "-5"], "rpm_limit must be >= 0"),
+        (["--zone", "eu", "--quota", "-1"], "monthly_token_quota must be >= 0"),
+    ],
+)
+def test_bad_tenant_input_is_rejected(
+    capsys: pytest.CaptureFixture[str], global_address: str, flags: list[str], needle: str
+) -> None:
+    status, out, err = admin(capsys, global_address, "tenant", "create", "bad", "--tier", "pro", *flags)
+    assert (status, out) == (2, "")
+    line = one_error_line(err)
+    assert needle in line and line.endswith("(INVALID_REQUEST)")
+
+
+def test_key_create_shows_the_secret_once_and_revoke_stops_it(
+    capsys: pytest.CaptureFixture[str], global_address: str
+) -> None:
+    assert admin(capsys, global_address, "tenant", "create", "keyed", "--zone", "eu", "--tier", "pro")[0] == 0
+    status, out, _ = admin(capsys, global_address, "key", "create", "keyed", "--expires-in-days", "30")
+    assert status == 0
+    fields = dict(line.split(maxsplit=1) for line in out.splitlines()[:4])
+    assert fields["secret"].startswith("sk-llmmesh-") and fields["expires"] != "never"
+    authed = asyncio.run(_authenticate(global_address, fields["secret"]))
+    assert (authed.tenant.name, authed.key_id) == ("keyed", fields["key"].removeprefix("id").strip())
+    created = admin_json(capsys, global_address, "key", "create", "keyed")
+    assert isinstance(created, dict) and created["secret"].startswith("sk-llmmesh-")
+    revoked = admin_json(capsys, global_address, "key", "revoke", created["id"])
+    assert isinstance(revoked, dict) and revoked["revoke_time"]
+    with pytest.raises(Exception, match="API key revoked"):
+        asyncio.run(_authenticate(global_address, created["secret"]))
+
+
+def test_bad_key_input_is_rejected(capsys: pytest.CaptureFixture[str], global_address: str) -> None:
+    status, _, err = admin(capsys, global_address, "key", "revoke", "key_missing")
+    assert status == 2
+    assert one_error_line(err) == "llmmesh admin: no API key 'key_missing' (KEY_NOT_FOUND)"
+    status, _, err = admin(capsys, global_address, "key", "create", "nobody")
+    assert status == 2 and one_error_line(err).endswith("(TENANT_NOT_FOUND)")
+
+
+async def _bill(address: str, tenant_id: str) -> None:
+    usage = common_pb2.TokenUsage(input_tokens=1000, output_tokens=2000)
+    record = bpb.UsageRecord(request_id="req-admin-1", tenant_id=tenant_id, model="llmmesh-tiny", usage=usage)
+    record.end_time.FromJsonString("2031-05-17T12:00:00Z")
+    async with open_channel(address) as channel:
+        stub = billing_service_pb2_grpc.BillingServiceStub(channel)
+        await stub.RecordUsage(bpb.RecordUsageRequest(records=[record, record]))
+
+
+def test_usage_shows_exact_cost(capsys: pytest.CaptureFixture[str], global_address: str) -> None:
+    created = admin_json(
+        capsys, global_address, "tenant", "create", "billed", "--zone", "us", "--tier", "pro"
+    )
+    assert isinstance(created, dict)
+    asyncio.run(_bill(global_address, created["id"]))
+    usage = admin_json(capsys, global_address, "usage", "billed", "--period", "2031-05")
+    # 1000 * 0.0005 / 1000 + 2000 * 0.0015 / 1000, billed once though delivered twice
+    assert usage == {
+        "tenant": "billed",
+        "period": "2031-05",
+        "requests": "1",
+        "input_tokens": "1000",
+        "output_tokens": "2000",
+        "cost_usd": "0.0035",
+    }
+    status, out, _ = admin(capsys, global_address, "usage", "billed", "--period", "2031-05")
+    assert status == 0 and out.splitlines()[1].split() == ["2031-05", "1", "1000", "2000", "0.0035"]
+
+
+def test_bad_usage_input_is_rejected(capsys: pytest.CaptureFixture[str], global_address: str) -> None:
+    status, _, err = admin(capsys, global_address, "usage", "ghost")
+    assert status == 2 and one_error_line(err) == "llmmesh admin: no tenant 'ghost' (TENANT_NOT_FOUND)"
+    assert admin(capsys, global_address, "tenant", "create", "p", "--zone", "us", "--tier", "free")[0] == 0
+    status, _, err = admin(capsys, global_address, "usage", "p", "--period", "2031-13")
+    assert status == 2 and "period must be 'YYYY-MM'" in one_error_line(err)
+
+
+async def _heartbeat(address: str) -> None:
+    report = gpb.RegionReport(
+        region="eu-west",
+        zone="eu",
+        chat_address="127.0.0.1:1",
+        health=common_pb2.HEALTH_STATE_SERVING,
+        capacity=64,
+        queue_depth=3,
+        models=["llmmesh-tiny"],
+        engine_pods=2,
+        healthy_engine_pods=2,
+    )
+    async with open_channel(address) as channel:
+        stub = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+        await stub.Heartbeat(gpb.HeartbeatRequest(report=report))
+
+
+def test_regions_table(capsys: pytest.CaptureFixture[str], global_address: str) -> None:
+    asyncio.run(_heartbeat(global_address))
+    status, out, _ = admin(capsys, global_address, "regions")
+    assert status == 0
+    header, *rows = out.strip().splitlines()
+    assert header.split()[:3] == ["REGION", "ZONE", "HEALTH"]
+    row = next(r.split() for r in rows if r.startswith("eu-west"))
+    assert row[1:3] == ["eu", "serving"] and row[3].endswith("s")
+    assert row[4:] == ["3", "64", "2/2", "llmmesh-tiny"]
+    listed = admin_json(capsys, global_address, "regions", "--zone", "eu")
+    assert isinstance(listed, list) and listed[0]["report"]["region"] == "eu-west"
+    assert listed[0]["heartbeat_age_s"] >= 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_global_plane_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    status, out, err = admin(capsys, address, "tenant", "list")
+    assert (status, out) == (1, "")
+    line = one_error_line(err)
+    assert line.startswith(f"llmmesh admin: cannot reach the global plane at {address}")
+    assert line.endswith("(GLOBAL_PLANE_UNAVAILABLE)")
+
+
+def test_address_comes_from_mesh_json(
+    capsys: pytest.CaptureFixture[str], global_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMMESH_HOME", str(tmp_path))
+    assert main(["admin", "tenant", "list"]) == 2
+    assert "pass --global-address" in one_error_line(capsys.readouterr().err)
+    (tmp_path / "mesh.json").write_text(json.dumps({"global_address": global_address}))
+    assert main(["admin", "tenant", "list", "--json"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)
