@@ -40,10 +40,12 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, wha
 
 
 @asynccontextmanager
-async def running_stack(with_edge: bool = False, **engine_overrides: object) -> AsyncIterator[Stack]:
+async def running_stack(
+    with_edge: bool = False, database_url: str = "sqlite://", **engine_overrides: object
+) -> AsyncIterator[Stack]:
     """Start every plane in this process; stop them all afterwards."""
     glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://")
+        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url=database_url)
     )
     engine = await start_engine(EngineSettings(pod_id="us-east-pod-0", **engine_overrides))  # type: ignore[arg-type]
     region = await start_region(
