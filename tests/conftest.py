@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 
 # Property tests judge correctness, not speed: a loaded CI machine must not
@@ -58,3 +61,19 @@ def redis_url() -> str:
     """A URL of the test Redis."""
     _need("Redis", "127.0.0.1", 6379)
     return REDIS_URL
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh schema of the test database,
+    dropped afterwards, so runs never see each other's rows."""
+    schema = f"llmmesh_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{postgres_url}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()

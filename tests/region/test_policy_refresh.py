@@ -3,31 +3,12 @@ with the global plane on real PostgreSQL."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
-import sqlalchemy as sa
 
 from llmmesh.errors import MeshError
 from tests.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.services]
-
-
-@pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections use a fresh schema, dropped afterwards."""
-    schema = f"region_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{postgres_url}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
 
 
 async def test_revocation_reaches_the_region_by_its_next_refresh(postgres_schema_url: str) -> None:
