@@ -146,10 +146,14 @@ class EngineBackend(ABC):
     @abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Run one generation: :class:`GenerationStarted` on admission, then
-        :class:`GeneratedTokens`, then exactly one :class:`GenerationFinished`.
+        :class:`GeneratedTokens`, then exactly one :class:`GenerationFinished`
+        unless it fails.
 
         Errors (a duplicate running ``request_id``, a request that can never
-        fit) are raised as ``MeshError`` from the first ``__anext__``. Closing
+        fit) are raised as ``MeshError`` from the first ``__anext__``. An
+        engine that fails mid-generation raises a ``MeshError`` (UNAVAILABLE,
+        ``ENGINE_FAILED``) from a later ``__anext__`` instead of finishing:
+        the tokens already yielded stand, and a retry may resume from them. Closing
         the generator early (``aclose``) aborts the request. A request
         cancelled while still waiting finishes without ``GenerationStarted``.
         """

@@ -4,6 +4,7 @@ embedded mesh) or as its own process (:func:`serve`, behind ``llmmesh engine``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc.aio
 
@@ -11,6 +12,7 @@ from engine.backend import EngineBackend
 from engine.servicer import SERVICE_NAME, EngineServicer
 from engine.settings import EngineSettings
 from engine.sim.backend import SimBackend
+from engine.sim.faults import exit_process
 from llmmesh import lifecycle
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -18,15 +20,17 @@ from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 
-class BackendNotAvailable(RuntimeError):
+class BackendNotAvailable(ValueError):
     """The configured backend cannot run in this build."""
 
 
-def create_backend(settings: EngineSettings) -> EngineBackend:
+def create_backend(settings: EngineSettings, on_crash: Callable[[], None] | None = None) -> EngineBackend:
     """The backend ``settings.backend`` names; raises BackendNotAvailable for
-    one this build does not have."""
+    one this build does not have. ``on_crash`` is what the simulator's
+    injected crash (``sim_crash_after_generations``) calls; it is required
+    when that fault is set (ValueError otherwise)."""
     if settings.backend == "sim":
-        return SimBackend(settings)
+        return SimBackend(settings, on_crash)
     raise BackendNotAvailable(
         f"the {settings.backend!r} engine backend is not installed or implemented yet; "
         "run the pod with --backend sim"
@@ -55,9 +59,13 @@ class EnginePod:
             await self.backend.close()
 
 
-async def start_engine(settings: EngineSettings) -> EnginePod:
-    """Start a backend and its gRPC server (with health and reflection)."""
-    backend = create_backend(settings)
+async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | None = None) -> EnginePod:
+    """Start a backend and its gRPC server (with health and reflection).
+
+    ``on_crash`` stands in for the process exit of an injected crash, so an
+    in-process pod (tests, the embedded mesh) never kills its host process;
+    only :func:`serve` exits."""
+    backend = create_backend(settings, on_crash)
     await backend.start()
     servicer = EngineServicer(backend, settings.load_interval_ms)
 
@@ -75,9 +83,10 @@ async def start_engine(settings: EngineSettings) -> EnginePod:
 
 async def serve(settings: EngineSettings) -> None:
     """Serve until SIGTERM or SIGINT, then drain. Writes ``settings.ready_file``
-    once the server answers."""
+    once the server answers. An injected crash exits the process at once
+    with code 70 (:func:`engine.sim.faults.exit_process`)."""
     stop = lifecycle.stop_event()
-    pod = await start_engine(settings)
+    pod = await start_engine(settings, on_crash=exit_process)
     try:
         lifecycle.write_ready_file(
             settings.ready_file,

@@ -2,8 +2,11 @@
 handlers that validate, convert and stream; the logic lives in the backend.
 
 Cancellation flows down: a ``cancel`` message or a cancelled call (client
-gone) aborts the backend request. Feeds (``WatchLoad``, ``StreamKvEvents``)
-end cleanly when the pod starts draining, so a drain never waits on them.
+gone) aborts the backend request. A backend ``MeshError`` ends the call with
+its rich status, also mid-stream: an engine failure after some tokens ends
+the stream with UNAVAILABLE (``ENGINE_FAILED``, RetryInfo) after them.
+Feeds (``WatchLoad``, ``StreamKvEvents``) end cleanly when the pod starts
+draining, so a drain never waits on them.
 """
 
 from __future__ import annotations

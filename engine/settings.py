@@ -17,6 +17,9 @@ Where the defaults come from:
   15 ms between tokens, so a 16-token reply to a short prompt takes about
   0.25 s. ``batch_load_factor=1.0`` doubles the step time at a full batch,
   which is llm-d-inference-sim's ``time-factor-under-load=2.0``.
+- The ``sim_*`` fault settings (all off by default) inject the failures a
+  failover drill needs: a generation failing mid-stream, a wedged GPU and a
+  crashed pod. :mod:`engine.sim.faults` documents exactly what each models.
 """
 
 from __future__ import annotations
@@ -48,6 +51,17 @@ class EngineSettings:
     sim_prefill_per_token_s: float = setting(0.0002, "simulator: prefill cost per uncached prompt token, s")
     sim_inter_token_s: float = setting(0.015, "simulator: decode step time with an empty batch, seconds")
     sim_batch_load_factor: float = setting(1.0, "simulator: step slowdown at a full batch (1.0 doubles it)")
+    sim_error_rate: float = setting(
+        0.0,
+        "simulator fault: share of generations that fail mid-stream with UNAVAILABLE "
+        "(ENGINE_FAILED), chosen deterministically from the prompt and seed; 0 for none",
+    )
+    sim_stall_after_tokens: int = setting(
+        0, "simulator fault: every generation stops producing tokens after this many, stream open; 0 off"
+    )
+    sim_crash_after_generations: int = setting(
+        0, "simulator fault: the pod process exits with code 70, no drain, when this many generations start"
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in SUPPORTED_BACKENDS:
@@ -70,3 +84,9 @@ class EngineSettings:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        # Written so that NaN fails too.
+        if not 0.0 <= self.sim_error_rate <= 1.0:
+            raise ValueError(f"sim_error_rate must be between 0 and 1, got {self.sim_error_rate}")
+        for name in ("sim_stall_after_tokens", "sim_crash_after_generations"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative (0 turns the fault off)")

@@ -21,20 +21,26 @@ from engine.backend import (
 from engine.gpu import NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
+from engine.sim.faults import CrashCallback, FaultPlan
 from engine.sim.kv_blocks import KvBlockPool
 from engine.sim.sampler import DeterministicSampler
 from engine.sim.scheduler import ContinuousBatchScheduler
 from engine.sim.sequence import SimSequence
 from engine.sim.timing import SimTimingModel
 from engine.sim.tokenizer import SimTokenizer
-from llmmesh.errors import InvalidArgument, Reason, Unavailable
+from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
 
 
 class SimBackend(EngineBackend):
-    """A simulated vLLM engine with one scheduler task."""
+    """A simulated vLLM engine with one scheduler task.
 
-    def __init__(self, settings: EngineSettings) -> None:
+    The ``sim_*`` fault settings inject failures (:mod:`engine.sim.faults`);
+    ``on_crash`` is what the crash fault calls, required when it is set.
+    """
+
+    def __init__(self, settings: EngineSettings, on_crash: CrashCallback | None = None) -> None:
         self._settings = settings
+        self.faults = FaultPlan.from_settings(settings, on_crash)
         self.tokenizer = SimTokenizer()
         self.kv_event_log = KvEventLog(settings.kv_event_retention)
         self.pool = KvBlockPool(settings.kv_blocks, settings.block_size, self.kv_event_log)
@@ -45,7 +51,7 @@ class SimBackend(EngineBackend):
             batch_load_factor=settings.sim_batch_load_factor,
             max_num_seqs=settings.max_num_seqs,
         )
-        self.scheduler = ContinuousBatchScheduler(self.pool, self.timing, settings.max_num_seqs)
+        self.scheduler = ContinuousBatchScheduler(self.pool, self.timing, settings.max_num_seqs, self.faults)
         self._sampler = DeterministicSampler(self.tokenizer)
         self._arrivals = itertools.count()
         self._gpu = NvmlProbe()
@@ -86,6 +92,7 @@ class SimBackend(EngineBackend):
             sampler=self._sampler,
             tokenizer=self.tokenizer,
             context_window=self._settings.context_window,
+            faults=self.faults,
         )
         needed = self.pool.blocks_for(sequence.prompt_tokens + sequence.remaining_tokens)
         if needed > self.pool.total_blocks:
@@ -99,6 +106,9 @@ class SimBackend(EngineBackend):
         try:
             while not finished:
                 event = await sequence.events.get()
+                if isinstance(event, MeshError):
+                    finished = True  # it already left the batch
+                    raise event
                 finished = isinstance(event, GenerationFinished)
                 yield event
         finally:

@@ -13,6 +13,12 @@ Simplifications, to revisit against vLLM:
   when they run out; preemption is not modelled yet. A request that does
   not fit waits at the head of the queue (no later request overtakes it).
 - Prefill is not chunked: an admitted prompt is prefilled in one step.
+
+Injected faults (:mod:`engine.sim.faults`) act here: the crash trigger counts
+admissions, a failed sequence leaves the batch like a finished one, and a
+stalled one keeps its slot and blocks but takes no steps; when only stalled
+sequences run, the loop sleeps until a submit or an abort, rather than
+spinning through empty steps.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import heapq
 
 from engine.backend import FinishReason
+from engine.sim.faults import FaultPlan
 from engine.sim.kv_blocks import KvBlockPool
 from engine.sim.sequence import SimSequence
 from engine.sim.timing import SimTimingModel
@@ -30,8 +37,11 @@ from llmmesh.errors import AlreadyExists, Reason, Unavailable
 class ContinuousBatchScheduler:
     """Waiting queue, running batch and the step loop (:meth:`run`)."""
 
-    def __init__(self, pool: KvBlockPool, timing: SimTimingModel, max_num_seqs: int) -> None:
+    def __init__(
+        self, pool: KvBlockPool, timing: SimTimingModel, max_num_seqs: int, faults: FaultPlan | None = None
+    ) -> None:
         self._pool = pool
+        self._faults = faults or FaultPlan()
         self._timing = timing
         self._max_num_seqs = max_num_seqs
         self._waiting: list[tuple[int, int, SimSequence]] = []
@@ -81,7 +91,7 @@ class ContinuousBatchScheduler:
         while True:
             self._apply_aborts()
             admitted = self._admit()
-            if not self._running:
+            if all(sequence.stalled for sequence in self._running.values()):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -128,6 +138,7 @@ class ContinuousBatchScheduler:
             if sequence.remaining_tokens == 0:
                 self._pop_waiting()
                 sequence.admit(None)
+                self._faults.generation_started()
                 continue
             allocation = self._pool.allocate(
                 sequence.token_ids, sequence.prompt_tokens + sequence.remaining_tokens
@@ -138,6 +149,7 @@ class ContinuousBatchScheduler:
             sequence.admit(allocation)
             self._running[sequence.request_id] = sequence
             admitted.append(sequence)
+            self._faults.generation_started()
         return admitted
 
     def _pop_waiting(self) -> None:
@@ -146,6 +158,8 @@ class ContinuousBatchScheduler:
 
     def _decode(self) -> None:
         for sequence in list(self._running.values()):
+            if sequence.stalled:
+                continue
             ended = sequence.decode_one()
             if sequence.allocation is not None:
                 self._pool.cache_full_blocks(sequence.allocation, sequence.token_ids)

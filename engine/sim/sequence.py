@@ -1,5 +1,5 @@
 """One generation inside the simulator: its reply plan, output position,
-stop handling and event queue."""
+stop handling, injected faults and event queue."""
 
 from __future__ import annotations
 
@@ -14,9 +14,15 @@ from engine.backend import (
     GenerationStarted,
 )
 from engine.sim.detokenizer import StopAwareDetokenizer
+from engine.sim.faults import FaultPlan, injected_failure
 from engine.sim.kv_blocks import KvAllocation
 from engine.sim.sampler import DeterministicSampler
 from engine.sim.tokenizer import SimTokenizer
+from llmmesh.errors import MeshError
+
+# What the event queue carries: the backend's events, or the error that ends
+# a failed generation in place of its GenerationFinished.
+SequenceEvent = GenerationEvent | MeshError
 
 
 class SimSequence:
@@ -25,7 +31,9 @@ class SimSequence:
     Output positions count resumed tokens: a continuation of ``k`` tokens
     produces positions ``k, k+1, …``. The reply ends at the first of its
     natural length (STOP), ``max_tokens`` or the context window (LENGTH), or a
-    stop sequence (STOP with ``matched_stop``).
+    stop sequence (STOP with ``matched_stop``). Under a :class:`FaultPlan`
+    it may instead fail (its last queue item is then a ``MeshError``) or
+    stall (it stops decoding and waits for an abort).
     """
 
     def __init__(
@@ -36,10 +44,11 @@ class SimSequence:
         sampler: DeterministicSampler,
         tokenizer: SimTokenizer,
         context_window: int,
+        faults: FaultPlan | None = None,
     ) -> None:
         self.request = request
         self.arrival = arrival
-        self.events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self.events: asyncio.Queue[SequenceEvent] = asyncio.Queue()
         self.token_ids: list[int] = list(request.context_token_ids)
         self.allocation: KvAllocation | None = None
         self.cached_tokens = 0
@@ -58,6 +67,14 @@ class SimSequence:
             self._end_position, self._end_reason = self._plan.natural_length, FinishReason.STOP
         else:
             self._end_position, self._end_reason = limit, FinishReason.LENGTH
+        faults = faults or FaultPlan()
+        self._fail_after = faults.failure_point(request, self.remaining_tokens)
+        self._stall_after = faults.stall_point
+
+    @property
+    def stalled(self) -> bool:
+        """True once an injected stall stops this sequence decoding."""
+        return not self.finished and self._stall_after is not None and self.output_tokens >= self._stall_after
 
     @property
     def request_id(self) -> str:
@@ -87,7 +104,12 @@ class SimSequence:
             self.finish(self._end_reason)
 
     def decode_one(self) -> bool:
-        """Produce the next token and its events; True when the sequence ended."""
+        """Produce the next token and its events; True when the sequence ended
+        (an injected failure ends it before the token)."""
+        if self.output_tokens == self._fail_after:
+            self.finished = True
+            self.events.put_nowait(injected_failure(self.request_id, self.output_tokens))
+            return True
         token_id = self._sampler.token_at(self._plan, self._position)
         offset = self._position
         self._position += 1
