@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from globalplane.protoconv import datetime_of
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
-from globalplane.usage_ledger import UsageLedger, UsageRecord, format_usd
+from globalplane.usage_ledger import UsageLedger, UsageRecord
+from llmmesh.pricing import format_usd
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import billing_service_pb2_grpc
 

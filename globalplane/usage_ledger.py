@@ -9,7 +9,6 @@ totals.
 
 from __future__ import annotations
 
-import decimal
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,14 +24,14 @@ from globalplane.clock import Clock, utc_now
 from globalplane.model_catalog import Model, find_model
 from globalplane.policy_rows import find_tenant
 from globalplane.store import GlobalStore, insert_new_rows
+from llmmesh import pricing
 from llmmesh.errors import InvalidArgument, Reason
 
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+
 # Token counts are int64 and prices short decimals: 60 digits keep every
 # product and sum exact, where the default 28 could round.
-_EXACT = decimal.Context(prec=60)
-
-
 @dataclass(frozen=True)
 class UsageRecord:
     """The metered usage of one turn, as a region ships it."""
@@ -72,21 +71,14 @@ class UsageTotals:
             self.period,
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
-            _EXACT.add(self.cost_usd, other.cost_usd),
+            pricing.EXACT.add(self.cost_usd, other.cost_usd),
             self.requests + other.requests,
         )
 
 
 def turn_cost(model: Model, input_tokens: int, output_tokens: int) -> Decimal:
-    """Exact USD cost: tokens x price per 1,000, input and output priced apart."""
-    input_cost = _EXACT.multiply(Decimal(input_tokens), model.input_per_1k_usd).scaleb(-3, _EXACT)
-    output_cost = _EXACT.multiply(Decimal(output_tokens), model.output_per_1k_usd).scaleb(-3, _EXACT)
-    return _EXACT.add(input_cost, output_cost)
-
-
-def format_usd(amount: Decimal) -> str:
-    """``amount`` as a plain decimal string without exponent or trailing zeros."""
-    return format(_EXACT.normalize(amount), "f") if amount else "0"
+    """Exact USD cost of a turn at the model's prices."""
+    return pricing.turn_cost(model.input_per_1k_usd, model.output_per_1k_usd, input_tokens, output_tokens)
 
 
 def period_of(moment: datetime) -> str:

@@ -15,6 +15,7 @@ from google.protobuf import timestamp_pb2
 
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
+from llmmesh.pricing import format_usd
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,
@@ -186,7 +187,7 @@ class ChatGateway:
                         meter.cached_input_tokens = finished.usage.cached_input_tokens
                     cost = turn_cost(model, meter.input_tokens, meter.output_tokens)
                     yield chat_service_pb2.ChatResponse(
-                        usage=chat_service_pb2.ChatUsage(usage=meter.usage(), cost_usd=format(cost, "f"))
+                        usage=chat_service_pb2.ChatUsage(usage=meter.usage(), cost_usd=format_usd(cost))
                     )
                     yield chat_service_pb2.ChatResponse(
                         finished=chat_service_pb2.ChatFinished(reason=finished.reason)

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import grpc
 
+from llmmesh import pricing as llmmesh_pricing
 from llmmesh.errors import MeshError, PermissionDenied, Reason, Unavailable, from_rpc_error
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
@@ -66,8 +67,11 @@ class ModelDirectory:
 
 
 def turn_cost(model: model_registry_service_pb2.Model, input_tokens: int, output_tokens: int) -> Decimal:
-    """Exact USD cost of a turn at the model's prices."""
+    """Exact USD cost of a turn at the model's prices, as billing computes it."""
     pricing = model.pricing
-    input_price = Decimal(pricing.input_per_1k_usd or "0")
-    output_price = Decimal(pricing.output_per_1k_usd or "0")
-    return (input_price * input_tokens + output_price * output_tokens) / Decimal(1000)
+    return llmmesh_pricing.turn_cost(
+        Decimal(pricing.input_per_1k_usd or "0"),
+        Decimal(pricing.output_per_1k_usd or "0"),
+        input_tokens,
+        output_tokens,
+    )

@@ -11,8 +11,9 @@ from globalplane.model_catalog import Model, ModelCatalog, ModelTier
 from globalplane.store import GlobalStore
 from globalplane.tenant_book import TenantBook
 from globalplane.tiers import TenantTier
-from globalplane.usage_ledger import UsageLedger, UsageRecord, format_usd
+from globalplane.usage_ledger import UsageLedger, UsageRecord
 from llmmesh.errors import InvalidArgument, NotFound, Reason
+from llmmesh.pricing import format_usd
 from tests.globalplane.manual_clock import ManualClock
 
 MODEL = Model("m", ModelTier.SMALL, 4096, Decimal("0.0005"), Decimal("0.0015"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 import grpc
 import grpc.aio
@@ -96,6 +97,8 @@ async def test_billed_usage_equals_streamed_tokens(stack: Stack) -> None:
     after = await stack.global_plane.ledger.usage(tenant.id, "")
     assert after.output_tokens - before.output_tokens == streamed
     assert after.requests - before.requests == 1
+    streamed_cost = next(e.usage.cost_usd for e in events if e.HasField("usage"))
+    assert after.cost_usd - before.cost_usd == Decimal(streamed_cost) > 0
 
 
 async def test_continuation_goes_on_from_the_delivered_tokens(stack: Stack) -> None:
