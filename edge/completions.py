@@ -15,12 +15,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from edge import metrics
 from edge.chunks import DONE, ChunkStream, completion_object
 from edge.errors import OpenAIError, from_mesh_error
-from edge.mesh_client import MeshClient, ModelResolver, Principal
+from edge.mesh_client import MeshClient, Principal
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.turns import OpenTurn, open_turn
 from llmmesh import apikeys
 from llmmesh.errors import MeshError
+from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import chat_service_pb2
 
 
@@ -56,13 +57,13 @@ class CompletionsHandler:
     def __init__(self, settings: EdgeSettings, mesh: MeshClient) -> None:
         self._settings = settings
         self._mesh = mesh
-        self._models = ModelResolver(mesh)
+        self._models = ModelResolver(mesh.registry)
 
     async def handle(self, request: Request) -> Response:
         arrived = time.monotonic()
         principal = await authenticate(request, self._mesh)
         req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
-        model = await self._models.resolve(req.model, principal.tenant)
+        model = await self._models.resolve(req.model, principal.tenant.tier)
         completion_id = "chatcmpl-" + secrets.token_hex(12)
         start = chat_service_pb2.ChatStart(
             request_id=completion_id,

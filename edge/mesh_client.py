@@ -4,7 +4,7 @@ channel per region."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import open_channel
+from llmmesh.pages import collect_pages
 from llmmesh.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
@@ -86,17 +87,13 @@ class MeshClient:
         return list(resp.regions)
 
     async def list_models(self) -> list[model_registry_service_pb2.Model]:
-        models: list[model_registry_service_pb2.Model] = []
-        token = ""
+        async def fetch(token: str) -> tuple[Sequence[model_registry_service_pb2.Model], str]:
+            request = model_registry_service_pb2.ListModelsRequest(page_size=100, page_token=token)
+            resp = await self.registry.ListModels(request, timeout=5.0)
+            return resp.models, resp.next_page_token
+
         try:
-            while True:
-                resp = await self.registry.ListModels(
-                    model_registry_service_pb2.ListModelsRequest(page_size=100, page_token=token), timeout=5.0
-                )
-                models.extend(resp.models)
-                token = resp.next_page_token
-                if not token:
-                    return models
+            return await collect_pages(fetch)
         except grpc.aio.AioRpcError as err:
             raise _global_error(err) from err
 
@@ -137,34 +134,3 @@ class MeshClient:
         for channel in self._regions.values():
             await channel.close()
         await self._global.close()
-
-
-class ModelResolver:
-    """Resolves requested model names per tenant tier, cached briefly so the
-    edge answers 404 for unknown models without a global call per request."""
-
-    def __init__(
-        self, mesh: MeshClient, ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._mesh = mesh
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
-
-    async def resolve(self, name: str, tenant: policy_service_pb2.Tenant) -> model_registry_service_pb2.Model:
-        key = (name, int(tenant.tier))
-        hit = self._cache.get(key)
-        if hit is not None and self._clock() - hit[0] < self._ttl_s:
-            return hit[1]
-        try:
-            resp = await self._mesh.registry.ResolveModel(
-                model_registry_service_pb2.ResolveModelRequest(name=name, tenant_tier=tenant.tier),
-                timeout=5.0,
-            )
-        except grpc.aio.AioRpcError as err:
-            if hit is not None and err.code() == grpc.StatusCode.UNAVAILABLE:
-                return hit[1]
-            raise _global_error(err) from err
-        model: model_registry_service_pb2.Model = resp.model
-        self._cache[key] = (self._clock(), model)
-        return model

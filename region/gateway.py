@@ -15,6 +15,7 @@ from google.protobuf import timestamp_pb2
 
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
+from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
 from llmmesh.v1 import (
     billing_service_pb2,
@@ -24,7 +25,7 @@ from llmmesh.v1 import (
     model_registry_service_pb2,
 )
 from region.engine_pool import EnginePodHandle, EnginePool
-from region.model_directory import ModelDirectory, turn_cost
+from region.model_policy import require_allowed, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.settings import RegionSettings
 from region.usage_outbox import UsageOutbox
@@ -78,7 +79,7 @@ class ChatGateway:
         self,
         settings: RegionSettings,
         policy: PolicyCache,
-        models: ModelDirectory,
+        models: ModelResolver,
         pool: EnginePool,
         outbox: UsageOutbox,
         now: Callable[[], timestamp_pb2.Timestamp] = _now,
@@ -101,7 +102,8 @@ class ChatGateway:
         """
         caller = self._policy.authenticate(secret)
         validate_start(start, self._settings.max_messages, self._settings.max_message_chars)
-        model = await self._models.resolve(start.model, caller.tier, list(caller.tenant.allowed_models))
+        model = await self._models.resolve(start.model, caller.tier)
+        require_allowed(model, list(caller.tenant.allowed_models))
         request_id = start.request_id or new_id("req")
         meter = TurnMeter()
         tried: set[str] = set()

@@ -11,6 +11,7 @@ from llmmesh import lifecycle
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.ids import is_valid_name
+from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
     chat_service_pb2,
@@ -24,7 +25,6 @@ from llmmesh.v1 import (
 from region.engine_pool import EnginePool
 from region.gateway import ChatGateway
 from region.heartbeat import Heartbeater
-from region.model_directory import ModelDirectory
 from region.policy_cache import PolicyCache
 from region.servicer import ChatServicer, region_health
 from region.settings import RegionSettings
@@ -112,7 +112,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         refresh_s=settings.policy_refresh_ms / 1000,
         max_staleness_s=settings.policy_max_staleness_ms / 1000,
     )
-    models = ModelDirectory(model_registry_service_pb2_grpc.ModelRegistryServiceStub(global_channel))
+    models = ModelResolver(model_registry_service_pb2_grpc.ModelRegistryServiceStub(global_channel))
     pool = EnginePool(settings.engine_address_list(), settings.engine_health_interval_ms / 1000)
     outbox = UsageOutbox(billing_service_pb2_grpc.BillingServiceStub(global_channel))
     gateway = ChatGateway(settings, policy, models, pool, outbox)

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from llmmesh.cli.up import mesh_home
 from llmmesh.errors import from_rpc_error
 from llmmesh.grpcserver import open_channel
+from llmmesh.pages import collect_pages
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -131,15 +132,13 @@ async def _tenant_create(channel: grpc.aio.Channel, args: argparse.Namespace) ->
 
 async def _tenant_list(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
-    tenants: list[ppb.Tenant] = []
-    token = ""
-    while True:
+
+    async def fetch(token: str) -> tuple[Sequence[ppb.Tenant], str]:
         request = ppb.ListTenantsRequest(zone=args.zone, page_size=500, page_token=token)
         page = await stub.ListTenants(request, timeout=CALL_TIMEOUT_S)
-        tenants.extend(page.tenants)
-        token = page.next_page_token
-        if not token:
-            break
+        return page.tenants, page.next_page_token
+
+    tenants = await collect_pages(fetch)
     if not args.json:
         print(_tenant_rows(tenants) if tenants else "no tenants")
     return [_as_dict(t) for t in tenants]
@@ -182,15 +181,13 @@ async def _usage(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
 
 async def _regions(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     stub = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
-    statuses: list[gpb.RegionStatus] = []
-    token = ""
-    while True:
+
+    async def fetch(token: str) -> tuple[Sequence[gpb.RegionStatus], str]:
         request = gpb.ListRegionsRequest(zone=args.zone, page_size=500, page_token=token)
         page = await stub.ListRegions(request, timeout=CALL_TIMEOUT_S)
-        statuses.extend(page.regions)
-        token = page.next_page_token
-        if not token:
-            break
+        return page.regions, page.next_page_token
+
+    statuses = await collect_pages(fetch)
     now = datetime.now(UTC)
     ages = [(now - s.last_heartbeat_time.ToDatetime(tzinfo=UTC)).total_seconds() for s in statuses]
     if not args.json:

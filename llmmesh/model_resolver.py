@@ -1,0 +1,57 @@
+"""Model resolution through ModelRegistryService, cached per name and tier.
+
+A cached answer keeps a plane serving known models while the registry is
+unreachable; only a never-seen name needs the global plane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+import grpc.aio
+
+from llmmesh.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
+
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class ModelResolver:
+    """Resolves requested model names ("auto" included) for a tenant tier."""
+
+    def __init__(
+        self,
+        stub: model_registry_service_pb2_grpc.ModelRegistryServiceStub,
+        ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stub = stub
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
+
+    async def resolve(self, name: str, tier: common_pb2.Tier.ValueType) -> model_registry_service_pb2.Model:
+        """The model ``name`` means for ``tier``; raises the registry's MeshError
+        (NOT_FOUND ``UNKNOWN_MODEL``…), or UNAVAILABLE when it cannot be asked
+        and nothing is cached."""
+        key = (name or "auto", int(tier))
+        hit = self._cache.get(key)
+        if hit is not None and self._clock() - hit[0] < self._ttl_s:
+            return hit[1]
+        try:
+            resp = await self._stub.ResolveModel(
+                model_registry_service_pb2.ResolveModelRequest(name=key[0], tenant_tier=tier), timeout=5.0
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in _UNREACHABLE:
+                raise from_rpc_error(err) from err
+            if hit is not None:
+                return hit[1]
+            raise Unavailable(
+                Reason.GLOBAL_PLANE_UNAVAILABLE, "the model registry is unreachable", retry_after_s=1.0
+            ) from err
+        model: model_registry_service_pb2.Model = resp.model
+        self._cache[key] = (self._clock(), model)
+        return model

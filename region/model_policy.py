@@ -1,0 +1,31 @@
+"""What a region decides about a resolved model: whether the tenant may use
+it, and what a turn on it costs."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from llmmesh import pricing
+from llmmesh.errors import PermissionDenied, Reason
+from llmmesh.v1 import model_registry_service_pb2
+
+
+def require_allowed(model: model_registry_service_pb2.Model, allowed: list[str]) -> None:
+    """PERMISSION_DENIED ``MODEL_NOT_ALLOWED`` unless ``allowed`` is empty or names it."""
+    if allowed and model.name not in allowed:
+        raise PermissionDenied(
+            Reason.MODEL_NOT_ALLOWED,
+            f"model {model.name!r} is not allowed for this tenant",
+            metadata={"param": "model"},
+        )
+
+
+def turn_cost(model: model_registry_service_pb2.Model, input_tokens: int, output_tokens: int) -> Decimal:
+    """Exact USD cost of a turn at the model's prices, as billing computes it."""
+    prices = model.pricing
+    return pricing.turn_cost(
+        Decimal(prices.input_per_1k_usd or "0"),
+        Decimal(prices.output_per_1k_usd or "0"),
+        input_tokens,
+        output_tokens,
+    )
