@@ -24,6 +24,7 @@ from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
 from engine.validation import validate_generation
 from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
@@ -79,9 +80,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             await self._backend.abort(request.request_id)
             raise
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
 
     async def _generation_request(self, start: pb.GenerateStart) -> GenerationRequest:
         info = self._backend.info()

@@ -7,7 +7,6 @@ replaces it behind the same ``pick`` call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.errors import Reason, Unavailable
 from llmmesh.grpcserver import open_channel
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,6 @@ class EnginePool:
         self._task = asyncio.create_task(self._run(), name="engine-health")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         for pod in self._pods:
             await pod.channel.close()

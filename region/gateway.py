@@ -17,6 +17,7 @@ from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,
@@ -217,9 +218,7 @@ class ChatGateway:
             yield chat_service_pb2.ChatResponse(error=error.to_stream_error())
         finally:
             pod.in_flight -= 1
-            forward.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await forward
+            await cancel_and_wait(forward)
             if not call.done():
                 call.cancel()
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 import grpc
 
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import geo_routing_service_pb2, geo_routing_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,4 @@ class Heartbeater:
         self._task = asyncio.create_task(self._run(), name="heartbeat")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)

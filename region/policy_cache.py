@@ -7,7 +7,6 @@ serving while the global plane is down, for at most ``max_staleness_s``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import grpc
 
 from llmmesh import apikeys
 from llmmesh.errors import Reason, Unauthenticated, Unavailable
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2, policy_service_pb2, policy_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,4 @@ class PolicyCache:
         self._task = asyncio.create_task(self._run(), name="policy-refresh")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)

@@ -13,6 +13,7 @@ import grpc.aio
 
 from llmmesh import apikeys
 from llmmesh.errors import InvalidArgument, MeshError, Reason, Unimplemented
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from region.gateway import ChatGateway
 
@@ -58,9 +59,7 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             else:
                 await err.abort(context)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
 
     @staticmethod
     async def _watch_controls(

@@ -13,6 +13,7 @@ import logging
 
 import grpc
 
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,7 @@ class UsageOutbox:
 
     async def close(self, drain_timeout_s: float = 3.0) -> None:
         """Stop, after trying for a while to deliver what is pending."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_timeout_s):
                 while self._pending and await self.flush_once():

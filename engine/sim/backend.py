@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -29,6 +28,7 @@ from engine.sim.sequence import SimSequence
 from engine.sim.timing import SimTimingModel
 from engine.sim.tokenizer import SimTokenizer
 from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
+from llmmesh.tasks import cancel_and_wait
 
 
 class SimBackend(EngineBackend):
@@ -73,10 +73,7 @@ class SimBackend(EngineBackend):
             self._task = asyncio.create_task(self.scheduler.run(), name=f"sim-engine-{self._settings.pod_id}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         self.scheduler.close()
         self.kv_event_log.close()
         self._gpu.close()
