@@ -1,4 +1,5 @@
 """A faithful simulator of a vLLM engine: word-level tokenizer, deterministic
-output, continuous batching with priorities, paged KV blocks with prefix
-caching and vLLM-style KV events. :class:`engine.sim.backend.SimBackend` is
-its one entry point."""
+output, continuous batching with priorities, chunked prefill under a token
+budget, paged KV blocks taken as sequences grow, recompute preemption, prefix
+caching, vLLM-style KV events and vLLM-named Prometheus metrics.
+:class:`engine.sim.backend.SimBackend` is its one entry point."""

@@ -7,6 +7,8 @@ import itertools
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+from prometheus_client import CollectorRegistry
+
 from engine.backend import (
     ChatTurn,
     EngineBackend,
@@ -51,7 +53,14 @@ class SimBackend(EngineBackend):
             batch_load_factor=settings.sim_batch_load_factor,
             max_num_seqs=settings.max_num_seqs,
         )
-        self.scheduler = ContinuousBatchScheduler(self.pool, self.timing, settings.max_num_seqs, self.faults)
+        self.scheduler = ContinuousBatchScheduler(
+            self.pool,
+            self.timing,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            model_name=settings.model,
+            faults=self.faults,
+        )
         self._sampler = DeterministicSampler(self.tokenizer)
         self._arrivals = itertools.count()
         self._gpu = NvmlProbe()
@@ -91,12 +100,15 @@ class SimBackend(EngineBackend):
             context_window=self._settings.context_window,
             faults=self.faults,
         )
-        needed = self.pool.blocks_for(sequence.prompt_tokens + sequence.remaining_tokens)
+        # Blocks are taken as the reply grows, so only the prompt and the KV
+        # slot of the first output token must fit; a reply that outgrows the
+        # pool later ends with LENGTH (see engine.sim.scheduler).
+        needed = self.pool.blocks_for(sequence.prompt_tokens + 1)
         if needed > self.pool.total_blocks:
             raise InvalidArgument(
                 Reason.PROMPT_TOO_LONG,
-                f"the request needs {needed} KV blocks; the pod has {self.pool.total_blocks}",
-                metadata={"param": "max_tokens"},
+                f"the prompt needs {needed} KV blocks; the pod has {self.pool.total_blocks}",
+                metadata={"param": "prompt"},
             )
         self.scheduler.submit(sequence)
         finished = False
@@ -130,15 +142,19 @@ class SimBackend(EngineBackend):
 
     def load(self) -> LoadSnapshot:
         alive = self._task is not None and not self._task.done()
+        stats = self.scheduler.stats()
         return LoadSnapshot(
-            running=self.scheduler.running,
-            waiting=self.scheduler.waiting,
-            kv_cache_usage=self.pool.used_blocks / self.pool.total_blocks,
-            prefix_cache_queries=self.pool.query_tokens,
-            prefix_cache_hits=self.pool.hit_tokens,
+            running=stats.running,
+            waiting=stats.waiting,
+            kv_cache_usage=stats.kv_cache_usage,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
             gpu=self._gpu.read(),
             health=HealthState.SERVING if alive else HealthState.DOWN,
         )
 
     def kv_events(self, after_sequence: int) -> AsyncIterator[KvEventBatch]:
         return self.kv_event_log.follow(after_sequence)
+
+    def prometheus_registry(self) -> CollectorRegistry:
+        return self.scheduler.metrics.registry

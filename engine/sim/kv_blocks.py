@@ -1,11 +1,15 @@
 """Paged KV-cache blocks with prefix caching, as vLLM's block pool keeps them.
 
-A sequence's tokens fill ``block_size`` blocks. A full block gets a chained
-hash (SHA-256 of its parent's hash and its token ids), enters the prefix
-cache and is announced with ``BlockStored``. A later prompt whose leading
-full blocks hash the same reuses them (a prefix-cache hit). Released blocks
-keep their content: with refcount 0 they wait in an LRU list and are only
-evicted (``BlockRemoved``) when a new request needs room.
+A sequence's tokens fill ``block_size`` blocks, taken as it goes (vLLM's
+``allocate_slots``): at admission for its prefix-cache hits and the chunk it
+computes first (:meth:`KvBlockPool.allocate`), then one more whenever a step
+carries it past a block boundary (:meth:`KvBlockPool.grow`). A full block gets
+a chained hash (SHA-256 of its parent's hash and its token ids) when the step
+that computes it is scheduled, enters the prefix cache and is announced with
+``BlockStored``. A later sequence whose leading full blocks hash the same
+reuses them (a prefix-cache hit). Released blocks keep their content: with
+refcount 0 they wait in an LRU list and are only evicted (``BlockRemoved``)
+when a sequence needs room.
 
 The hashes are this simulator's own, not vLLM's; subscribers index blocks by
 the token ids that ``BlockStored`` carries, or compare hashes within one pod.
@@ -104,22 +108,31 @@ class KvBlockPool:
     def block(self, block_id: int) -> KvBlock:
         return self._blocks[block_id]
 
-    def allocate(self, prompt_token_ids: Sequence[int], reserve_tokens: int) -> KvAllocation | None:
-        """Take blocks for ``reserve_tokens`` tokens (the prompt and the output
-        to come), reusing cached blocks of the prompt's prefix. None, with
+    def empty_block_ids(self) -> frozenset[int]:
+        """Blocks that hold nothing (neither in use nor cached)."""
+        return frozenset(self._empty)
+
+    def allocate(self, token_ids: Sequence[int], max_new_tokens: int) -> KvAllocation | None:
+        """Admit a sequence whose tokens so far are ``token_ids``: reuse the
+        cached blocks of its leading full blocks and take fresh blocks for the
+        chunk it computes first, at most ``max_new_tokens`` tokens. None, with
         nothing changed, when the pool cannot hold them now.
 
-        The prompt's last token is never served from cache: the engine must
-        compute it to produce the first output token (vLLM does the same).
+        The last token is never served from cache: the engine must compute it
+        to produce the next output token (vLLM does the same).
         """
-        hashes = full_block_hashes(prompt_token_ids, self.block_size)
+        if max_new_tokens <= 0:
+            raise ValueError("max_new_tokens must be positive")
+        hashes = full_block_hashes(token_ids, self.block_size)
         hits: list[KvBlock] = []
-        for block_hash in hashes[: (len(prompt_token_ids) - 1) // self.block_size]:
+        for block_hash in hashes[: (len(token_ids) - 1) // self.block_size]:
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
             hits.append(self._blocks[block_id])
-        needed = max(0, self.blocks_for(max(reserve_tokens, len(prompt_token_ids))) - len(hits))
+        cached_tokens = len(hits) * self.block_size
+        scheduled_tokens = cached_tokens + min(len(token_ids) - cached_tokens, max_new_tokens)
+        needed = self.blocks_for(scheduled_tokens) - len(hits)
         reusable_idle = sum(1 for block in hits if block.ref_count == 0)
         if needed > self.free_blocks - reusable_idle:
             return None
@@ -128,18 +141,31 @@ class KvBlockPool:
         fresh = self._take_empty(needed)
         for block in fresh:
             self._acquire(block)
-        allocation = KvAllocation(
-            hits + fresh, cached_tokens=len(hits) * self.block_size, hashes=hashes[: len(hits)]
-        )
-        self.query_tokens += len(prompt_token_ids)
-        self.hit_tokens += allocation.cached_tokens
-        self.cache_full_blocks(allocation, prompt_token_ids)
+        allocation = KvAllocation(hits + fresh, cached_tokens=cached_tokens, hashes=hashes[: len(hits)])
+        self.query_tokens += len(token_ids)
+        self.hit_tokens += cached_tokens
+        self._cache_full_blocks(allocation, token_ids[:scheduled_tokens])
         return allocation
 
-    def cache_full_blocks(self, allocation: KvAllocation, token_ids: Sequence[int]) -> None:
-        """Hash the blocks of ``allocation`` that ``token_ids`` (the sequence so
-        far) has filled since the last call, cache them and announce them. A
-        block whose hash is already cached elsewhere stays private (uncached)."""
+    def grow(self, allocation: KvAllocation, token_ids: Sequence[int], num_tokens: int) -> bool:
+        """Make ``allocation`` hold the first ``num_tokens`` of ``token_ids``
+        (the tokens computed by the end of the step being scheduled), taking
+        fresh blocks and caching the blocks those tokens fill. False, with
+        nothing changed, when the pool has too few free blocks: the scheduler
+        then preempts."""
+        needed = max(0, self.blocks_for(num_tokens) - len(allocation.blocks))
+        if needed > self.free_blocks:
+            return False
+        for block in self._take_empty(needed):
+            self._acquire(block)
+            allocation.blocks.append(block)
+        self._cache_full_blocks(allocation, token_ids[:num_tokens])
+        return True
+
+    def _cache_full_blocks(self, allocation: KvAllocation, token_ids: Sequence[int]) -> None:
+        """Hash the blocks of ``allocation`` that ``token_ids`` has filled since
+        the last call, cache them and announce them. A block whose hash is
+        already cached elsewhere stays private (uncached)."""
         parent = allocation.hashes[-1] if allocation.hashes else ROOT_PARENT_HASH
         run_parent = parent
         run_hashes: list[bytes] = []
@@ -173,7 +199,8 @@ class KvBlockPool:
             )
 
     def free(self, allocation: KvAllocation) -> None:
-        """Release a sequence's blocks. Tail blocks go to the LRU first, so
+        """Release a sequence's blocks (it finished or was preempted). Cached
+        blocks stay cached, evictable; tail blocks go to the LRU first, so
         they are evicted before the shared prefix (vLLM's order)."""
         for block in reversed(allocation.blocks):
             if block.ref_count <= 0:

@@ -37,8 +37,14 @@ async def test_prefix_hits_shorten_the_prefill(backend: SimBackend) -> None:
     assert cold.started is not None and warm.started is not None
     assert cold.started.cached_prompt_tokens == 0
     assert warm.started.cached_prompt_tokens == 36  # nine 4-token blocks; the last is recomputed
-    assert warm_s < cold_s
-    assert cold_s - warm_s == pytest.approx(backend.timing.prefill_per_token_s * 36)
+    # One step prefills the prompt and yields the first token; every later
+    # step decodes one token. Only the prefill step differs: 40 tokens cold,
+    # 4 warm.
+    timing = backend.timing
+    decodes_s = (len(cold.token_ids) - 1) * timing.decode_step_s(1)
+    assert cold_s == pytest.approx(timing.step_s(1, 40) + decodes_s)
+    assert warm_s == pytest.approx(timing.step_s(1, 4) + decodes_s)
+    assert cold_s - warm_s == pytest.approx(timing.prefill_per_token_s * 36)
     load = backend.load()
     assert (load.prefix_cache_queries, load.prefix_cache_hits) == (80, 36)
     assert load.kv_cache_usage == 0.0 and load.running == 0
