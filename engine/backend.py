@@ -12,6 +12,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from prometheus_client import CollectorRegistry
+
 from engine.gpu import GpuTelemetry
 from engine.kv_events import KvEventBatch
 
@@ -48,6 +50,7 @@ class SamplingOptions:
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,3 +184,8 @@ class EngineBackend(ABC):
         """Retained KV-cache events after ``after_sequence``, then live ones,
         in batches. A batch has ``gap=True`` when events the subscriber had not
         seen were dropped: it must forget the pod's blocks and rebuild."""
+
+    @abstractmethod
+    def prometheus_registry(self) -> CollectorRegistry:
+        """The registry whose metrics the pod's ``/metrics`` serves, named as
+        vLLM names them (``vllm:time_to_first_token_seconds``, …)."""

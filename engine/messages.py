@@ -52,6 +52,7 @@ def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:
         top_p=params.top_p if params.HasField("top_p") else None,
         stop=tuple(params.stop),
         seed=params.seed if params.HasField("seed") else None,
+        ignore_eos=params.ignore_eos,
     )
 
 

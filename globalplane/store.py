@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.pool import StaticPool
 
 from globalplane import schema
+from llmmesh.home import mesh_home
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ _INSERT_CHUNK = 500  # rows per INSERT: keeps SQLite under its bound-parameter l
 
 def default_database_url(environ: Mapping[str, str] | None = None) -> str:
     """``sqlite:///$LLMMESH_HOME/global.db`` (``~/.llmmesh`` when unset), like ``llmmesh up``'s home."""
-    env = os.environ if environ is None else environ
-    home = Path(env.get("LLMMESH_HOME") or "~/.llmmesh").expanduser()
-    return f"sqlite:///{home / 'global.db'}"
+    return f"sqlite:///{mesh_home(environ) / 'global.db'}"
 
 
 def global_locality_statements(dialect: Dialect | None = None) -> list[str]:

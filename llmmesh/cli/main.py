@@ -73,11 +73,25 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     return run_admin(args)
 
 
+def _cmd_model(args: argparse.Namespace) -> int:
+    from llmmesh.cli.model import run_model
+
+    return run_model(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from llmmesh.cli.bench import run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from edge.settings import EdgeSettings
     from engine.settings import EngineSettings
     from globalplane.settings import GlobalSettings
     from llmmesh.cli.admin import add_admin_arguments
+    from llmmesh.cli.bench import add_bench_arguments
+    from llmmesh.cli.model import add_model_arguments
     from llmmesh.cli.up import add_up_arguments
     from region.settings import RegionSettings
 
@@ -96,6 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     admin = sub.add_parser("admin", help="administer tenants, API keys, usage and regions over gRPC")
     add_admin_arguments(admin)
     admin.set_defaults(func=_cmd_admin)
+
+    model = sub.add_parser("model", help="build the models the mesh serves")
+    add_model_arguments(model)
+    model.set_defaults(func=_cmd_model)
+
+    bench = sub.add_parser(
+        "bench", help="run a benchmark against a peer in the same run; the last line is one JSON object"
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
 
     planes: list[tuple[str, str, type[Any], Callable[[argparse.Namespace], int]]] = [
         ("global", "run the global control plane", GlobalSettings, _cmd_global),

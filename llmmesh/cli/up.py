@@ -23,18 +23,20 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmmesh.home import mesh_home
+
 STARTUP_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
-def mesh_home() -> Path:
-    """``$LLMMESH_HOME`` or ``~/.llmmesh``."""
-    return Path(os.environ.get("LLMMESH_HOME") or "~/.llmmesh").expanduser()
-
-
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="engine backend of the pods")
+    parser.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="engine backend of the pods; vllm serves llmmesh-tiny, built on first use",
+    )
     parser.add_argument(
         "--edge-port", type=int, default=8080, help="HTTP port of the edge; 0 picks a free one"
     )
@@ -163,7 +165,13 @@ def _start_mesh(sup: Supervisor, args: argparse.Namespace) -> dict[str, object]:
                 "region": args.region,
                 "zone": args.zone,
                 "address": region.info["address"],
-                "engines": [{"pod_id": pod_id, "address": engine.info["address"]}],
+                "engines": [
+                    {
+                        "pod_id": pod_id,
+                        "address": engine.info["address"],
+                        "metrics_url": engine.info["metrics_url"],
+                    }
+                ],
             }
         ],
     }
@@ -226,6 +234,7 @@ def _print_summary(mesh: dict[str, object], mesh_file: Path, healthy: bool) -> N
         lines.append(f"  region         {region['region']} (zone {region['zone']})  {region['address']}")
         for pod in region["engines"]:
             lines.append(f"  engine pod     {pod['pod_id']} ({mesh['engine_backend']})  {pod['address']}")
+            lines.append(f"  pod metrics    {pod['metrics_url']}")
     lines += [
         f"  edge           {mesh['edge_url']}",
         f"  OpenAI base    {mesh['edge_url']}/v1",

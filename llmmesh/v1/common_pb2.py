@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmmesh/v1/common.proto\x12\nllmmesh.v1\"P\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xaa\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"V\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"/\n\x08GeoPoint\x12\x10\n\x08latitude\x18\x01 \x01(\x01\x12\x11\n\tlongitude\x18\x02 \x01(\x01\"\xce\x01\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x37\n\x08metadata\x18\x05 \x03(\x0b\x32%.llmmesh.v1.StreamError.MetadataEntry\x12\x16\n\x0eretry_delay_ms\x18\x06 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*N\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FREE\x10\x01\x12\x0c\n\x08TIER_PRO\x10\x02\x12\x13\n\x0fTIER_ENTERPRISE\x10\x03*\x95\x01\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x17\n\x13\x43HAT_ROLE_DEVELOPER\x10\x04\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x05*\xb7\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\x92\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_SERVING\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmmesh/v1/common.proto\x12\nllmmesh.v1\"P\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xbe\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"V\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"/\n\x08GeoPoint\x12\x10\n\x08latitude\x18\x01 \x01(\x01\x12\x11\n\tlongitude\x18\x02 \x01(\x01\"\xce\x01\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x37\n\x08metadata\x18\x05 \x03(\x0b\x32%.llmmesh.v1.StreamError.MetadataEntry\x12\x16\n\x0eretry_delay_ms\x18\x06 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*N\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FREE\x10\x01\x12\x0c\n\x08TIER_PRO\x10\x02\x12\x13\n\x0fTIER_ENTERPRISE\x10\x03*\x95\x01\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x17\n\x13\x43HAT_ROLE_DEVELOPER\x10\x04\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x05*\xb7\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\x92\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_SERVING\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,24 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STREAMERROR_METADATAENTRY']._loaded_options = None
   _globals['_STREAMERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_TIER']._serialized_start=640
-  _globals['_TIER']._serialized_end=718
-  _globals['_CHATROLE']._serialized_start=721
-  _globals['_CHATROLE']._serialized_end=870
-  _globals['_FINISHREASON']._serialized_start=873
-  _globals['_FINISHREASON']._serialized_end=1056
-  _globals['_HEALTHSTATE']._serialized_start=1059
-  _globals['_HEALTHSTATE']._serialized_end=1205
+  _globals['_TIER']._serialized_start=660
+  _globals['_TIER']._serialized_end=738
+  _globals['_CHATROLE']._serialized_start=741
+  _globals['_CHATROLE']._serialized_end=890
+  _globals['_FINISHREASON']._serialized_start=893
+  _globals['_FINISHREASON']._serialized_end=1076
+  _globals['_HEALTHSTATE']._serialized_start=1079
+  _globals['_HEALTHSTATE']._serialized_end=1225
   _globals['_CHATMESSAGE']._serialized_start=39
   _globals['_CHATMESSAGE']._serialized_end=119
   _globals['_SAMPLINGPARAMS']._serialized_start=122
-  _globals['_SAMPLINGPARAMS']._serialized_end=292
-  _globals['_TOKENUSAGE']._serialized_start=294
-  _globals['_TOKENUSAGE']._serialized_end=380
-  _globals['_GEOPOINT']._serialized_start=382
-  _globals['_GEOPOINT']._serialized_end=429
-  _globals['_STREAMERROR']._serialized_start=432
-  _globals['_STREAMERROR']._serialized_end=638
-  _globals['_STREAMERROR_METADATAENTRY']._serialized_start=591
-  _globals['_STREAMERROR_METADATAENTRY']._serialized_end=638
+  _globals['_SAMPLINGPARAMS']._serialized_end=312
+  _globals['_TOKENUSAGE']._serialized_start=314
+  _globals['_TOKENUSAGE']._serialized_end=400
+  _globals['_GEOPOINT']._serialized_start=402
+  _globals['_GEOPOINT']._serialized_end=449
+  _globals['_STREAMERROR']._serialized_start=452
+  _globals['_STREAMERROR']._serialized_end=658
+  _globals['_STREAMERROR_METADATAENTRY']._serialized_start=611
+  _globals['_STREAMERROR_METADATAENTRY']._serialized_end=658
 # @@protoc_insertion_point(module_scope)

@@ -168,6 +168,7 @@ class SamplingParams(_message.Message):
     TOP_P_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    IGNORE_EOS_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     """The most output tokens to generate."""
     temperature: _builtins.float
@@ -176,6 +177,10 @@ class SamplingParams(_message.Message):
     """Nucleus sampling mass."""
     seed: _builtins.int
     """Seed for reproducible sampling."""
+    ignore_eos: _builtins.bool
+    """Keep generating past the end-of-sequence token, up to max_tokens
+    (benchmarks use it for replies of a fixed length).
+    """
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stop sequences; the output ends before the first one produced."""
@@ -188,10 +193,11 @@ class SamplingParams(_message.Message):
         top_p: _builtins.float | None = ...,
         stop: _abc.Iterable[_builtins.str] | None = ...,
         seed: _builtins.int | None = ...,
+        ignore_eos: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015

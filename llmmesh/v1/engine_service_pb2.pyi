@@ -136,6 +136,49 @@ class GenerateCancel(_message.Message):
 Global___GenerateCancel: _TypeAlias = GenerateCancel  # noqa: Y015
 
 @_typing.final
+class CancelGenerationRequest(_message.Message):
+    """Cancels one generation by request id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The request id given in its start message."""
+    reason: _builtins.str
+    """Why, for the pod's log."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelGenerationRequest: _TypeAlias = CancelGenerationRequest  # noqa: Y015
+
+@_typing.final
+class CancelGenerationResponse(_message.Message):
+    """The generation was told to stop; its stream finishes as cancelled."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelGenerationResponse: _TypeAlias = CancelGenerationResponse  # noqa: Y015
+
+@_typing.final
 class GenerateResponse(_message.Message):
     """A message from the server on a Generate stream."""
 

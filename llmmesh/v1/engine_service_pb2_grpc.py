@@ -41,6 +41,11 @@ class EngineServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.CancelGeneration = channel.unary_unary(
+                '/llmmesh.v1.EngineService/CancelGeneration',
+                request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/llmmesh.v1.EngineService/Tokenize',
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.TokenizeRequest.SerializeToString,
@@ -77,6 +82,15 @@ class EngineServiceServicer:
         """Runs one generation. The client sends a start message, then optionally a
         cancel; the server streams started, deltas and finished. Cancelling the
         call aborts the generation as well.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelGeneration(self, request, context):
+        """Aborts a running or waiting generation of this pod by request id, from
+        outside its stream; its stream then finishes as cancelled. NOT_FOUND
+        when no such generation runs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +139,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.SerializeToString,
+            ),
+            'CancelGeneration': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelGeneration,
+                    request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -181,6 +200,33 @@ class EngineService:
             '/llmmesh.v1.EngineService/Generate',
             llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.SerializeToString,
             llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelGeneration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.EngineService/CancelGeneration',
+            llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationRequest.SerializeToString,
+            llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationResponse.FromString,
             options,
             channel_credentials,
             insecure,

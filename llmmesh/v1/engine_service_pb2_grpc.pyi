@@ -40,6 +40,11 @@ class EngineServiceStub:
     cancel; the server streams started, deltas and finished. Cancelling the
     call aborts the generation as well.
     """
+    CancelGeneration: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.CancelGenerationRequest, _engine_service_pb2.CancelGenerationResponse]
+    """Aborts a running or waiting generation of this pod by request id, from
+    outside its stream; its stream then finishes as cancelled. NOT_FOUND
+    when no such generation runs.
+    """
     Tokenize: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.TokenizeRequest, _engine_service_pb2.TokenizeResponse]
     """Tokenizes text or chat messages exactly as a generation would."""
     GetEngineInfo: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.GetEngineInfoRequest, _engine_service_pb2.GetEngineInfoResponse]
@@ -64,6 +69,11 @@ class EngineServiceAsyncStub(EngineServiceStub):
     """Runs one generation. The client sends a start message, then optionally a
     cancel; the server streams started, deltas and finished. Cancelling the
     call aborts the generation as well.
+    """
+    CancelGeneration: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.CancelGenerationRequest, _engine_service_pb2.CancelGenerationResponse]  # type: ignore[assignment]
+    """Aborts a running or waiting generation of this pod by request id, from
+    outside its stream; its stream then finishes as cancelled. NOT_FOUND
+    when no such generation runs.
     """
     Tokenize: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.TokenizeRequest, _engine_service_pb2.TokenizeResponse]  # type: ignore[assignment]
     """Tokenizes text or chat messages exactly as a generation would."""
@@ -92,6 +102,17 @@ class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
         """Runs one generation. The client sends a start message, then optionally a
         cancel; the server streams started, deltas and finished. Cancelling the
         call aborts the generation as well.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelGeneration(
+        self,
+        request: _engine_service_pb2.CancelGenerationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_engine_service_pb2.CancelGenerationResponse, _abc.Awaitable[_engine_service_pb2.CancelGenerationResponse]]:
+        """Aborts a running or waiting generation of this pod by request id, from
+        outside its stream; its stream then finishes as cancelled. NOT_FOUND
+        when no such generation runs.
         """
 
     @_abc_1.abstractmethod

@@ -7,7 +7,10 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,9 +33,17 @@ def test_every_setting_has_a_flag_and_an_environment_variable() -> None:
     assert all(field.metadata.get("help") for field in dataclasses.fields(EngineSettings))
 
 
-def test_the_vllm_backend_says_it_is_not_available_yet() -> None:
-    with pytest.raises(BackendNotAvailable, match="not installed or implemented yet"):
-        create_backend(EngineSettings(backend="vllm"))
+def test_the_vllm_backend_refuses_a_directory_without_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"config\.json is missing"):
+        create_backend(EngineSettings(backend="vllm", model_path=str(tmp_path)))
+
+
+def test_a_missing_vllm_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    # A None entry in sys.modules makes the import fail as if vLLM were absent.
+    monkeypatch.setitem(sys.modules, "engine.vllm_engine.backend", None)
+    with pytest.raises(BackendNotAvailable, match=re.escape("pip install -e '.[vllm]'")):
+        create_backend(EngineSettings(backend="vllm", model_path=str(tmp_path)))
 
 
 def test_unknown_backends_and_bad_sizes_are_rejected() -> None:
@@ -60,6 +71,7 @@ async def test_serve_writes_the_ready_file_and_drains_on_sigterm(tmp_path: Path)
     payload = json.loads(ready.read_text())
     assert payload == {
         "address": payload["address"],
+        "metrics_url": payload["metrics_url"],
         "pod_id": "pod-9",
         "backend": "sim",
         "model": "llmmesh-tiny",
@@ -68,5 +80,7 @@ async def test_serve_writes_the_ready_file_and_drains_on_sigterm(tmp_path: Path)
         stub: pb_grpc.EngineServiceAsyncStub = pb_grpc.EngineServiceStub(channel)  # type: ignore[assignment]
         info = await stub.GetEngineInfo(pb.GetEngineInfoRequest())
         assert info.pod_id == "pod-9"
+    metrics = await asyncio.to_thread(urllib.request.urlopen, payload["metrics_url"], timeout=10)
+    assert "vllm:num_requests_running" in metrics.read().decode()
     os.kill(os.getpid(), signal.SIGTERM)
     await asyncio.wait_for(task, timeout=10)

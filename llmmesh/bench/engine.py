@@ -1,0 +1,249 @@
+"""``llmmesh bench engine``: our engine pod (gRPC, vLLM backend) against
+``vllm serve`` on the same model with the same engine arguments.
+
+Both are described by one :class:`~engine.vllm_engine.config.VllmEngineConfig`,
+so they share the model, ``max_model_len``, ``max_num_seqs``, the
+batched-token budget, the KV-cache size, dtype, prefix caching, scheduling
+policy and eager mode; both publish KV-cache events (our router needs them,
+and vLLM's own deployments behind a KV-aware router run with them); both
+processes get the same environment (``VLLM_CPU_KVCACHE_SPACE``,
+``PYTHONHASHSEED``).
+
+Both systems are started, then measured one after the other, never at once:
+an idle vLLM costs about 1% of a core. Each level runs in rounds in ABBA
+order (ours, peer, peer, ours, …), each round with fresh user messages, so
+drift in a noisy machine over the run lands on both systems alike; a
+system's figures for a level pool its rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+from engine.settings import EngineSettings
+from engine.tiny_model import resolve_model_dir
+from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.bench.grpc_client import EngineGrpcClient
+from llmmesh.bench.loadgen import LevelRun, StreamingClient, quarter_reporter, run_closed_loop
+from llmmesh.bench.openai_client import OpenAIChatClient
+from llmmesh.bench.plan import EngineBenchPlan
+from llmmesh.bench.processes import ChildProcess, StartupError, free_port
+from llmmesh.bench.report import BenchReport
+from llmmesh.bench.stats import LevelMetrics, summarize
+from llmmesh.bench.workload import ChatRequest, ChatWorkload
+
+OURS = "llmmesh"
+PEER = "vllm-serve"
+HOST = "127.0.0.1"
+
+Progress = Callable[[str], None]
+
+
+def peer_command(config: VllmEngineConfig, port: int, kv_events_dir: Path) -> list[str]:
+    """The command line of the peer: ``vllm serve`` with the same engine.
+
+    ``vllm serve`` reads its own version from the ``vllm`` distribution;
+    under another distribution name (``vllm-cpu``) it fails before parsing
+    its arguments. Then we run ``vllm.entrypoints.openai.api_server``, whose
+    ``main`` does what ``vllm serve`` does for one API server (the same
+    argument parser and ``run_server``), but which takes the model as
+    ``--model``."""
+    model, *engine_args = config.serve_arguments()
+    # Not an engine argument: one log line per request is work our pod skips.
+    kv_events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"ipc://{kv_events_dir}/events",
+        "topic": "kv",
+    }
+    server_args = [
+        *engine_args,
+        "--kv-events-config",
+        json.dumps(kv_events),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+    ]
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *server_args]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *server_args]
+
+
+def pod_command(config: VllmEngineConfig, settings: EngineSettings, ready_file: Path) -> list[str]:
+    """The command line of our pod, every engine argument pinned by flag so
+    that no ``LLMMESH_*`` variable can make it differ from the peer."""
+    return [
+        sys.executable,
+        "-m",
+        "llmmesh",
+        "engine",
+        "--backend",
+        "vllm",
+        "--model-path",
+        str(config.model_path),
+        "--model",
+        config.served_model_name,
+        "--host",
+        HOST,
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--ready-file",
+        str(ready_file),
+        "--context-window",
+        str(config.max_model_len),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(config.max_num_batched_tokens),
+        "--vllm-kv-cache-gib",
+        str(config.kv_cache_gib),
+        "--vllm-dtype",
+        config.dtype,
+        "--pod-id",
+        settings.pod_id,
+    ]
+
+
+class EngineBench:
+    """One run of the scenario; see the module docstring. Logs of the
+    systems go to ``run_dir``; ``progress`` gets one line per step."""
+
+    def __init__(self, plan: EngineBenchPlan, run_dir: Path, progress: Progress) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self._progress = progress
+        model_dir = resolve_model_dir(plan.model_path)
+        self.settings = EngineSettings(backend="vllm", model_path=str(model_dir))
+        self.config = VllmEngineConfig.from_settings(self.settings, model_dir)
+        self.workload = ChatWorkload()
+        self._env = {**os.environ, **self.config.environment()}
+
+    async def run(self) -> BenchReport:
+        """Measure both systems. Raises StartupError when one cannot start
+        (after stopping it)."""
+        results: dict[str, LevelMetrics] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            clients: dict[str, StreamingClient] = {
+                OURS: await stack.enter_async_context(self._start_pod()),
+                PEER: await stack.enter_async_context(self._start_peer()),
+            }
+            if self.plan.warmup_requests:
+                # As many at once as the busiest level, so both engines have
+                # run every batch size before anything is measured.
+                warmup_concurrency = max(self.plan.concurrency)
+                for system, client in clients.items():
+                    self._progress(f"{system}: warm-up, {self.plan.warmup_requests} requests")
+                    warmup = self.workload.requests("warmup", self.plan.warmup_requests, self.plan.max_tokens)
+                    await run_closed_loop(client, warmup, warmup_concurrency)
+            for concurrency in self.plan.concurrency:
+                level = f"c{concurrency}"
+                runs: dict[str, list[LevelRun]] = {OURS: [], PEER: []}
+                for round_index in range(self.plan.rounds):
+                    requests = self.workload.requests(
+                        f"{level}-r{round_index}", self.plan.requests_at(concurrency), self.plan.max_tokens
+                    )
+                    order = (OURS, PEER) if round_index % 2 == 0 else (PEER, OURS)
+                    for system in order:
+                        name = f"{system}/{level} round {round_index + 1}/{self.plan.rounds}"
+                        runs[system].append(await self._measure(name, clients[system], requests, concurrency))
+                for system, system_runs in runs.items():
+                    records = [record for run in system_runs for record in run.records]
+                    results[f"{system}/{level}"] = summarize(records, sum(run.wall_s for run in system_runs))
+        return BenchReport(
+            scenario="engine",
+            model=self.config.served_model_name,
+            ours=OURS,
+            peer=PEER,
+            levels=[f"c{c}" for c in self.plan.concurrency],
+            results=results,
+        )
+
+    async def _measure(
+        self,
+        name: str,
+        client: StreamingClient,
+        requests: Sequence[ChatRequest],
+        concurrency: int,
+    ) -> LevelRun:
+        self._progress(f"{name}: {len(requests)} requests, {concurrency} at a time")
+        run = await run_closed_loop(
+            client,
+            requests,
+            concurrency,
+            quarter_reporter(lambda done, total: self._progress(f"{name}: {done}/{total} requests done")),
+        )
+        metrics = summarize(run.records, run.wall_s)
+        errors = [record.error for record in run.records if record.error]
+        if errors:
+            self._progress(f"{name}: {len(errors)} failed, first: {errors[0]}")
+        self._progress(
+            f"{name}: {metrics.output_tok_s:.1f} output tok/s, ttft p50 "
+            f"{_ms(metrics.ttft_p50_s)}, itl p50 {_ms(metrics.itl_p50_s)} in {run.wall_s:.1f} s"
+        )
+        return run
+
+    @contextlib.asynccontextmanager
+    async def _start_pod(self) -> AsyncIterator[StreamingClient]:
+        ready_file = self.run_dir / f"{OURS}.ready.json"
+        argv = pod_command(self.config, self.settings, ready_file)
+        async with self._child(OURS, argv) as child:
+            info = await child.wait_ready_file(ready_file, self.plan.startup_timeout_s)
+            address = info.get("address")
+            if not isinstance(address, str):
+                raise StartupError(OURS, "the ready file names no address", child.log_path)
+            self._progress(f"{OURS}: serving on {address} after {child.uptime_s():.1f} s")
+            client = EngineGrpcClient(address, self.plan.request_timeout_s)
+            try:
+                yield client
+            finally:
+                await client.close()
+
+    @contextlib.asynccontextmanager
+    async def _start_peer(self) -> AsyncIterator[StreamingClient]:
+        port = free_port(HOST)
+        base_url = f"http://{HOST}:{port}"
+        kv_events_dir = self.run_dir / "peer-kv-events"
+        kv_events_dir.mkdir(exist_ok=True)
+        async with self._child(PEER, peer_command(self.config, port, kv_events_dir)) as child:
+            await child.wait_http_ok(f"{base_url}/health", self.plan.startup_timeout_s)
+            self._progress(f"{PEER}: serving on {base_url} after {child.uptime_s():.1f} s")
+            client = OpenAIChatClient(
+                base_url,
+                self.config.served_model_name,
+                max_connections=max(max(self.plan.concurrency), self.plan.warmup_requests),
+                request_timeout_s=self.plan.request_timeout_s,
+            )
+            try:
+                yield client
+            finally:
+                await client.close()
+
+    @contextlib.asynccontextmanager
+    async def _child(self, name: str, argv: Sequence[str]) -> AsyncIterator[ChildProcess]:
+        """Start ``argv`` as ``name`` and stop its whole process group on the
+        way out, whatever happens (Ctrl-C included)."""
+        log_path = self.run_dir / f"{name}.log"
+        self._progress(f"{name}: starting (log: {log_path})")
+        child = ChildProcess.start(name, argv, log_path, self._env)
+        try:
+            yield child
+        finally:
+            self._progress(f"{name}: stopping")
+            if not child.stop():
+                self._progress(f"{name}: some of its processes outlived SIGKILL")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
