@@ -39,11 +39,12 @@ Parameters (:class:`engine.settings.EngineSettings`), defaults and origin:
 - ``max_num_batched_tokens=2048``: vLLM's ``max_num_batched_tokens``,
   its default for the OpenAI-compatible server on GPUs under 70 GiB.
 - Step time, BLIS's step model with llm-d-inference-sim's knobs
-  (:mod:`engine.sim.timing`): ``sim_inter_token_s=0.015``
-  (``inter-token-latency``), ``sim_batch_load_factor=1.0``
-  (``time-factor-under-load=2.0``), ``sim_prefill_overhead_s=0.010``
-  (``prefill-overhead``), ``sim_prefill_per_token_s=0.0002``
-  (``prefill-time-per-token``). Our own numbers, not yet calibrated.
+  (:mod:`engine.sim.timing`): ``sim_inter_token_s=0.005``
+  (``inter-token-latency``), ``sim_batch_load_factor=1.1``
+  (``time-factor-under-load=2.1``), ``sim_prefill_overhead_s=0.002``
+  (``prefill-overhead``), ``sim_prefill_per_token_s=0.00012``
+  (``prefill-time-per-token``): our own vLLM-CPU measurements of
+  ``llmmesh-tiny`` (``scripts/calibrate_sim.py``; see :mod:`engine.settings`).
 
 Still simplified, against vLLM: step time ignores CUDA graphs and padding to
 captured batch sizes and does not grow with context length; no speculative
