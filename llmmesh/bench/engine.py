@@ -9,11 +9,14 @@ and vLLM's own deployments behind a KV-aware router run with them); both
 processes get the same environment (``VLLM_CPU_KVCACHE_SPACE``,
 ``PYTHONHASHSEED``).
 
-Both systems are started, then measured one after the other, never at once:
-an idle vLLM costs about 1% of a core. Each level runs in rounds in ABBA
-order (ours, peer, peer, ours, …), each round with fresh user messages, so
-drift in a noisy machine over the run lands on both systems alike; a
-system's figures for a level pool its rounds.
+The systems run one at a time, never at once (two idle vLLM engines on two
+cores still stall each other's streams now and then): ours, then the peer,
+then ours again (A B A), each started, warmed up at the busiest level's
+concurrency and stopped with its whole process group. Each level runs in
+``rounds`` rounds of fresh user messages: the peer serves all of them, ours
+the first half in its first session and the rest in its second, so both
+systems see the same requests and drift over the run weighs on both alike.
+A system's figures for a level pool its rounds.
 """
 
 from __future__ import annotations
@@ -129,38 +132,48 @@ class EngineBench:
         self.config = VllmEngineConfig.from_settings(self.settings, model_dir)
         self.workload = ChatWorkload()
         self._env = {**os.environ, **self.config.environment()}
+        self._sessions_started = 0
+
+    def sessions(self) -> list[tuple[str, range]]:
+        """Which system runs which rounds, in order: ours, the peer, ours
+        again (A B A), so drift over the run weighs on both alike."""
+        rounds = self.plan.rounds
+        half = (rounds + 1) // 2
+        return [(OURS, range(half)), (PEER, range(rounds)), (OURS, range(half, rounds))]
 
     async def run(self) -> BenchReport:
         """Measure both systems. Raises StartupError when one cannot start
         (after stopping it)."""
-        results: dict[str, LevelMetrics] = {}
-        async with contextlib.AsyncExitStack() as stack:
-            clients: dict[str, StreamingClient] = {
-                OURS: await stack.enter_async_context(self._start_pod()),
-                PEER: await stack.enter_async_context(self._start_peer()),
-            }
-            if self.plan.warmup_requests:
-                # As many at once as the busiest level, so both engines have
-                # run every batch size before anything is measured.
-                warmup_concurrency = max(self.plan.concurrency)
-                for system, client in clients.items():
+        runs: dict[str, list[LevelRun]] = {}
+        for system, rounds in self.sessions():
+            if not rounds:
+                continue
+            starter = self._start_pod if system == OURS else self._start_peer
+            async with starter() as client:
+                if self.plan.warmup_requests:
+                    # As many at once as the busiest level, so the engine has
+                    # run every batch size before anything is measured.
                     self._progress(f"{system}: warm-up, {self.plan.warmup_requests} requests")
                     warmup = self.workload.requests("warmup", self.plan.warmup_requests, self.plan.max_tokens)
-                    await run_closed_loop(client, warmup, warmup_concurrency)
-            for concurrency in self.plan.concurrency:
-                level = f"c{concurrency}"
-                runs: dict[str, list[LevelRun]] = {OURS: [], PEER: []}
-                for round_index in range(self.plan.rounds):
-                    requests = self.workload.requests(
-                        f"{level}-r{round_index}", self.plan.requests_at(concurrency), self.plan.max_tokens
-                    )
-                    order = (OURS, PEER) if round_index % 2 == 0 else (PEER, OURS)
-                    for system in order:
+                    await run_closed_loop(client, warmup, max(self.plan.concurrency))
+                for concurrency in self.plan.concurrency:
+                    level = f"c{concurrency}"
+                    for round_index in rounds:
+                        requests = self.workload.requests(
+                            f"{level}-r{round_index}",
+                            self.plan.requests_at(concurrency),
+                            self.plan.max_tokens,
+                        )
                         name = f"{system}/{level} round {round_index + 1}/{self.plan.rounds}"
-                        runs[system].append(await self._measure(name, clients[system], requests, concurrency))
-                for system, system_runs in runs.items():
-                    records = [record for run in system_runs for record in run.records]
-                    results[f"{system}/{level}"] = summarize(records, sum(run.wall_s for run in system_runs))
+                        run = await self._measure(name, client, requests, concurrency)
+                        runs.setdefault(f"{system}/{level}", []).append(run)
+        results: dict[str, LevelMetrics] = {
+            key: summarize(
+                [record for run in level_runs for record in run.records],
+                sum(run.wall_s for run in level_runs),
+            )
+            for key, level_runs in runs.items()
+        }
         return BenchReport(
             scenario="engine",
             model=self.config.served_model_name,
@@ -189,14 +202,16 @@ class EngineBench:
         if errors:
             self._progress(f"{name}: {len(errors)} failed, first: {errors[0]}")
         self._progress(
-            f"{name}: {metrics.output_tok_s:.1f} output tok/s, ttft p50 "
-            f"{_ms(metrics.ttft_p50_s)}, itl p50 {_ms(metrics.itl_p50_s)} in {run.wall_s:.1f} s"
+            f"{name}: {metrics.output_tok_s:.1f} output tok/s, ttft p50 {_ms(metrics.ttft_p50_s)} "
+            f"p90 {_ms(metrics.ttft_p90_s)}, itl p50 {_ms(metrics.itl_p50_s)} in {run.wall_s:.1f} s"
         )
         return run
 
     @contextlib.asynccontextmanager
     async def _start_pod(self) -> AsyncIterator[StreamingClient]:
         ready_file = self.run_dir / f"{OURS}.ready.json"
+        # A later session must not read an earlier session's address.
+        ready_file.unlink(missing_ok=True)
         argv = pod_command(self.config, self.settings, ready_file)
         async with self._child(OURS, argv) as child:
             info = await child.wait_ready_file(ready_file, self.plan.startup_timeout_s)
@@ -234,7 +249,8 @@ class EngineBench:
     async def _child(self, name: str, argv: Sequence[str]) -> AsyncIterator[ChildProcess]:
         """Start ``argv`` as ``name`` and stop its whole process group on the
         way out, whatever happens (Ctrl-C included)."""
-        log_path = self.run_dir / f"{name}.log"
+        self._sessions_started += 1
+        log_path = self.run_dir / f"{self._sessions_started}-{name}.log"
         self._progress(f"{name}: starting (log: {log_path})")
         child = ChildProcess.start(name, argv, log_path, self._env)
         try:
