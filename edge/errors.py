@@ -78,6 +78,7 @@ _CODE: dict[str, str] = {
     Reason.RATE_LIMITED: "rate_limit_exceeded",
     Reason.QUOTA_EXCEEDED: "insufficient_quota",
     Reason.PROMPT_TOO_LONG: "context_length_exceeded",
+    Reason.CONTENT_FILTERED: "content_policy_violation",
 }
 
 # Reasons whose status differs from their gRPC code's.
@@ -85,6 +86,8 @@ _STATUS_BY_REASON: dict[str, tuple[int, str]] = {
     # Residency: a zone with no serving region refuses rather than spilling over.
     Reason.NO_REGION_IN_ZONE: (403, "permission_error"),
     Reason.QUOTA_EXCEEDED: (429, "insufficient_quota"),
+    # OpenAI answers a flagged prompt with 400, not 403.
+    Reason.CONTENT_FILTERED: (400, "invalid_request_error"),
 }
 
 
