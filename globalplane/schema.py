@@ -6,59 +6,11 @@ Every column is an identifier, a count, a price, a cost, a limit or a time.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from decimal import Decimal
-from typing import Any
-
 import sqlalchemy as sa
-from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from llmmesh.sqlstore import ExactDecimal, UtcDateTime
 
 metadata = sa.MetaData()
-
-
-class ExactDecimal(TypeDecorator[Decimal]):
-    """A decimal stored without rounding: NUMERIC where the database has it.
-
-    SQLite has no exact decimal type (its NUMERIC affinity converts to a
-    float), so there the value travels as its canonical string.
-    """
-
-    impl = sa.Numeric
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
-        if dialect.name == "sqlite":
-            return dialect.type_descriptor(sa.String(80))
-        return dialect.type_descriptor(sa.Numeric(asdecimal=True))
-
-    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        return format(value, "f") if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
-        return None if value is None else Decimal(value)
-
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """An aware UTC datetime on every backend (SQLite drops the offset, so it is restored on read)."""
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the global store")
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert isinstance(value, datetime)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 tenants = sa.Table(

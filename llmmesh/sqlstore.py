@@ -1,0 +1,231 @@
+"""What every plane's SQL store stands on: SQLAlchemy 2 over SQLite (embedded), PostgreSQL or CockroachDB.
+
+Why a synchronous engine run through :func:`asyncio.to_thread` rather than
+``sqlalchemy.ext.asyncio``: the drivers this project already ships
+(psycopg 3, the standard library's sqlite3) are used in their plain,
+well-trodden sync mode, no extra driver (aiosqlite) becomes a dependency, and
+every unit of work is a short function over one ``Connection`` that runs in
+one transaction on a worker thread. The event loop never blocks on I/O, and
+concurrency comes from the connection pool, not from greenlets.
+
+Transactions: :meth:`SqlStore.transaction` runs a function inside one
+transaction and retries the whole of it, after a short randomized backoff,
+when PostgreSQL or CockroachDB abort it for a serialization conflict or
+deadlock (SQLSTATE 40001 / 40P01) or SQLite reports its database locked, so
+callers write plain read-then-write code and rely on constraints (primary
+keys, unique names) for correctness under concurrency. On SQLite every write
+transaction begins ``IMMEDIATE`` (one writer at a time across processes) and
+calls from one process are serialized on a lock, since the embedded database
+has a single writer anyway.
+
+The column types here (:class:`ExactDecimal`, :class:`UtcDateTime`) keep
+money exact and times aware on every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
+"""serialization_failure (CockroachDB's "restart transaction" too) and deadlock_detected."""
+_INSERT_CHUNK = 500  # rows per INSERT: keeps SQLite under its bound-parameter limit
+
+
+def is_retryable(err: sa.exc.DBAPIError) -> bool:
+    """Whether running the whole transaction again may succeed: a serialization
+    failure or deadlock, or SQLite's "database is locked" once its busy timeout ran out."""
+    orig = err.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        return "locked" in str(orig)
+    return getattr(orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+def _prepare_sqlite(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN, not the sqlite3 module.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # IMMEDIATE takes the write lock up front: a deferred transaction that
+        # reads and then writes can fail with "database is locked" instead of waiting.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_store_engine(url: str) -> Engine:
+    """An engine for ``url`` configured the way a store needs it (SQLite pragmas, pooling).
+
+    ``sqlite://`` (or ``sqlite:///:memory:``) is one in-memory database
+    shared by every caller; ``sqlite:///path`` creates missing parent
+    folders; ``postgresql+psycopg://`` and ``cockroachdb+psycopg://`` pool
+    connections and check them before use.
+    """
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(parsed, pool_pre_ping=True)
+    database = parsed.database or ""
+    if database in ("", ":memory:"):
+        # One shared connection, or every pooled connection would be its own empty database.
+        engine = sa.create_engine(parsed, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(parsed, connect_args={"check_same_thread": False})
+    _prepare_sqlite(engine)
+    return engine
+
+
+def insert_new_rows(
+    conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]
+) -> set[tuple[Any, ...]]:
+    """Insert ``rows``, skipping any whose primary key exists; the primary keys actually inserted.
+
+    ``INSERT … ON CONFLICT DO NOTHING RETURNING`` on SQLite and the
+    PostgreSQL family alike: a concurrent transaction inserting the same key
+    makes this one wait for its outcome, so each key is inserted once.
+    Rows go in primary-key order, so two overlapping batches lock keys in
+    the same order and cannot deadlock each other.
+    """
+    keys = list(table.primary_key.columns)
+    ordered = sorted(rows, key=lambda row: tuple(row[c.name] for c in keys))
+    make_insert = sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert
+    inserted: set[tuple[Any, ...]] = set()
+    for start in range(0, len(ordered), _INSERT_CHUNK):
+        chunk = ordered[start : start + _INSERT_CHUNK]
+        stmt = make_insert(table).values(chunk).on_conflict_do_nothing().returning(*keys)
+        inserted.update(tuple(row) for row in conn.execute(stmt))
+    return inserted
+
+
+class ExactDecimal(TypeDecorator[Decimal]):
+    """A decimal stored without rounding: NUMERIC where the database has it.
+
+    SQLite has no exact decimal type (its NUMERIC affinity converts to a
+    float), so there the value travels as its canonical string.
+    """
+
+    impl = sa.Numeric
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(sa.String(80))
+        return dialect.type_descriptor(sa.Numeric(asdecimal=True))
+
+    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        return format(value, "f") if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        return None if value is None else Decimal(value)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime on every backend (SQLite drops the offset, so it is restored on read)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a store")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class SqlStore:
+    """An engine and the one way to run work on it: whole transactions, retried when that is safe.
+
+    ``max_attempts`` bounds the runs of one transaction; between runs it
+    waits a random time up to ``min_backoff_s`` doubled per attempt, at most
+    ``max_backoff_s``, so conflicting transactions stop colliding in step.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_attempts: int = 8,
+        min_backoff_s: float = 0.005,
+        max_backoff_s: float = 0.5,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.engine = engine
+        self._serial: threading.Lock | None = threading.Lock() if engine.dialect.name == "sqlite" else None
+        self._max_attempts = max_attempts
+        self._min_backoff_s = min_backoff_s
+        self._max_backoff_s = max_backoff_s
+
+    async def transaction(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one transaction on a worker thread; commit if it returns.
+
+        Any exception rolls back. Serialization failures, deadlocks and a
+        locked SQLite database are retried from the start, so ``work`` must
+        have no side effects outside the connection.
+        """
+        return await asyncio.to_thread(self.run_transaction, work)
+
+    def run_transaction(self, work: Callable[[Connection], T]) -> T:
+        """:meth:`transaction` on the calling thread (which it blocks)."""
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                with self._exclusive(), self.engine.begin() as conn:
+                    return work(conn)
+            except sa.exc.DBAPIError as err:
+                if attempt == self._max_attempts or not is_retryable(err):
+                    raise
+                log.debug("retrying a transaction (attempt %d) after %s", attempt, err.orig)
+            # Outside the serial lock, so the conflicting writer can finish meanwhile.
+            time.sleep(random.uniform(0, min(self._max_backoff_s, self._min_backoff_s * 2 ** (attempt - 1))))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def create_tables(self, metadata: sa.MetaData) -> None:
+        """Create the tables of ``metadata`` that are missing; existing ones are left as they are."""
+        with self._exclusive():
+            metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        """Close pooled connections, after any operation still running.
+
+        Taking the serial lock matters for in-memory SQLite: its one shared
+        connection closed under a running statement crashes the process.
+        """
+        with self._exclusive():
+            self.engine.dispose()
+
+    def _exclusive(self) -> contextlib.AbstractContextManager[Any]:
+        return self._serial if self._serial is not None else contextlib.nullcontext()

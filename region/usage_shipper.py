@@ -1,0 +1,176 @@
+"""Ships the zone store's durable usage rows to the global BillingService.
+
+Rows are written in the same transaction as the turn they meter
+(:meth:`ZoneStore.record_turn`), so a turn is never billed without being
+recorded or recorded without being billed, and a region restart loses
+nothing: the next shipper finds every unshipped row. A row is marked shipped
+only after ``RecordUsage`` succeeded; if the region dies in between, the row
+is sent again and billing, which ingests idempotently by request id, counts
+it as a duplicate. While the global plane is down the shipper backs off
+exponentially.
+
+Billing takes a batch all or nothing. When it rejects one (a record it will
+not accept, such as one of a deleted tenant), the shipper sends that batch's
+records one at a time, so the others still get through; a rejected record
+stays pending with its attempts counted and is retried after the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+from llmmesh.tasks import cancel_and_wait
+from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
+from region.zone_store import ZoneStore
+
+log = logging.getLogger(__name__)
+
+# Billing judged these records, not its own health: resending the same batch cannot help.
+_REJECTED = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
+class Shipment(enum.Enum):
+    """What one :meth:`UsageShipper.ship_batch` did."""
+
+    IDLE = "nothing was pending"
+    SHIPPED = "a batch was delivered"
+    FAILED = "billing could not be reached or refused a record"
+
+
+class UsageShipper:
+    """Drains ``store``'s usage outbox to billing in the background."""
+
+    def __init__(
+        self,
+        store: ZoneStore,
+        billing: billing_service_pb2_grpc.BillingServiceStub,
+        batch_size: int = 100,
+        min_backoff_s: float = 0.2,
+        max_backoff_s: float = 10.0,
+        *,
+        idle_poll_s: float = 5.0,
+        rpc_timeout_s: float = 5.0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self._store = store
+        self._billing = billing
+        self._batch_size = batch_size
+        self._min_backoff_s = min_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._idle_poll_s = idle_poll_s
+        self._rpc_timeout_s = rpc_timeout_s
+        self._wakeup = asyncio.Event()
+        # One batch in flight at a time: flush() and the background task never send the same rows at once.
+        self._shipping = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.delivered = 0
+        """Records billing accepted (or already had) through this shipper."""
+
+    def start(self) -> None:
+        """Start shipping in the background, beginning with whatever an earlier process left."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="usage-shipper")
+
+    def notify(self) -> None:
+        """Say a usage row was just recorded, so it ships now rather than at the next poll."""
+        self._wakeup.set()
+
+    async def pending(self) -> int:
+        """How many of this region's usage rows await delivery."""
+        return await self._store.pending_usage_count()
+
+    async def ship_batch(self) -> Shipment:
+        """Send one batch of pending rows and mark what billing took."""
+        async with self._shipping:
+            rows = await self._store.pending_usage(self._batch_size)
+            if not rows:
+                return Shipment.IDLE
+            code = await self._send(rows)
+            if code is None:
+                await self._delivered(rows)
+                return Shipment.SHIPPED
+            if code not in _REJECTED or len(rows) == 1:
+                await self._store.note_attempt([request_id for request_id, _ in rows])
+                return Shipment.FAILED
+            # Find the record billing refuses without holding back the rest.
+            failed = False
+            for row in rows:
+                if await self._send([row]) is None:
+                    await self._delivered([row])
+                else:
+                    failed = True
+                    await self._store.note_attempt([row[0]])
+            return Shipment.FAILED if failed else Shipment.SHIPPED
+
+    async def flush(self, timeout_s: float = 5.0) -> bool:
+        """Ship until nothing is pending, backing off after failures; False if ``timeout_s`` ran out first."""
+        backoff = self._min_backoff_s
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while (outcome := await self.ship_batch()) is not Shipment.IDLE:
+                    if outcome is Shipment.FAILED:
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, self._max_backoff_s)
+                return True
+        return False
+
+    async def close(self, drain_timeout_s: float = 3.0) -> None:
+        """Stop, after trying for a while to deliver what is pending (the rest ships after a restart)."""
+        await cancel_and_wait(self._task)
+        self._task = None
+        if not await self.flush(drain_timeout_s):
+            log.warning("usage rows are still pending at shutdown; they ship when the region is back")
+
+    async def _send(self, rows: Sequence[tuple[str, bytes]]) -> grpc.StatusCode | None:
+        """None when billing took every record; otherwise the failure's code."""
+        records = [billing_service_pb2.UsageRecord.FromString(usage) for _, usage in rows]
+        try:
+            await self._billing.RecordUsage(
+                billing_service_pb2.RecordUsageRequest(records=records), timeout=self._rpc_timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            code: grpc.StatusCode = err.code()
+            log.warning("usage shipment of %d records failed: %s %s", len(rows), code.name, err.details())
+            return code
+        return None
+
+    async def _delivered(self, rows: Sequence[tuple[str, bytes]]) -> None:
+        await self._store.mark_shipped([request_id for request_id, _ in rows])
+        self.delivered += len(rows)
+
+    async def _run(self) -> None:
+        backoff = self._min_backoff_s
+        while True:
+            # Cleared before looking, so a row recorded while a batch ships is not left to the poll.
+            self._wakeup.clear()
+            try:
+                outcome = await self.ship_batch()
+            except Exception:
+                # A database hiccup must not end shipping for the life of the process.
+                log.exception("usage shipping failed")
+                outcome = Shipment.FAILED
+            if outcome is Shipment.SHIPPED:
+                backoff = self._min_backoff_s
+            elif outcome is Shipment.IDLE:
+                backoff = self._min_backoff_s
+                # Polling too: rows may come from another process sharing the store.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self._idle_poll_s)
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)

@@ -1,0 +1,102 @@
+"""The statements behind :class:`region.zone_store.ZoneStore`: appending messages and reading rows back.
+
+Every function runs inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from llmmesh.ids import new_id
+from region.zone_store import schema
+from region.zone_store.rows import AssistantMessage, ConversationRow, MessageRow, Role
+
+_C = schema.conversations
+_M = schema.messages
+
+
+def append_message(
+    conn: Connection,
+    conversation: ConversationRow,
+    role: Role,
+    content: str,
+    request_id: str | None,
+    now: datetime,
+    reply: AssistantMessage | None = None,
+) -> MessageRow:
+    """Add a message after the conversation's last one.
+
+    The caller holds the conversation's row lock (or SQLite's single write
+    lock), so no other transaction can take the same ``seq`` meanwhile.
+    """
+    last = conn.execute(sa.select(sa.func.max(_M.c.seq)).where(_M.c.conversation_id == conversation.id))
+    message = MessageRow(
+        id=new_id("msg"),
+        conversation_id=conversation.id,
+        seq=(last.scalar() or 0) + 1,
+        role=role,
+        content=content,
+        request_id=request_id,
+        input_tokens=reply.input_tokens if reply else 0,
+        output_tokens=reply.output_tokens if reply else 0,
+        cached_input_tokens=reply.cached_input_tokens if reply else 0,
+        cost_usd=reply.cost_usd if reply else Decimal(0),
+        model=reply.model if reply else "",
+        finish_reason=reply.finish_reason if reply else "",
+        created_at=now,
+    )
+    values = asdict(message) | {"role": str(role), "tenant_id": conversation.tenant_id}
+    conn.execute(sa.insert(_M).values(**values, home_region=conversation.home_region))
+    return message
+
+
+def touch(conn: Connection, conversation_id: str, now: datetime) -> None:
+    """Note that the conversation changed."""
+    conn.execute(sa.update(_C).where(_C.c.id == conversation_id).values(updated_at=now))
+
+
+def message_of_request(conn: Connection, request_id: str, role: Role) -> MessageRow | None:
+    """The message of ``role`` a request wrote, in whatever conversation (unique per request and role)."""
+    query = sa.select(_M).where(_M.c.request_id == request_id, _M.c.role == str(role))
+    row = conn.execute(query).first()
+    return None if row is None else message_of(row)
+
+
+def messages_of_request(conn: Connection, tenant_id: str, request_id: str) -> tuple[MessageRow, ...]:
+    """Every message the tenant's request wrote, in order."""
+    query = (
+        sa.select(_M)
+        .where(_M.c.request_id == request_id, _M.c.tenant_id == tenant_id)
+        .order_by(_M.c.conversation_id, _M.c.seq)
+    )
+    return tuple(message_of(row) for row in conn.execute(query))
+
+
+def conversation_of(row: sa.Row[Any]) -> ConversationRow:
+    return ConversationRow(
+        row.id, row.tenant_id, row.zone, row.home_region, row.model, row.title, row.created_at, row.updated_at
+    )
+
+
+def message_of(row: sa.Row[Any]) -> MessageRow:
+    return MessageRow(
+        id=row.id,
+        conversation_id=row.conversation_id,
+        seq=row.seq,
+        role=Role(row.role),
+        content=row.content,
+        request_id=row.request_id,
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        cached_input_tokens=row.cached_input_tokens,
+        cost_usd=row.cost_usd,
+        model=row.model,
+        finish_reason=row.finish_reason,
+        created_at=row.created_at,
+    )

@@ -1,0 +1,89 @@
+"""What the zone store hands out and takes in: conversations, messages, turns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """Who wrote a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    """A conversation, without its messages."""
+
+    id: str
+    tenant_id: str
+    zone: str
+    home_region: str
+    model: str
+    title: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class ConversationPage:
+    """One page of a tenant's conversations, newest first; the token is empty on the last page."""
+
+    items: list[ConversationRow]
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """One message of a conversation; counts, cost, model and finish reason are the assistant's
+    (zero and empty on other roles)."""
+
+    id: str
+    conversation_id: str
+    seq: int
+    role: Role
+    content: str
+    request_id: str | None
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    cost_usd: Decimal
+    model: str
+    finish_reason: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """The reply a turn produced and what it cost.
+
+    ``finish_reason`` is a short name such as ``FINISH_REASON_STOP``
+    (``common_pb2.FinishReason.Name``).
+    """
+
+    content: str
+    model: str
+    finish_reason: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What :meth:`ZoneStore.record_turn` left in the store.
+
+    ``duplicate`` is true when the request id was recorded before (the call
+    changed nothing). ``messages`` are the turn's messages, stored now or
+    before; empty for a turn without a live conversation of the tenant.
+    """
+
+    request_id: str
+    duplicate: bool
+    messages: tuple[MessageRow, ...]

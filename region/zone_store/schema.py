@@ -1,0 +1,74 @@
+"""The zone store's tables: conversation content, which lives only in its zone.
+
+Every row carries ``home_region``, the region that homes it: a conversation's
+messages share the conversation's, a usage row has the region that ran the
+turn. In a multi-region CockroachDB each row's ``crdb_region`` is computed
+from it (see :mod:`region.zone_store.ddl`).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from llmmesh.sqlstore import ExactDecimal, UtcDateTime
+
+metadata = sa.MetaData()
+
+conversations = sa.Table(
+    "conversations",
+    metadata,
+    # A ConversationId string: it names the zone and home region.
+    sa.Column("id", sa.String(96), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("zone", sa.String(16), nullable=False),
+    sa.Column("home_region", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("title", sa.String(256), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    # Soft delete: the row hides from every read; purging content is a later job's.
+    sa.Column("deleted_at", UtcDateTime, nullable=True),
+    # Listing is newest first per tenant.
+    sa.Index("ix_conversations_tenant_created", "tenant_id", "created_at", "id"),
+)
+
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("conversation_id", sa.String(96), sa.ForeignKey("conversations.id"), nullable=False),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("home_region", sa.String(64), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    # The turn that wrote it; one message per role and request id makes a repeated turn a no-op.
+    sa.Column("request_id", sa.String(128), nullable=True),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cached_input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_usd", ExactDecimal, nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("finish_reason", sa.String(32), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
+    sa.UniqueConstraint("request_id", "role", name="uq_messages_request_role"),
+)
+
+usage_outbox = sa.Table(
+    "usage_outbox",
+    metadata,
+    # Billing's idempotency key: a row is recorded once and shipped until billing has it.
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("home_region", sa.String(64), nullable=False),
+    # A serialized llmmesh.v1.UsageRecord.
+    sa.Column("usage", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("shipped_at", UtcDateTime, nullable=True),
+    sa.Index("ix_usage_outbox_pending", "shipped_at", "attempts", "created_at"),
+)
+
+ZONE_TABLES = (conversations, messages, usage_outbox)
+"""Homed row by row: ``REGIONAL BY ROW`` in a multi-region CockroachDB."""

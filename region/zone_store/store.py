@@ -1,0 +1,375 @@
+"""The zone store: conversations, their messages and the durable usage outbox of one zone.
+
+Conversation content lives here and nowhere else (the global plane keeps
+only counts and costs). Every read and write names the tenant: a
+conversation of another tenant, like a missing or deleted one, is
+``NOT_FOUND`` (``CONVERSATION_NOT_FOUND``), so one tenant can never learn
+that another's conversation exists.
+
+A turn is recorded in one transaction (:meth:`ZoneStore.record_turn`): the
+user message, the assistant message and the usage row either all land or
+none does. The usage row's primary key, the request id, is claimed first,
+so a repeated turn (a retry, a replayed stream) changes nothing; concurrent
+turns on one conversation take its row lock and get consecutive ``seq``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from llmmesh.errors import AlreadyExists, InvalidArgument, NotFound, Reason
+from llmmesh.ids import ConversationId
+from llmmesh.sqlstore import SqlStore, create_store_engine, insert_new_rows
+from region.zone_store import schema
+from region.zone_store.paging import decode_position, encode_position
+from region.zone_store.queries import (
+    append_message,
+    conversation_of,
+    message_of,
+    message_of_request,
+    messages_of_request,
+    touch,
+)
+from region.zone_store.rows import (
+    AssistantMessage,
+    ConversationPage,
+    ConversationRow,
+    MessageRow,
+    Role,
+    TurnRecord,
+)
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+_C = schema.conversations
+_M = schema.messages
+_O = schema.usage_outbox
+_DEFAULT_PAGE = 50
+_MAX_PAGE = 500
+_ID_CHUNK = 500  # request ids per UPDATE … IN (…)
+_MAX_TITLE = 256
+_MAX_REQUEST_ID = 128
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ZoneStore(SqlStore):
+    """The residency-bound store of zone ``zone``, as region ``region`` uses it.
+
+    New conversations are homed in ``region``; the usage rows this region
+    records are the ones :meth:`pending_usage` hands to its shipper.
+    """
+
+    def __init__(self, engine: Engine, zone: str, region: str, *, clock: Clock = utc_now) -> None:
+        if ConversationId.parse(str(ConversationId(zone, region, "0" * 16))) is None:
+            raise ValueError(f"zone {zone!r} and region {region!r} cannot name a conversation")
+        super().__init__(engine)
+        self.zone = zone
+        self.region = region
+        self._clock = clock
+
+    @classmethod
+    async def open(cls, url: str, zone: str, region: str, *, clock: Clock = utc_now) -> ZoneStore:
+        """Connect to ``url`` and create any missing table."""
+        store = cls(create_store_engine(url), zone, region, clock=clock)
+        await asyncio.to_thread(store.create_schema)
+        return store
+
+    def create_schema(self) -> None:
+        """Create missing tables; existing ones are left as they are."""
+        self.create_tables(schema.metadata)
+
+    # ------------------------------------------------------------ conversations
+
+    async def create_conversation(self, tenant_id: str, model: str, title: str = "") -> ConversationRow:
+        """A new, empty conversation of ``tenant_id`` homed in this region."""
+        _require_tenant(tenant_id)
+        if len(title) > _MAX_TITLE:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST, f"title is longer than {_MAX_TITLE}", metadata={"param": "title"}
+            )
+        now = self._clock()
+        row = ConversationRow(
+            str(ConversationId.new(self.zone, self.region)),
+            tenant_id,
+            self.zone,
+            self.region,
+            model,
+            title,
+            now,
+            now,
+        )
+        await self.transaction(lambda conn: conn.execute(sa.insert(_C).values(**asdict(row))))
+        return row
+
+    async def get_conversation(self, tenant_id: str, conversation_id: str) -> ConversationRow:
+        """The tenant's live conversation; NOT_FOUND when missing, deleted or another tenant's."""
+        return await self.transaction(lambda conn: self._live(conn, tenant_id, conversation_id))
+
+    async def list_conversations(
+        self, tenant_id: str, page_size: int = 0, page_token: str = ""
+    ) -> ConversationPage:
+        """The tenant's live conversations, newest first (AIP-158).
+
+        ``page_size`` 0 means 50, more than 500 is clamped, negative is
+        INVALID_ARGUMENT, as is a malformed token. Tokens are keyset
+        positions: conversations created between calls are never served twice.
+        """
+        if page_size < 0:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST, "page_size must be >= 0", metadata={"param": "page_size"}
+            )
+        size = min(page_size or _DEFAULT_PAGE, _MAX_PAGE)
+        after = decode_position(page_token) if page_token else None
+
+        def read(conn: Connection) -> list[ConversationRow]:
+            query = sa.select(_C).where(
+                _C.c.tenant_id == tenant_id, _C.c.zone == self.zone, _C.c.deleted_at.is_(None)
+            )
+            if after is not None:
+                created, last_id = after
+                query = query.where(
+                    sa.or_(_C.c.created_at < created, sa.and_(_C.c.created_at == created, _C.c.id < last_id))
+                )
+            query = query.order_by(_C.c.created_at.desc(), _C.c.id.desc()).limit(size + 1)
+            return [conversation_of(row) for row in conn.execute(query)]
+
+        rows = await self.transaction(read)
+        page = rows[:size]
+        token = encode_position(page[-1]) if len(rows) > size else ""
+        return ConversationPage(page, token)
+
+    async def soft_delete_conversation(self, tenant_id: str, conversation_id: str) -> None:
+        """Hide the conversation from every read; NOT_FOUND as for :meth:`get_conversation`."""
+        now = self._clock()
+
+        def delete(conn: Connection) -> None:
+            done = conn.execute(
+                sa.update(_C)
+                .where(*self._visible(tenant_id, conversation_id))
+                .values(deleted_at=now, updated_at=now)
+            )
+            if done.rowcount != 1:
+                raise _not_found(conversation_id)
+
+        await self.transaction(delete)
+
+    # ------------------------------------------------------------ messages
+
+    async def messages(self, tenant_id: str, conversation_id: str) -> list[MessageRow]:
+        """The conversation's messages in ``seq`` order; NOT_FOUND as for :meth:`get_conversation`."""
+
+        def read(conn: Connection) -> list[MessageRow]:
+            self._live(conn, tenant_id, conversation_id)
+            query = sa.select(_M).where(_M.c.conversation_id == conversation_id).order_by(_M.c.seq)
+            return [message_of(row) for row in conn.execute(query)]
+
+        return await self.transaction(read)
+
+    async def append_user_message(
+        self, tenant_id: str, conversation_id: str, content: str, request_id: str | None = None
+    ) -> MessageRow:
+        """Add a user message at the end of the conversation.
+
+        With a ``request_id`` it is idempotent: the message that request
+        already added is returned instead of a second one.
+        """
+        now = self._clock()
+
+        def append(conn: Connection) -> MessageRow:
+            conversation = self._live(conn, tenant_id, conversation_id, lock=True)
+            if request_id is not None:
+                existing = message_of_request(conn, request_id, Role.USER)
+                if existing is not None:
+                    if existing.conversation_id != conversation.id:
+                        raise _duplicate(request_id)
+                    return existing
+            message = append_message(conn, conversation, Role.USER, content, request_id, now)
+            touch(conn, conversation.id, now)
+            return message
+
+        return await self.transaction(append)
+
+    async def record_turn(
+        self,
+        tenant_id: str,
+        conversation_id: str | None,
+        request_id: str,
+        user_message: str | None,
+        assistant: AssistantMessage,
+        usage: bytes,
+    ) -> TurnRecord:
+        """Record a finished turn in one transaction: its messages and its usage row.
+
+        ``usage`` is the serialized ``UsageRecord`` the shipper sends to
+        billing. A request id recorded before makes this a no-op
+        (``duplicate``); one that another tenant recorded is ALREADY_EXISTS
+        (``DUPLICATE_REQUEST``). Without a conversation, or when the
+        conversation is no longer the tenant's live one (deleted while the
+        turn ran), only the usage row is written: the tokens were spent,
+        and content never lands where the tenant cannot see it. A
+        ``user_message`` already added by :meth:`append_user_message` under
+        the same request id is not added again.
+        """
+        _require_tenant(tenant_id)
+        if not request_id or len(request_id) > _MAX_REQUEST_ID:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"request_id must have 1 to {_MAX_REQUEST_ID} characters",
+                metadata={"param": "request_id"},
+            )
+        now = self._clock()
+        usage_row = {
+            "request_id": request_id,
+            "tenant_id": tenant_id,
+            "home_region": self.region,
+            "usage": usage,
+            "created_at": now,
+            "attempts": 0,
+            "shipped_at": None,
+        }
+
+        def record(conn: Connection) -> TurnRecord:
+            if not insert_new_rows(conn, _O, [usage_row]):
+                owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
+                if owner != tenant_id:
+                    raise _duplicate(request_id)
+                return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, request_id))
+            if conversation_id is None:
+                return TurnRecord(request_id, False, ())
+            conversation = self._find_live(conn, tenant_id, conversation_id, lock=True)
+            if conversation is None:
+                log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
+                return TurnRecord(request_id, False, ())
+            stored: list[MessageRow] = []
+            if user_message is not None:
+                existing = message_of_request(conn, request_id, Role.USER)
+                if existing is None:
+                    stored.append(
+                        append_message(conn, conversation, Role.USER, user_message, request_id, now)
+                    )
+                elif existing.conversation_id == conversation.id:
+                    stored.append(existing)
+                else:
+                    raise _duplicate(request_id)
+            stored.append(
+                append_message(
+                    conn, conversation, Role.ASSISTANT, assistant.content, request_id, now, assistant
+                )
+            )
+            touch(conn, conversation.id, now)
+            return TurnRecord(request_id, False, tuple(stored))
+
+        return await self.transaction(record)
+
+    # ------------------------------------------------------------ usage outbox
+
+    async def pending_usage(self, limit: int = 100) -> list[tuple[str, bytes]]:
+        """Up to ``limit`` unshipped usage rows this region recorded: (request id, serialized record).
+
+        Rows that failed fewer times come first, so a record billing keeps
+        rejecting does not hold back the others.
+        """
+        query = (
+            sa.select(_O.c.request_id, _O.c.usage)
+            .where(_O.c.shipped_at.is_(None), _O.c.home_region == self.region)
+            .order_by(_O.c.attempts, _O.c.created_at, _O.c.request_id)
+            .limit(limit)
+        )
+        rows = await self.transaction(lambda conn: conn.execute(query).all())
+        return [(row.request_id, bytes(row.usage)) for row in rows]
+
+    async def pending_usage_count(self) -> int:
+        """How many usage rows this region recorded are not shipped yet."""
+        query = (
+            sa.select(sa.func.count())
+            .select_from(_O)
+            .where(_O.c.shipped_at.is_(None), _O.c.home_region == self.region)
+        )
+        return int(await self.transaction(lambda conn: conn.execute(query).scalar_one()))
+
+    async def mark_shipped(self, request_ids: Sequence[str]) -> int:
+        """Mark rows delivered to billing (call only after it accepted them); how many changed."""
+        now = self._clock()
+        return await self._update_pending(request_ids, {"shipped_at": now})
+
+    async def note_attempt(self, request_ids: Sequence[str]) -> None:
+        """Count a failed delivery of the unshipped rows among ``request_ids``."""
+        await self._update_pending(request_ids, {"attempts": _O.c.attempts + 1})
+
+    async def _update_pending(self, request_ids: Sequence[str], values: dict[str, Any]) -> int:
+        ids = sorted(set(request_ids))  # one lock order for every caller
+
+        def update(conn: Connection) -> int:
+            changed = 0
+            for start in range(0, len(ids), _ID_CHUNK):
+                chunk = ids[start : start + _ID_CHUNK]
+                result = conn.execute(
+                    sa.update(_O).where(_O.c.request_id.in_(chunk), _O.c.shipped_at.is_(None)).values(values)
+                )
+                changed += result.rowcount
+            return changed
+
+        return await self.transaction(update) if ids else 0
+
+    # ------------------------------------------------------------ helpers
+
+    def _visible(self, tenant_id: str, conversation_id: str) -> tuple[sa.ColumnElement[bool], ...]:
+        return (
+            _C.c.id == conversation_id,
+            _C.c.tenant_id == tenant_id,
+            _C.c.zone == self.zone,
+            _C.c.deleted_at.is_(None),
+        )
+
+    def _find_live(
+        self, conn: Connection, tenant_id: str, conversation_id: str, *, lock: bool = False
+    ) -> ConversationRow | None:
+        query = sa.select(_C).where(*self._visible(tenant_id, conversation_id))
+        # The row lock serializes appends to one conversation, so each gets the next seq.
+        row = conn.execute(query.with_for_update() if lock else query).first()
+        return None if row is None else conversation_of(row)
+
+    def _live(
+        self, conn: Connection, tenant_id: str, conversation_id: str, *, lock: bool = False
+    ) -> ConversationRow:
+        found = self._find_live(conn, tenant_id, conversation_id, lock=lock)
+        if found is None:
+            raise _not_found(conversation_id)
+        return found
+
+
+def _require_tenant(tenant_id: str) -> None:
+    if not tenant_id:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST, "tenant_id is required", metadata={"param": "tenant_id"}
+        )
+
+
+def _not_found(conversation_id: str) -> NotFound:
+    # The same answer for missing, deleted and another tenant's: nothing to learn from it.
+    return NotFound(
+        Reason.CONVERSATION_NOT_FOUND,
+        f"conversation {conversation_id!r} not found",
+        metadata={"conversation_id": conversation_id},
+    )
+
+
+def _duplicate(request_id: str) -> AlreadyExists:
+    return AlreadyExists(
+        Reason.DUPLICATE_REQUEST,
+        f"request id {request_id!r} was already used",
+        metadata={"request_id": request_id},
+    )
