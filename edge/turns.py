@@ -88,7 +88,8 @@ async def open_turn(
         call: ChatCall = mesh.chat(address).Chat(metadata=(("authorization", f"Bearer {principal.secret}"),))
         try:
             await call.write(chat_service_pb2.ChatRequest(start=start))
-            first = await asyncio.wait_for(call.read(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                first = await call.read()
         except TimeoutError:
             call.cancel()
             last_error = Unavailable(

@@ -24,7 +24,7 @@ from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
 from engine.validation import validate_generation
 from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
-from llmmesh.tasks import cancel_and_wait
+from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
@@ -175,8 +175,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         interval_s = (request.interval_ms or self._load_interval_ms) / 1000
         while not self._draining.is_set():
             yield pb.WatchLoadResponse(report=self._load_report())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._draining.wait(), interval_s)
+            await wait_event(self._draining, interval_s)
 
     async def StreamKvEvents(
         self, request: pb.StreamKvEventsRequest, context: Context

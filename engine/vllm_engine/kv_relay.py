@@ -112,7 +112,8 @@ class KvEventRelay:
         try:
             await dealer.send_multipart((b"", first_missing.to_bytes(8, "big")))
             while True:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), REPLAY_TIMEOUT_S)
+                async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                    frames = await dealer.recv_multipart()
                 _empty, _topic, sequence_bytes, payload = frames
                 if sequence_bytes == END_OF_REPLAY:
                     break
