@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
@@ -29,8 +29,10 @@ from region.engine_pool import EnginePodHandle, EnginePool
 from region.model_policy import require_allowed, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.settings import RegionSettings
-from region.usage_outbox import UsageOutbox
+from region.usage_shipper import UsageShipper
 from region.validation import validate_start
+from region.zone_store.rows import AssistantMessage
+from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class TurnMeter:
     output_tokens: int = 0
     started: bool = False
     reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
+    # The reply as streamed, for the zone store.
+    text_parts: list[str] = field(default_factory=list)
 
     def usage(self) -> common_pb2.TokenUsage:
         return common_pb2.TokenUsage(
@@ -82,15 +86,19 @@ class ChatGateway:
         policy: PolicyCache,
         models: ModelResolver,
         pool: EnginePool,
-        outbox: UsageOutbox,
+        store: ZoneStore,
+        shipper: UsageShipper,
         now: Callable[[], timestamp_pb2.Timestamp] = _now,
     ) -> None:
         self._settings = settings
         self._policy = policy
         self._models = models
         self._pool = pool
-        self._outbox = outbox
+        self._store = store
+        self._shipper = shipper
         self._now = now
+        # Turn records being written; a drain waits for them.
+        self._recording: set[asyncio.Task[None]] = set()
 
     async def run_turn(
         self, start: chat_service_pb2.ChatStart, secret: str | None, cancel: asyncio.Event
@@ -126,7 +134,11 @@ class ChatGateway:
             raise
         finally:
             if meter.started:
-                self._record_usage(caller, model, request_id, meter)
+                # Its own task: a client that goes away cancels this
+                # generator, never the write of what it was billed for.
+                record = asyncio.create_task(self._record_turn(caller, model, request_id, meter))
+                self._recording.add(record)
+                record.add_done_callback(self._recording.discard)
 
     async def _run_on_pod(
         self,
@@ -174,6 +186,7 @@ class ChatGateway:
                     )
                 elif kind == "delta":
                     meter.output_tokens += len(resp.delta.token_ids)
+                    meter.text_parts.append(resp.delta.text)
                     yield chat_service_pb2.ChatResponse(
                         delta=chat_service_pb2.ChatDelta(
                             sequence=base_sequence + resp.delta.sequence,
@@ -238,18 +251,41 @@ class ChatGateway:
                 )
             )
 
-    def _record_usage(
+    async def drain(self) -> None:
+        """Wait for the turn records still being written."""
+        if self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
+
+    async def _record_turn(
         self, caller: Caller, model: model_registry_service_pb2.Model, request_id: str, meter: TurnMeter
     ) -> None:
+        """Write the reply and its usage row in one zone-store transaction;
+        the shipper then delivers the usage to billing."""
         reason = meter.reason or common_pb2.FINISH_REASON_CANCELLED
-        self._outbox.add(
-            billing_service_pb2.UsageRecord(
-                request_id=request_id,
-                tenant_id=caller.tenant_id,
-                model=model.name,
-                region=self._settings.region,
-                usage=meter.usage(),
-                finish_reason=reason,
-                end_time=self._now(),
-            )
+        usage = billing_service_pb2.UsageRecord(
+            request_id=request_id,
+            tenant_id=caller.tenant_id,
+            model=model.name,
+            region=self._settings.region,
+            usage=meter.usage(),
+            finish_reason=reason,
+            end_time=self._now(),
         )
+        assistant = AssistantMessage(
+            content="".join(meter.text_parts),
+            model=model.name,
+            finish_reason=common_pb2.FinishReason.Name(reason),
+            input_tokens=meter.input_tokens,
+            output_tokens=meter.output_tokens,
+            cached_input_tokens=meter.cached_input_tokens,
+            cost_usd=turn_cost(model, meter.input_tokens, meter.output_tokens),
+        )
+        try:
+            await self._store.record_turn(
+                caller.tenant_id, None, request_id, None, assistant, usage.SerializeToString()
+            )
+        except Exception:
+            # The stream is over; all that is left is to say so loudly.
+            log.exception("turn %s: its usage could not be recorded", request_id)
+            return
+        self._shipper.notify()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -28,7 +29,8 @@ from region.heartbeat import Heartbeater
 from region.policy_cache import PolicyCache
 from region.servicer import ChatServicer, region_health
 from region.settings import RegionSettings
-from region.usage_outbox import UsageOutbox
+from region.usage_shipper import UsageShipper
+from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,9 @@ class RegionPlane:
     global_channel: grpc.aio.Channel
     pool: EnginePool
     policy: PolicyCache
-    outbox: UsageOutbox
+    gateway: ChatGateway
+    store: ZoneStore
+    shipper: UsageShipper
     heartbeat: Heartbeater
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
@@ -92,7 +96,9 @@ class RegionPlane:
         await self.server.stop(grace_s)
         await self.heartbeat.close()
         await self.policy.close()
-        await self.outbox.close()
+        await self.gateway.drain()
+        await self.shipper.close()
+        await asyncio.to_thread(self.store.dispose)
         await self.pool.close()
         await self.global_channel.close()
 
@@ -114,8 +120,9 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     )
     models = ModelResolver(model_registry_service_pb2_grpc.ModelRegistryServiceStub(global_channel))
     pool = EnginePool(settings.engine_address_list(), settings.engine_health_interval_ms / 1000)
-    outbox = UsageOutbox(billing_service_pb2_grpc.BillingServiceStub(global_channel))
-    gateway = ChatGateway(settings, policy, models, pool, outbox)
+    store = await ZoneStore.open(settings.zone_store_database_url(), settings.zone, settings.region)
+    shipper = UsageShipper(store, billing_service_pb2_grpc.BillingServiceStub(global_channel))
+    gateway = ChatGateway(settings, policy, models, pool, store, shipper)
     plane: RegionPlane | None = None
 
     def info() -> chat_service_pb2.GetRegionInfoResponse:
@@ -137,10 +144,12 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         lambda: plane.report() if plane else geo_routing_service_pb2.RegionReport(),
         settings.heartbeat_interval_ms / 1000,
     )
-    plane = RegionPlane(settings, address, server, global_channel, pool, policy, outbox, heartbeat)
+    plane = RegionPlane(
+        settings, address, server, global_channel, pool, policy, gateway, store, shipper, heartbeat
+    )
     pool.start()
     policy.start()
-    outbox.start()
+    shipper.start()
     heartbeat.start()
     await heartbeat.beat()
     log.info("region %s (zone %s) serving ChatService on %s", settings.region, settings.zone, address)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmesh.config import setting
+from llmmesh.home import mesh_home
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,14 @@ class RegionSettings:
     engine_health_interval_ms: int = setting(1000, "milliseconds between engine pod health checks")
     max_messages: int = setting(2048, "most messages one turn may carry")
     max_message_chars: int = setting(1_000_000, "most characters one message may carry")
+    zone_store_url: str = setting(
+        "",
+        "SQLAlchemy URL of the zone's conversation store; empty means sqlite:///$LLMMESH_HOME/zone-ZONE.db",
+    )
+
+    def zone_store_database_url(self) -> str:
+        """The configured zone store URL, or the embedded SQLite file of the zone."""
+        return self.zone_store_url or f"sqlite:///{mesh_home() / f'zone-{self.zone}.db'}"
 
     def engine_address_list(self) -> list[str]:
         return [a.strip() for a in self.engine_addresses.split(",") if a.strip()]

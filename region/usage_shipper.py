@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from llmmesh.tasks import cancel_and_wait
+from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 from region.zone_store import ZoneStore
 
@@ -169,8 +169,7 @@ class UsageShipper:
             elif outcome is Shipment.IDLE:
                 backoff = self._min_backoff_s
                 # Polling too: rows may come from another process sharing the store.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), self._idle_poll_s)
+                await wait_event(self._wakeup, self._idle_poll_s)
             else:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)

@@ -55,6 +55,7 @@ async def running_stack(
             heartbeat_interval_ms=200,
             policy_refresh_ms=200,
             engine_health_interval_ms=100,
+            zone_store_url="sqlite://",
         )
     )
     edge = (

@@ -98,7 +98,8 @@ async def test_healthz_fails_when_the_engine_is_gone(stack: Stack, http: httpx.A
 async def test_usage_grows_by_what_a_turn_streamed(stack: Stack, http: httpx.AsyncClient) -> None:
     before = (await http.get("/v1/usage", headers=AUTH)).json()
     done = (await http.post("/v1/chat/completions", json=BODY, headers=AUTH)).json()
-    await wait_until(lambda: stack.region.outbox.pending == 0, what="usage delivered")
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.flush(timeout_s=10), "usage not delivered"
     after = (await http.get("/v1/usage", headers=AUTH)).json()
     assert after["output_tokens"] - before["output_tokens"] == done["usage"]["completion_tokens"]
     assert after["input_tokens"] - before["input_tokens"] == done["usage"]["prompt_tokens"]

@@ -65,7 +65,8 @@ async def turn_error(stack: Stack, request: chat_service_pb2.ChatRequest, key: s
 
 async def billed(stack: Stack, request_id: str) -> bool:
     """Whether billing holds the turn's usage once the region's outbox is empty."""
-    await wait_until(lambda: stack.region.outbox.pending == 0, what="usage delivered")
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.flush(timeout_s=10), "usage not delivered"
     return not await stack.global_plane.ledger.reconcile([request_id])
 
 
@@ -229,7 +230,8 @@ async def test_keeps_serving_on_cached_policy_while_global_is_down(stack: Stack)
     await stack.global_plane.stop(0)
     events = await run_turn(stack, start(max_tokens=4))
     assert events[-1].HasField("finished")
-    assert stack.region.outbox.pending >= 1
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.pending() >= 1
 
 
 async def test_no_serving_pod_is_unavailable_with_retry_info(stack: Stack) -> None:
