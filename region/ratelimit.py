@@ -1,0 +1,477 @@
+"""Per-API-key request (RPM) and token (TPM) rate limits.
+
+Algorithm: fixed sub-buckets summed over a sliding window. Time is cut into
+``buckets`` sub-buckets of ``bucket_s = window_s / buckets`` (1 s for the
+default 60 s window). Each key keeps, per sub-bucket, how many requests it
+admitted and how many tokens they hold. A reservation is admitted when the
+current sub-bucket plus the ``buckets`` before it leave room for one more
+request and for its tokens. That span reaches back between ``window_s`` and
+``window_s + bucket_s``, so it always covers the last ``window_s`` whole.
+
+Error bound, for each limit:
+
+- Never over: any ``window_s`` span holds at most ``rpm`` admitted requests
+  and at most ``tpm`` tokens counted at the moment of each admission.
+- Under by at most one sub-bucket of time: room used at time t comes back
+  between ``t + window_s`` and ``t + window_s + bucket_s``. A client that sends
+  at exactly the limit rate is therefore refused at most ``ceil(limit /
+  buckets)`` times per window. That is within one request's worth whenever the
+  limit is no larger than ``buckets`` (60 rpm at the defaults), and always
+  within one sub-bucket's worth. ``retry_after_s`` is exact, not an estimate:
+  it is the moment the oldest sub-buckets holding enough of the limit leave
+  the span.
+- Tokens are reserved up front (prompt plus ``max_tokens``). :meth:`settle`
+  then swaps the reservation for the actual count. Unused tokens come back at
+  once. An overrun is added to the window, which may then exceed ``tpm`` by
+  that overrun, and later requests are refused until it drains.
+
+Sub-buckets, not an interpolated two-window counter: interpolation assumes
+uniform traffic inside the previous window and can over-admit a burst. The
+cost is ``buckets + 1`` small counters per active key.
+
+:class:`RedisRateLimiter` keeps each key's counters in one Redis hash
+(``r:<bucket>`` and ``t:<bucket>`` fields) and decides in a Lua script. The
+script reads Redis's own clock, so any number of gateway replicas share one
+exact count no matter how their clocks drift. The hash expires once its
+newest sub-bucket has left the window. :class:`LocalRateLimiter` runs the same
+algorithm in process, for the embedded mesh and for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from llmmesh.errors import Reason, ResourceExhausted
+
+_US = 1_000_000
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """One API key's limits per window; 0 means unlimited."""
+
+    rpm: int = 0
+    tpm: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError(f"rate limits must be >= 0, got rpm={self.rpm} tpm={self.tpm}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.rpm == 0 and self.tpm == 0
+
+
+@dataclass
+class Reservation:
+    """One admitted request's claim on its key's window, and what OpenAI's
+    ``x-ratelimit-*`` headers report after it. A limit of 0 (unlimited)
+    reports 0 as its limit and remaining, and the edge leaves those headers
+    out. ``reset_*_s`` is the time until the window holds none of the usage it
+    counts now, which is OpenAI's "resets to its initial state"."""
+
+    key_id: str
+    reserved_tokens: int
+    limit_requests: int
+    remaining_requests: int
+    limit_tokens: int
+    remaining_tokens: int
+    reset_requests_s: float
+    reset_tokens_s: float
+    # The sub-bucket this reservation was counted in; -1 when it was not counted.
+    bucket: int = field(default=-1, repr=False)
+    settled: bool = field(default=False, repr=False)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The sub-bucket geometry, in integer microseconds so that Python and Lua
+    agree on every boundary."""
+
+    window_s: float
+    buckets: int
+    bucket_us: int
+
+    @classmethod
+    def make(cls, window_s: float, buckets: int) -> _Window:
+        if buckets < 1:
+            raise ValueError(f"buckets must be >= 1, got {buckets}")
+        bucket_us = round(window_s * _US / buckets)
+        if bucket_us < 1000:
+            raise ValueError(f"a sub-bucket must last at least 1 ms, got {window_s}s / {buckets}")
+        return cls(window_s, buckets, bucket_us)
+
+    def current(self, now_us: int) -> int:
+        return now_us // self.bucket_us
+
+    def expired(self, bucket: int, now_us: int) -> bool:
+        return bucket < self.current(now_us) - self.buckets
+
+    def leaves_at_us(self, bucket: int) -> int:
+        """When ``bucket`` stops being counted."""
+        return (bucket + self.buckets + 1) * self.bucket_us
+
+    @property
+    def ttl_ms(self) -> int:
+        return math.ceil((self.buckets + 2) * self.bucket_us / 1000)
+
+    def describe(self) -> str:
+        return "minute" if self.window_s == 60 else f"{self.window_s:g} s"
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One reserve decision: counts are after the admission, or as found when
+    ``refused`` names the limit that would be exceeded."""
+
+    refused: str
+    bucket: int
+    used_requests: int
+    used_tokens: int
+    wait_us: int
+    reset_requests_us: int
+    reset_tokens_us: int
+
+
+def _ceil_ms(us: int) -> float:
+    """Microseconds as seconds rounded up to whole milliseconds, so that
+    RetryInfo (milliseconds) never says 0 or a moment too early."""
+    return math.ceil(us / 1000) / 1000
+
+
+class RateLimiter(ABC):
+    """Counts requests and tokens per API key against :class:`RateLimits`."""
+
+    def __init__(self, *, window_s: float = 60.0, buckets: int = 60) -> None:
+        self._window = _Window.make(window_s, buckets)
+
+    @property
+    def window_s(self) -> float:
+        return self._window.window_s
+
+    async def reserve(self, key_id: str, limits: RateLimits, tokens: int) -> Reservation:
+        """Count one request and reserve ``tokens`` for it, atomically.
+
+        Raises ResourceExhausted(RATE_LIMITED) with ``retry_after_s`` and
+        metadata ``limit`` ("requests" or "tokens") when either limit would be
+        exceeded, changing nothing. A request of more tokens than the whole
+        TPM limit can never pass and is refused without RetryInfo.
+        """
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        if limits.unlimited:
+            return Reservation(key_id, tokens, 0, 0, 0, 0, 0.0, 0.0)
+        if limits.tpm and tokens > limits.tpm:
+            raise ResourceExhausted(
+                Reason.RATE_LIMITED,
+                f"this request needs up to {tokens} tokens (prompt plus max_tokens) but the API key "
+                f"may use {limits.tpm} tokens per {self._window.describe()}; "
+                "lower max_tokens or shorten the prompt",
+                metadata={"limit": "tokens", "limit_value": str(limits.tpm), "requested": str(tokens)},
+            )
+        outcome = await self._reserve(key_id, limits, tokens)
+        if outcome.refused:
+            raise self._refusal(limits, tokens, outcome)
+        return Reservation(
+            key_id=key_id,
+            reserved_tokens=tokens,
+            limit_requests=limits.rpm,
+            remaining_requests=max(0, limits.rpm - outcome.used_requests) if limits.rpm else 0,
+            limit_tokens=limits.tpm,
+            remaining_tokens=max(0, limits.tpm - outcome.used_tokens) if limits.tpm else 0,
+            reset_requests_s=_ceil_ms(outcome.reset_requests_us),
+            reset_tokens_s=_ceil_ms(outcome.reset_tokens_us),
+            bucket=outcome.bucket,
+        )
+
+    async def settle(self, reservation: Reservation, actual_tokens: int) -> None:
+        """Replace the reserved token count with ``actual_tokens``.
+
+        Only the first call per reservation counts; later ones do nothing.
+        Once the reservation's sub-bucket has left the window its tokens no
+        longer count, and settling changes nothing, so it cannot touch a
+        later window.
+        """
+        if actual_tokens < 0:
+            raise ValueError(f"actual_tokens must be >= 0, got {actual_tokens}")
+        if reservation.settled:
+            return
+        reservation.settled = True
+        delta = actual_tokens - reservation.reserved_tokens
+        if reservation.bucket >= 0 and delta != 0:
+            await self._settle(reservation.key_id, reservation.bucket, delta)
+
+    @abstractmethod
+    async def _reserve(self, key_id: str, limits: RateLimits, tokens: int) -> _Outcome:
+        """Decide and, if admitted, count; atomically."""
+
+    @abstractmethod
+    async def _settle(self, key_id: str, bucket: int, delta: int) -> None:
+        """Add ``delta`` tokens to ``bucket`` (never below 0) unless it has left the window."""
+
+    def _refusal(self, limits: RateLimits, tokens: int, outcome: _Outcome) -> ResourceExhausted:
+        wait_s = _ceil_ms(outcome.wait_us)
+        per = self._window.describe()
+        if outcome.refused == "requests":
+            message = f"rate limit of {limits.rpm} requests per {per} reached for this API key"
+            metadata = {"limit": "requests", "limit_value": str(limits.rpm)}
+        else:
+            message = (
+                f"rate limit of {limits.tpm} tokens per {per} reached for this API key: "
+                f"{outcome.used_tokens} in use, {tokens} requested"
+            )
+            metadata = {"limit": "tokens", "limit_value": str(limits.tpm), "requested": str(tokens)}
+        return ResourceExhausted(
+            Reason.RATE_LIMITED,
+            f"{message}; retry in {wait_s:.3f} s",
+            metadata=metadata,
+            retry_after_s=wait_s,
+        )
+
+
+class _KeyCounts:
+    """One key's sub-bucket counters, for :class:`LocalRateLimiter`; the
+    Python twin of the Lua script in :class:`RedisRateLimiter`."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+
+    def prune(self, oldest: int) -> None:
+        for counts in (self.requests, self.tokens):
+            for bucket in [b for b in counts if b < oldest]:
+                del counts[bucket]
+
+    def decide(self, window: _Window, now_us: int, limits: RateLimits, tokens: int) -> _Outcome:
+        current = window.current(now_us)
+        self.prune(current - window.buckets)
+        used_r, used_t = sum(self.requests.values()), sum(self.tokens.values())
+        wait_r = wait_t = 0
+        if limits.rpm and used_r + 1 > limits.rpm:
+            wait_r = _free_in_us(self.requests, used_r + 1 - limits.rpm, window, now_us)
+        if limits.tpm and used_t + tokens > limits.tpm:
+            wait_t = _free_in_us(self.tokens, used_t + tokens - limits.tpm, window, now_us)
+        if wait_r or wait_t:
+            refused = "requests" if wait_r >= wait_t else "tokens"
+            return _Outcome(refused, current, used_r, used_t, max(wait_r, wait_t), 0, 0)
+        self.requests[current] = self.requests.get(current, 0) + 1
+        if tokens:
+            self.tokens[current] = self.tokens.get(current, 0) + tokens
+        return _Outcome(
+            "",
+            current,
+            used_r + 1,
+            used_t + tokens,
+            0,
+            _empty_in_us(self.requests, window, now_us),
+            _empty_in_us(self.tokens, window, now_us),
+        )
+
+    def adjust_tokens(self, bucket: int, delta: int) -> None:
+        left = self.tokens.get(bucket, 0) + delta
+        if left > 0:
+            self.tokens[bucket] = left
+        else:
+            self.tokens.pop(bucket, None)
+
+
+def _free_in_us(counts: Mapping[int, int], need: int, window: _Window, now_us: int) -> int:
+    """Time until the oldest sub-buckets holding ``need`` units leave the span."""
+    freed = 0
+    for bucket in sorted(counts):
+        freed += counts[bucket]
+        if freed >= need:
+            return window.leaves_at_us(bucket) - now_us
+    return window.leaves_at_us(window.current(now_us)) - now_us
+
+
+def _empty_in_us(counts: Mapping[int, int], window: _Window, now_us: int) -> int:
+    live = [bucket for bucket, n in counts.items() if n > 0]
+    return window.leaves_at_us(max(live)) - now_us if live else 0
+
+
+class LocalRateLimiter(RateLimiter):
+    """The rate limiter of one process (the embedded mesh, tests)."""
+
+    def __init__(
+        self, *, window_s: float = 60.0, buckets: int = 60, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(window_s=window_s, buckets=buckets)
+        self._clock = clock
+        self._keys: dict[str, _KeyCounts] = {}
+        self._next_sweep_us = 0
+
+    def _now_us(self) -> int:
+        return round(self._clock() * _US)
+
+    async def _reserve(self, key_id: str, limits: RateLimits, tokens: int) -> _Outcome:
+        now_us = self._now_us()
+        self._sweep(now_us)
+        counts = self._keys.setdefault(key_id, _KeyCounts())
+        return counts.decide(self._window, now_us, limits, tokens)
+
+    async def _settle(self, key_id: str, bucket: int, delta: int) -> None:
+        counts = self._keys.get(key_id)
+        if counts is not None and not self._window.expired(bucket, self._now_us()):
+            counts.adjust_tokens(bucket, delta)
+
+    def _sweep(self, now_us: int) -> None:
+        """Forget idle keys, once per window, so memory follows active keys."""
+        if now_us < self._next_sweep_us:
+            return
+        self._next_sweep_us = now_us + self._window.buckets * self._window.bucket_us
+        oldest = self._window.current(now_us) - self._window.buckets
+        for key_id in list(self._keys):
+            counts = self._keys[key_id]
+            counts.prune(oldest)
+            if not counts.requests and not counts.tokens:
+                del self._keys[key_id]
+
+
+# Both scripts take ARGV[1] = now in microseconds, or '' for Redis's own clock.
+_NOW_LUA = """
+local now_us = tonumber(ARGV[1])
+if not now_us then
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+"""
+
+# KEYS[1]: the key's hash. ARGV: now_us, bucket_us, buckets, rpm, tpm, tokens, ttl_ms.
+# Returns {refused, bucket, used_requests, used_tokens, wait_us, reset_requests_us, reset_tokens_us}.
+_RESERVE_LUA = (
+    _NOW_LUA
+    + """
+local bucket_us, n = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm, tokens = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local current = math.floor(now_us / bucket_us)
+local oldest = current - n
+local req, tok, stale = {}, {}, {}
+local used_r, used_t = 0, 0
+local flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat, 2 do
+  local bucket, count = tonumber(string.sub(flat[i], 3)), tonumber(flat[i + 1])
+  if bucket < oldest then
+    stale[#stale + 1] = flat[i]
+  elseif string.sub(flat[i], 1, 1) == 'r' then
+    req[bucket] = count
+    used_r = used_r + count
+  else
+    tok[bucket] = count
+    used_t = used_t + count
+  end
+end
+if #stale > 0 then
+  redis.call('HDEL', KEYS[1], unpack(stale))
+end
+local function free_in(counts, need)
+  local freed = 0
+  for bucket = oldest, current do
+    freed = freed + (counts[bucket] or 0)
+    if freed >= need then
+      return (bucket + n + 1) * bucket_us - now_us
+    end
+  end
+  return (current + n + 1) * bucket_us - now_us
+end
+local function empty_in(counts)
+  for bucket = current, oldest, -1 do
+    if (counts[bucket] or 0) > 0 then
+      return (bucket + n + 1) * bucket_us - now_us
+    end
+  end
+  return 0
+end
+local wait_r, wait_t = 0, 0
+if rpm > 0 and used_r + 1 > rpm then
+  wait_r = free_in(req, used_r + 1 - rpm)
+end
+if tpm > 0 and used_t + tokens > tpm then
+  wait_t = free_in(tok, used_t + tokens - tpm)
+end
+if wait_r > 0 or wait_t > 0 then
+  local refused = 'tokens'
+  if wait_r >= wait_t then
+    refused = 'requests'
+  end
+  return {refused, current, used_r, used_t, math.max(wait_r, wait_t), 0, 0}
+end
+req[current] = (req[current] or 0) + 1
+redis.call('HINCRBY', KEYS[1], 'r:' .. current, 1)
+if tokens > 0 then
+  tok[current] = (tok[current] or 0) + tokens
+  redis.call('HINCRBY', KEYS[1], 't:' .. current, tokens)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+return {'', current, used_r + 1, used_t + tokens, 0, empty_in(req), empty_in(tok)}
+"""
+)
+
+# KEYS[1]: the key's hash. ARGV: now_us, bucket_us, buckets, bucket, delta, ttl_ms.
+_SETTLE_LUA = (
+    _NOW_LUA
+    + """
+local bucket = tonumber(ARGV[4])
+if bucket < math.floor(now_us / tonumber(ARGV[2])) - tonumber(ARGV[3]) then
+  return 0
+end
+local field = 't:' .. bucket
+local left = tonumber(redis.call('HGET', KEYS[1], field) or '0') + tonumber(ARGV[5])
+if left > 0 then
+  redis.call('HSET', KEYS[1], field, left)
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+else
+  redis.call('HDEL', KEYS[1], field)
+end
+return 1
+"""
+)
+
+
+class RedisRateLimiter(RateLimiter):
+    """The rate limiter shared by every gateway replica of a region.
+
+    ``clock`` (seconds) replaces Redis's clock, for tests only: key expiry
+    still runs on Redis's clock.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str = "llmmesh:rl:",
+        *,
+        window_s: float = 60.0,
+        buckets: int = 60,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        super().__init__(window_s=window_s, buckets=buckets)
+        self._prefix = prefix
+        self._clock = clock
+        self._reserve_script = redis.register_script(_RESERVE_LUA)
+        self._settle_script = redis.register_script(_SETTLE_LUA)
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else str(round(self._clock() * _US))
+
+    async def _reserve(self, key_id: str, limits: RateLimits, tokens: int) -> _Outcome:
+        w = self._window
+        raw = await self._reserve_script(
+            keys=[self._prefix + key_id],
+            args=[self._now_arg(), w.bucket_us, w.buckets, limits.rpm, limits.tpm, tokens, w.ttl_ms],
+        )
+        refused = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0])
+        bucket, used_r, used_t, wait_us, reset_r, reset_t = (int(x) for x in raw[1:7])
+        return _Outcome(refused, bucket, used_r, used_t, wait_us, reset_r, reset_t)
+
+    async def _settle(self, key_id: str, bucket: int, delta: int) -> None:
+        w = self._window
+        await self._settle_script(
+            keys=[self._prefix + key_id],
+            args=[self._now_arg(), w.bucket_us, w.buckets, bucket, delta, w.ttl_ms],
+        )
