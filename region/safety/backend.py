@@ -1,0 +1,24 @@
+"""The one boundary between the safety filters and what classifies text."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from region.safety.verdict import CheckKind, Verdict
+
+
+class SafetyBackend(ABC):
+    """Classifies one text into moderation categories.
+
+    A backend that cannot decide raises (any ``Exception``); it never returns
+    a safe verdict it is unsure of. The filters turn a raise or a timeout into
+    ``Unavailable(SAFETY_UNAVAILABLE)``: the mesh fails closed.
+    """
+
+    name: str
+    """Short name reported in verdicts and error metadata (``rules``, ``judge``)."""
+
+    @abstractmethod
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        """Classify ``text``; ``kind`` says whether it is the caller's input or
+        the model's output (some categories apply to one only)."""

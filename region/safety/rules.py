@@ -1,0 +1,213 @@
+""":class:`RulesBackend`: deny lists, regexes and PII detectors; no network.
+
+Deliberately crude and cheap: it runs on every streamed window. Deny-list
+terms match whole words only (case-insensitive, any run of whitespace between
+the words of a phrase), so a term never matches inside a longer word (the
+Scunthorpe problem). Payment card numbers are confirmed with the Luhn check so
+that arbitrary digit runs (order ids, timestamps) are not reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import re
+import unicodedata
+from collections.abc import Collection, Iterable, Mapping
+
+from region.safety import verdict as cat
+from region.safety.backend import SafetyBackend
+from region.safety.verdict import CheckKind, Verdict, require_categories
+
+# A small, conservative starting point per category; deployments extend it
+# from configuration. Phrases, not single words, to keep false positives rare.
+BUILTIN_DENY_TERMS: Mapping[str, tuple[str, ...]] = {
+    cat.HARASSMENT: ("you are worthless", "nobody will ever love you", "you pathetic loser"),
+    cat.HARASSMENT_THREATENING: ("i know where you live", "i will find you and hurt you"),
+    cat.HATE: ("subhuman vermin", "inferior race", "racial purity"),
+    cat.HATE_THREATENING: ("exterminate them all", "they should all be exterminated"),
+    cat.ILLICIT: ("buy stolen credit cards", "launder the money", "cook meth"),
+    cat.ILLICIT_VIOLENT: ("build a pipe bomb", "make a pipe bomb", "untraceable ghost gun"),
+    cat.SELF_HARM: ("i cut myself", "i keep hurting myself"),
+    cat.SELF_HARM_INTENT: ("i want to kill myself", "i want to end my life"),
+    cat.SELF_HARM_INSTRUCTIONS: ("painless way to kill yourself", "how to kill yourself"),
+    cat.SEXUAL: ("explicit sex scene", "hardcore porn"),
+    cat.SEXUAL_MINORS: ("child sexual abuse material", "child porn"),
+    cat.VIOLENCE: ("beat him to death", "stab them in the throat"),
+    cat.VIOLENCE_GRAPHIC: ("disembowel", "spilling his intestines"),
+}
+
+# Markers of attempts to override the system's instructions. Input only: a
+# model explaining prompt injection is not an attack.
+INJECTION_PATTERNS: tuple[str, ...] = (
+    r"\b(?:ignore|disregard|forget)\s+(?:all\s+|any\s+)?(?:(?:the|your|my)\s+)?"
+    r"(?:previous|prior|above|earlier|preceding)\s+(?:instructions|prompts?|rules|directions)\b",
+    r"\byou\s+are\s+now\s+(?:DAN|in\s+developer\s+mode|jailbroken|unfiltered)\b",
+    r"\bsystem\s+prompt\s*:",
+    r"\b(?:reveal|print|show|repeat)\s+(?:me\s+)?(?:your|the)\s+(?:system\s+prompt|hidden\s+instructions)\b",
+    r"<\|im_start\|>\s*system",
+    r"\bdeveloper\s+mode\s+enabled\b",
+)
+
+# Digits separated by at most one space or dash: a candidate card number.
+_DIGIT_RUN = re.compile(r"\d(?:[ -]?\d)*")
+_GROUP_SEP = re.compile(r"[ -]")
+# A digit run next to these is part of something longer (a card, an id).
+_NOT_AFTER_DIGITS = r"(?<![\w+])(?<!\d[ .-])"
+_NOT_BEFORE_DIGITS = r"(?!\w)(?![ .-]\d)"
+_EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?!\w)")
+_PHONES = (
+    re.compile(
+        _NOT_AFTER_DIGITS
+        + r"(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}"
+        + _NOT_BEFORE_DIGITS
+    ),
+    re.compile(r"(?<![\w+])\+\d{8,15}(?!\d)"),  # E.164 without separators
+)
+_NATIONAL_IDS = (
+    # US social security number (the area numbers never issued excluded).
+    re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])"),
+    # UK National Insurance number; upper case only, as it is written.
+    re.compile(r"\b[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"),
+)
+OFFLOAD_CHARS = 16_384
+"""Texts longer than this are classified on a worker thread."""
+_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"))
+
+
+_DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # Luhn: 2d, minus 9 when over 9
+
+
+def luhn_valid(digits: str) -> bool:
+    """Whether a string of decimal digits passes the Luhn (mod 10) check."""
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        total += _DOUBLED[int(char)] if position % 2 else int(char)
+    return total % 10 == 0
+
+
+def _run_has_card(run: str) -> bool:
+    """Whether a digit run, or a span of its whole separator-delimited groups
+    (a card may sit next to more digits, such as a CVV), is a card number.
+
+    Each span's Luhn sum comes from prefix sums in O(1), so a long run costs
+    linear time, not quadratic.
+    """
+    groups = _GROUP_SEP.split(run)
+    digits = "".join(groups)
+    if 13 <= len(digits) <= 19 and luhn_valid(digits):
+        return True
+    if len(groups) == 1:
+        return False
+    # odd_doubled[i]: Luhn sum of digits[:i] doubling odd positions; the
+    # right for a span whose last digit sits at an even position.
+    odd_doubled, even_doubled = [0], [0]
+    for position, char in enumerate(digits):
+        value, doubled = int(char), _DOUBLED[int(char)]
+        odd_doubled.append(odd_doubled[-1] + (doubled if position % 2 else value))
+        even_doubled.append(even_doubled[-1] + (value if position % 2 else doubled))
+    offsets = list(itertools.accumulate((len(g) for g in groups), initial=0))
+    for first, start in enumerate(offsets):
+        low = bisect.bisect_left(offsets, start + 13, first + 1)
+        high = bisect.bisect_right(offsets, start + 19, first + 1)
+        for end in offsets[low:high]:
+            sums = odd_doubled if (end - 1) % 2 == 0 else even_doubled
+            if (sums[end] - sums[start]) % 10 == 0:
+                return True
+    return False
+
+
+def contains_card_number(text: str) -> bool:
+    """Whether ``text`` holds a 13-19 digit, Luhn-valid payment card number."""
+    return any(_run_has_card(match.group()) for match in _DIGIT_RUN.finditer(text))
+
+
+def _term_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
+    alternatives = sorted(
+        {r"\s+".join(re.escape(word) for word in term.split()) for term in terms if term.strip()},
+        key=len,
+        reverse=True,
+    )
+    if not alternatives:
+        return None
+    return re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)", re.IGNORECASE)
+
+
+def _normalise(text: str) -> str:
+    # Compatibility forms (full-width letters, ligatures) and invisible
+    # characters are classic ways around a deny list.
+    return unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
+
+
+class RulesBackend(SafetyBackend):
+    """Deny lists, regexes, PII and prompt-injection markers.
+
+    ``deny_terms`` and ``patterns`` (regexes) extend the built-in rules per
+    category; ``builtin=False`` drops the built-in deny terms. Categories in
+    ``report_only`` are reported in the verdict but never block.
+    """
+
+    def __init__(
+        self,
+        *,
+        deny_terms: Mapping[str, Iterable[str]] | None = None,
+        patterns: Mapping[str, Iterable[str]] | None = None,
+        report_only: Collection[str] = (),
+        builtin: bool = True,
+        name: str = "rules",
+    ) -> None:
+        self.name = name
+        self._report_only = frozenset(require_categories(report_only))
+        terms: dict[str, list[str]] = {
+            c: list(BUILTIN_DENY_TERMS.get(c, ())) if builtin else [] for c in cat.ALL_CATEGORIES
+        }
+        for category, extra in (deny_terms or {}).items():
+            terms[require_categories([category])[0]].extend(extra)
+        self._terms: list[tuple[str, re.Pattern[str]]] = []
+        for category, listed in terms.items():
+            pattern = _term_pattern(listed)
+            if pattern is not None:
+                self._terms.append((category, pattern))
+        self._patterns: list[tuple[str, re.Pattern[str]]] = [
+            (require_categories([category])[0], re.compile(regex, re.IGNORECASE))
+            for category, regexes in (patterns or {}).items()
+            for regex in regexes
+        ]
+        self._injection = [re.compile(p, re.IGNORECASE) for p in INJECTION_PATTERNS]
+
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        if len(text) > OFFLOAD_CHARS:
+            # About a second per megabyte: keep the event loop serving meanwhile.
+            return await asyncio.to_thread(self.classify, text, kind=kind)
+        return self.classify(text, kind=kind)
+
+    def classify(self, text: str, *, kind: CheckKind) -> Verdict:
+        """The same decision as :meth:`check`, synchronously."""
+        normal = _normalise(text)
+        findings: dict[str, str] = {}
+        for category, pattern in self._terms:
+            if pattern.search(normal):
+                findings.setdefault(category, "deny-listed term")
+        for category, pattern in self._patterns:
+            if pattern.search(normal):
+                findings.setdefault(category, "configured pattern")
+        pii = self._pii(normal)
+        if pii:
+            findings.setdefault(cat.PII, pii)
+        if kind == "input" and any(p.search(normal) for p in self._injection):
+            findings.setdefault(cat.PROMPT_INJECTION, "prompt-injection marker")
+        reason = "; ".join(f"{what} ({category})" for category, what in findings.items())
+        return Verdict.of(findings, report_only=self._report_only, reason=reason, backend=self.name)
+
+    @staticmethod
+    def _pii(text: str) -> str:
+        if contains_card_number(text):
+            return "payment card number"
+        if _EMAIL.search(text):
+            return "email address"
+        if any(p.search(text) for p in _PHONES):
+            return "phone number"
+        if any(p.search(text) for p in _NATIONAL_IDS):
+            return "national id number"
+        return ""

@@ -1,0 +1,300 @@
+"""InputFilter and StreamingOutputFilter: blocking, windows, failing closed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmmesh.errors import PermissionDenied, Reason, Unavailable
+from region.safety import (
+    InputFilter,
+    OutputDecision,
+    RulesBackend,
+    SafetyBackend,
+    SafetySettings,
+    StreamingOutputFilter,
+    Verdict,
+    build_filters,
+)
+from region.safety.verdict import CheckKind
+
+PHRASE = "forbidden phrase"
+# Words that hold the deny term "ass" inside them: never a match.
+WORDS = ["assassin", "classic", "embarrass", "bass", "passage", "mass", "the", "a", "é", "日本語", "x_y"]
+SEPARATORS = [" ", "  ", "\n", ", ", ". ", "-", "'", "\t"]
+
+
+class RaisingBackend(SafetyBackend):
+    name = "broken"
+
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        raise ConnectionError("safety service down")
+
+
+class HangingBackend(SafetyBackend):
+    name = "slow"
+
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class RecordingBackend(SafetyBackend):
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        self.texts.append(text)
+        return Verdict.safe(self.name)
+
+
+def rules_with_phrase() -> RulesBackend:
+    return RulesBackend(deny_terms={"violence": [PHRASE, "ass"]}, builtin=False)
+
+
+async def stream(output: StreamingOutputFilter, deltas: Sequence[str]) -> tuple[str, Verdict | None]:
+    """Feed ``deltas``; what was released and the verdict that stopped it."""
+    released = ""
+    fed = ""
+    for delta in deltas:
+        decision = await output.feed(delta)
+        released += decision.release
+        fed += delta
+        if decision.stopped is not None:
+            return released, decision.stopped
+        assert released + output.held == fed
+    decision = await output.finish()
+    return released + decision.release, decision.stopped
+
+
+def split_at(text: str, cuts: Sequence[int]) -> list[str]:
+    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    return [text[a:b] for a, b in itertools.pairwise(points)]
+
+
+# ----------------------------------------------------------------- input
+
+
+@pytest.mark.asyncio
+async def test_input_filter_blocks_with_categories_and_backend() -> None:
+    checker = InputFilter([RulesBackend()])
+    with pytest.raises(PermissionDenied) as caught:
+        await checker.check([("system", "Be kind."), ("user", "I want to kill myself")])
+    error = caught.value
+    assert error.code == grpc.StatusCode.PERMISSION_DENIED
+    assert error.reason == Reason.CONTENT_FILTERED
+    assert error.metadata == {"categories": "self-harm/intent", "backend": "rules"}
+    assert "kill" not in error.message
+
+
+@pytest.mark.asyncio
+async def test_input_filter_catches_a_phrase_split_across_messages() -> None:
+    with pytest.raises(PermissionDenied):
+        await InputFilter([RulesBackend()]).check([("user", "I want to kill"), ("user", "myself")])
+
+
+@pytest.mark.asyncio
+async def test_input_filter_passes_clean_messages_and_skips_empty_ones() -> None:
+    seen = RecordingBackend()
+    checker = InputFilter([RulesBackend(), seen])
+    await checker.check([("system", "You are helpful."), ("user", "What is a KV cache?")])
+    assert seen.texts == ["You are helpful.\n\nWhat is a KV cache?"]
+    await checker.check([("user", "")])
+    assert len(seen.texts) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("broken", [RaisingBackend(), HangingBackend()])
+async def test_input_filter_fails_closed(broken: SafetyBackend) -> None:
+    checker = InputFilter([RulesBackend(), broken], timeout_s=0.01, retry_after_s=2.5)
+    with pytest.raises(Unavailable) as caught:
+        await checker.check([("user", "hello")])
+    assert caught.value.reason == Reason.SAFETY_UNAVAILABLE
+    assert caught.value.retry_after_s == 2.5
+    assert caught.value.metadata == {"backend": broken.name}
+
+
+@pytest.mark.asyncio
+async def test_a_flag_wins_over_a_later_broken_backend() -> None:
+    checker = InputFilter([RulesBackend(), RaisingBackend()])
+    with pytest.raises(PermissionDenied):
+        await checker.check([("user", "how to kill yourself")])
+
+
+# ----------------------------------------------------------------- output
+
+
+@pytest.mark.asyncio
+async def test_phrase_split_across_deltas_is_caught_before_release() -> None:
+    text = "word " * 80 + PHRASE + " and then " + "more " * 80
+    at = text.index(PHRASE)
+    deltas = [text[:at], "forb", "idden ", "phr", "ase", text[at + len(PHRASE) :]]
+    output = StreamingOutputFilter([rules_with_phrase()], window_chars=64, overlap_chars=24)
+    released, stopped = await stream(output, deltas)
+    assert stopped is not None
+    assert stopped.categories == ("violence",)
+    assert text.startswith(released)
+    assert len(released) <= at
+    assert await output.feed("even more text") == OutputDecision("", stopped)
+    assert await output.finish() == OutputDecision("", stopped)
+    assert output.stopped is stopped
+
+
+@pytest.mark.asyncio
+async def test_clean_stream_releases_everything_and_holds_back_the_overlap() -> None:
+    output = StreamingOutputFilter([RulesBackend()], window_chars=32, overlap_chars=8)
+    first = await output.feed("a" * 10 + " " + "b" * 30 + " ")
+    assert first.stopped is None
+    assert first.release == ("a" * 10 + " " + "b" * 30 + " ")[:-8]
+    assert output.held == "b" * 7 + " "
+    last = await output.finish()
+    assert last == OutputDecision("b" * 7 + " ")
+    assert output.held == ""
+
+
+@pytest.mark.asyncio
+async def test_a_window_never_ends_inside_an_unfinished_word() -> None:
+    output = StreamingOutputFilter([rules_with_phrase()], window_chars=32, overlap_chars=8)
+    released, stopped = await stream(output, ["a long ", "ass", "assin", " story"])
+    assert stopped is None
+    assert released == "a long assassin story"
+    released, stopped = await stream(
+        StreamingOutputFilter([rules_with_phrase()], 32, 8), ["a long ", "ass", " story"]
+    )
+    assert stopped is not None
+    assert released == ""
+
+
+@pytest.mark.asyncio
+async def test_judge_style_checks_run_only_on_full_windows() -> None:
+    seen = RecordingBackend()
+    output = StreamingOutputFilter([seen], window_chars=40, overlap_chars=10, min_check_chars=30)
+    released = ""
+    for _ in range(10):
+        released += (await output.feed("abc ")).release
+    assert seen.texts == ["abc " * 7]
+    assert released == ("abc " * 7)[:-10]
+    released += (await output.finish()).release
+    assert seen.texts == ["abc " * 7, "abc " * 10]
+    assert released == "abc " * 10
+
+
+@given(
+    words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=120),
+    separators=st.lists(st.sampled_from(SEPARATORS), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(0, 10_000), max_size=40),
+    window=st.integers(2, 96),
+    data=st.data(),
+)
+def test_clean_text_is_released_exactly_in_order(
+    words: list[str], separators: list[str], cuts: list[int], window: int, data: st.DataObject
+) -> None:
+    text = "".join(w + separators[i % len(separators)] for i, w in enumerate(words))
+    overlap = data.draw(st.integers(0, window - 1))
+    min_check = data.draw(st.integers(1, window - overlap))
+    output = StreamingOutputFilter(
+        [rules_with_phrase(), RulesBackend()], window, overlap, min_check_chars=min_check
+    )
+    released, stopped = asyncio.run(stream(output, split_at(text, cuts)))
+    assert stopped is None
+    assert released == text
+
+
+@given(
+    before=st.lists(st.sampled_from(WORDS), max_size=60),
+    after=st.lists(st.sampled_from(WORDS), max_size=60),
+    cuts=st.lists(st.integers(0, 10_000), max_size=40),
+    extra=st.integers(1, 80),
+    data=st.data(),
+)
+def test_a_phrase_within_the_overlap_is_always_caught_before_release(
+    before: list[str], after: list[str], cuts: list[int], extra: int, data: st.DataObject
+) -> None:
+    head = " ".join(before) + " "
+    text = head + PHRASE + " " + " ".join(after)
+    overlap = data.draw(st.integers(len(PHRASE), len(PHRASE) + 40))
+    window = overlap + extra
+    min_check = data.draw(st.integers(1, window - overlap))
+    output = StreamingOutputFilter([rules_with_phrase()], window, overlap, min_check_chars=min_check)
+    released, stopped = asyncio.run(stream(output, split_at(text, cuts)))
+    assert stopped is not None
+    assert len(released) <= len(head)
+    assert text.startswith(released)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("broken", [RaisingBackend(), HangingBackend()])
+async def test_output_filter_fails_closed_and_stays_failed(broken: SafetyBackend) -> None:
+    output = StreamingOutputFilter([RulesBackend(), broken], 32, 8, timeout_s=0.01)
+    with pytest.raises(Unavailable) as caught:
+        await output.feed("hello there ")
+    assert caught.value.reason == Reason.SAFETY_UNAVAILABLE
+    assert caught.value.retry_after_s == 1.0
+    with pytest.raises(Unavailable):
+        await output.finish()
+
+
+def test_output_filter_rejects_bad_windows() -> None:
+    with pytest.raises(ValueError, match="overlap"):
+        StreamingOutputFilter([], window_chars=10, overlap_chars=10)
+    with pytest.raises(ValueError, match="min_check"):
+        StreamingOutputFilter([], 10, 4, min_check_chars=7)
+
+
+@pytest.mark.asyncio
+async def test_feed_after_finish_is_an_error() -> None:
+    output = StreamingOutputFilter([], 10, 4)
+    assert await output.finish() == OutputDecision("")
+    with pytest.raises(RuntimeError):
+        await output.feed("late")
+
+
+# ----------------------------------------------------------------- factory
+
+
+async def _judge_never_called(turns: list[tuple[str, str]], max_tokens: int) -> str:
+    raise AssertionError("the judge was called")
+
+
+def test_build_filters_chooses_backends_by_name() -> None:
+    rules_only = build_filters(SafetySettings(safety_report_only="pii"))
+    assert [b.name for b in rules_only.backends] == ["rules"]
+    assert rules_only.min_check_chars == 1
+    both = build_filters(SafetySettings(safety_backends="both"), judge=_judge_never_called)
+    assert [b.name for b in both.backends] == ["rules", "judge"]
+    assert both.min_check_chars == 256 - 64
+    judge_only = build_filters(SafetySettings(safety_backends=" judge "), judge=_judge_never_called)
+    assert [b.name for b in judge_only.backends] == ["judge"]
+    assert build_filters(SafetySettings(safety_backends="none")).backends == ()
+    assert both.new_output_filter() is not both.new_output_filter()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (SafetySettings(safety_backends="judge"), "needs a model"),
+        (SafetySettings(safety_backends="rules,openai"), "unknown safety backend"),
+        (SafetySettings(safety_report_only="nsfw"), "unknown safety category"),
+        (SafetySettings(safety_deny_terms="gore=x"), "unknown safety category"),
+        (SafetySettings(safety_window_chars=64, safety_overlap_chars=64), "overlap"),
+    ],
+)
+def test_build_filters_rejects_bad_settings(values: SafetySettings, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_filters(values)
+
+
+@pytest.mark.asyncio
+async def test_built_filters_use_configured_terms_and_report_only() -> None:
+    filters = build_filters(SafetySettings(safety_deny_terms="violence=knee him", safety_report_only="pii"))
+    await filters.input_filter.check([("user", "mail jane@example.com")])
+    with pytest.raises(PermissionDenied):
+        await filters.input_filter.check([("user", "knee him")])
