@@ -51,7 +51,10 @@ from llmmesh.v1 import common_pb2
 DEFAULT_TIER_WEIGHTS: Mapping[str, float] = MappingProxyType({"free": 1.0, "pro": 4.0, "enterprise": 8.0})
 
 # vLLM schedules lower priority values first.
-ENGINE_PRIORITY: Mapping[str, int] = MappingProxyType({"enterprise": 0, "pro": 1, "free": 2})
+# An unset tier is served as free, as the policy treats it.
+ENGINE_PRIORITY: Mapping[str, int] = MappingProxyType(
+    {"enterprise": 0, "pro": 1, "free": 2, "unspecified": 2}
+)
 UNKNOWN_TIER_PRIORITY = 3
 
 # Slack for comparing virtual times, which are sums of 1/weight.
@@ -70,7 +73,7 @@ def tier_name(tier: common_pb2.Tier.ValueType) -> str:
 
 def engine_priority(tier: str | common_pb2.Tier.ValueType) -> int:
     """The vLLM request priority of a tier (a name or the tenant tier enum):
-    enterprise 0, pro 1, free 2; any other tier runs last."""
+    enterprise 0, pro 1, free and unset 2; a tier this build does not know runs last."""
     name = tier if isinstance(tier, str) else tier_name(tier)
     return ENGINE_PRIORITY.get(name, UNKNOWN_TIER_PRIORITY)
 

@@ -26,6 +26,7 @@ from llmmesh.v1 import (
     model_registry_service_pb2,
 )
 from region.engine_pool import EnginePodHandle, EnginePool
+from region.fair_queue import engine_priority
 from region.model_policy import require_allowed, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.settings import RegionSettings
@@ -35,14 +36,6 @@ from region.zone_store.rows import AssistantMessage
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
-
-# vLLM schedules lower priority values first.
-TIER_PRIORITY: dict[int, int] = {
-    common_pb2.TIER_ENTERPRISE: 0,
-    common_pb2.TIER_PRO: 1,
-    common_pb2.TIER_FREE: 2,
-    common_pb2.TIER_UNSPECIFIED: 2,
-}
 
 _RETRYABLE_BEFORE_OUTPUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
@@ -163,7 +156,7 @@ class ChatGateway:
                         model=model.name,
                         messages=start.messages,
                         sampling=start.sampling,
-                        priority=TIER_PRIORITY.get(caller.tier, 2),
+                        priority=engine_priority(caller.tier),
                         resume_output_token_ids=start.continuation.emitted_token_ids,
                     )
                 )

@@ -265,7 +265,7 @@ def test_engine_priority_runs_higher_tiers_first() -> None:
     assert [engine_priority(t) for t in ("enterprise", "pro", "free", "trial")] == [0, 1, 2, 3]
     assert engine_priority(common_pb2.TIER_ENTERPRISE) == 0
     assert engine_priority(common_pb2.TIER_FREE) == 2
-    assert engine_priority(common_pb2.TIER_UNSPECIFIED) == 3
+    assert engine_priority(common_pb2.TIER_UNSPECIFIED) == 2  # served as free, as the gateway always did
     assert tier_name(common_pb2.TIER_PRO) == "pro"
 
 
