@@ -20,7 +20,7 @@ from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from region.kv_events_feed import Backoff, KvEventSubscriber
 from region.kv_index import ApplyOutcome, InMemoryPrefixIndex
 from tests.engine.support import collect
-from tests.region.test_kv_index import (
+from tests.region.support import (
     POD,
     QUESTION,
     Stub,

@@ -20,7 +20,7 @@ from region.kv_events_feed import Backoff, KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndexError
 from region.router import KvAffinityRouter, RoutingDecision, RoutingPolicy, RoutingTuning
 from region.tokenizer_client import TokenizerClient
-from tests.region.test_kv_index import BLOCK, Reply, chat, generate, pod_settings, sim
+from tests.region.support import BLOCK, Reply, chat, generate, pod_settings, sim
 from tests.stack import wait_until
 
 MODEL = "llmmesh-tiny"
