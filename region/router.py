@@ -37,7 +37,8 @@ from llmmesh.errors import Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2, engine_service_pb2
 from region.engine_pool import EnginePodHandle, EnginePool
-from region.kv_index import PrefixIndex, PrefixIndexError, RecentPrefixes
+from region.kv_index import PrefixIndex, PrefixIndexError
+from region.recent_prefixes import RecentPrefixes
 from region.tokenizer_client import TokenizerClient
 
 log = logging.getLogger(__name__)

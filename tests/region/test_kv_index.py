@@ -26,11 +26,11 @@ from region.kv_index import (
     InMemoryPrefixIndex,
     PodCursor,
     PrefixIndex,
-    RecentPrefixes,
-    RedisPrefixIndex,
     ResetReason,
     prefix_block_hashes,
 )
+from region.kv_index_redis import RedisPrefixIndex
+from region.recent_prefixes import RecentPrefixes
 from tests.region.support import (
     BLOCK,
     POD,
