@@ -19,9 +19,9 @@ from region.ratelimit import (
     LocalRateLimiter,
     RateLimiter,
     RateLimits,
-    RedisRateLimiter,
     Reservation,
 )
+from region.ratelimit_redis import RedisRateLimiter
 
 US = 1_000_000
 
