@@ -28,6 +28,40 @@ class RegionSettings:
     engine_health_interval_ms: int = setting(1000, "milliseconds between engine pod health checks")
     max_messages: int = setting(2048, "most messages one turn may carry")
     max_message_chars: int = setting(1_000_000, "most characters one message may carry")
+    routing_policy: str = setting(
+        "precise", "how turns are placed on pods: precise, approximate, round_robin or least_loaded"
+    )
+    redis_url: str = setting(
+        "",
+        "Redis URL shared by this region's gateway replicas (rate limits, prefix index); "
+        "empty keeps them in this process",
+    )
+    load_refresh_ms: int = setting(200, "milliseconds between engine load polls for routing")
+    admission_overcommit: float = setting(
+        2.0, "turns admitted to the engines per engine batch slot; more wait in the fair queue"
+    )
+    admission_reserve: float = setting(
+        0.125, "share of admission slots the free tier may not fill, kept for paying tiers"
+    )
+    admission_max_waiting: int = setting(1000, "most turns waiting for admission; more are shed")
+    default_output_tokens: int = setting(
+        1024, "output tokens reserved against TPM limits when a turn does not set max_tokens"
+    )
+    quota_refresh_ms: int = setting(
+        30_000, "milliseconds between month-to-date usage reads from billing for quotas"
+    )
+    safety_backends: str = setting("rules", "comma-separated safety backends: rules, judge, both or none")
+    safety_report_only: str = setting("", "comma-separated categories that are reported but never block")
+    safety_deny_terms: str = setting("", "extra deny-list terms, as 'category=term|term;category=term'")
+    safety_timeout_s: float = setting(5.0, "seconds one safety backend may take before the turn fails")
+    safety_retry_after_s: float = setting(1.0, "retry delay suggested when the safety check is unavailable")
+    safety_window_chars: int = setting(256, "characters of streamed output one safety check sees")
+    safety_overlap_chars: int = setting(
+        64, "characters consecutive output windows share; held back until rechecked"
+    )
+    safety_judge_model: str = setting(
+        "", "model the judge backend asks; empty uses the turn's own model family's default"
+    )
     zone_store_url: str = setting(
         "",
         "SQLAlchemy URL of the zone's conversation store; empty means sqlite:///$LLMMESH_HOME/zone-ZONE.db",
