@@ -3,13 +3,18 @@ reflection and graceful drain, and channels with the mesh's options."""
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from llmmesh.errors import InvalidArgument, Reason
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,102 @@ def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
+class _Undecodable:
+    """A request message that did not parse (invalid UTF-8 in a string
+    field, truncated bytes), in place of the message."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+    def invalid(self) -> InvalidArgument:
+        return InvalidArgument(Reason.INVALID_REQUEST, f"the request message does not parse: {self.error}")
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def run(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except DecodeError as err:
+            return _Undecodable(err)
+
+    return run
+
+
+async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            await request.invalid().abort(context)
+        yield request
+
+
+def _checking(handler: Any) -> Any:
+    """``handler`` (an RpcMethodHandler) answering an undecodable request
+    with INVALID_ARGUMENT and ErrorInfo, instead of the INTERNAL grpc gives
+    when a deserializer raises."""
+    kind = next(
+        k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k)
+    )
+    inner = getattr(handler, kind)
+    if kind.startswith("unary"):
+
+        async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                await request.invalid().abort(context)
+            return request
+
+        if inspect.isasyncgenfunction(inner):
+
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async for response in inner(await check(request, context), context):
+                    yield response
+
+            behavior: Any = unary_stream
+        else:
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await inner(await check(request, context), context)
+
+            behavior = unary
+    elif inspect.isasyncgenfunction(inner):
+
+        async def stream_stream(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            async for response in inner(_checked(requests, context), context):
+                yield response
+
+        behavior = stream_stream
+    else:
+
+        async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            return await inner(_checked(requests, context), context)
+
+        behavior = stream_unary
+    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: behavior})
+
+
+class _DecodeCheckingServer:
+    """What generated ``add_*Servicer_to_server`` functions register on:
+    the real server, with every method handler made :func:`_checking`."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+        self._handlers: dict[str, Mapping[str, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
+        # Generated code registers each service both ways; the registered
+        # method handlers (below) carry the same methods, already wrapped.
+        del handlers
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Mapping[str, Any]) -> None:
+        wrapped = {name: _checking(handler) for name, handler in method_handlers.items()}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, wrapped),))
+        self._server.add_registered_method_handlers(service_name, wrapped)
+
+
 class GrpcServer:
     """A ``grpc.aio`` server with health and reflection.
 
@@ -60,7 +161,7 @@ class GrpcServer:
         self._host = host
         self._port = port
         self.address = ""
-        register(self._server)
+        register(_DecodeCheckingServer(self._server))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server

@@ -1,13 +1,15 @@
-"""The region's engine pods: channels, health and a placement choice.
+"""The region's engine pods: channels, health and what each one is.
 
-Placement here is least-loaded over healthy pods; the KV-affinity router
-replaces it behind the same ``pick`` call.
+Placement is the KV-affinity router's (:mod:`region.router`); ``pick`` is
+the plain least-loaded choice for callers without a router (the safety
+judge's model calls).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -56,6 +58,7 @@ class EnginePool:
             )
         self._interval_s = health_interval_s
         self._task: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def pods(self) -> list[EnginePodHandle]:
@@ -69,9 +72,30 @@ class EnginePool:
     def models(self) -> list[str]:
         return sorted({p.model for p in self._pods if p.model})
 
+    def context_window(self, model: str) -> int:
+        """The smallest context window of the known pods serving ``model``
+        (0 when none is known yet)."""
+        windows = [
+            p.info.context_window
+            for p in self._pods
+            if p.info.context_window and (not model or p.model == model)
+        ]
+        return min(windows, default=0)
+
+    @property
+    def batch_slots(self) -> int:
+        """Generations the healthy pods can batch at once."""
+        return sum(p.info.max_num_seqs for p in self._pods if p.healthy)
+
+    def on_checked(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every health round (pods may have come or gone)."""
+        self._listeners.append(listener)
+
     async def check(self) -> None:
         """Probe every pod once; learn its identity the first time it answers."""
         await asyncio.gather(*(self._check_pod(p) for p in self._pods))
+        for listener in self._listeners:
+            listener()
 
     async def _check_pod(self, pod: EnginePodHandle) -> None:
         try:
@@ -79,11 +103,14 @@ class EnginePool:
                 health_pb2.HealthCheckRequest(service="llmmesh.v1.EngineService"), timeout=2.0
             )
             serving = resp.status == health_pb2.HealthCheckResponse.SERVING
-            if serving and not pod.pod_id:
-                pod.info = await pod.stub.GetEngineInfo(
-                    engine_service_pb2.GetEngineInfoRequest(), timeout=2.0
-                )
-                pod.pod_id, pod.model = pod.info.pod_id, pod.info.model
+            if serving and (not pod.pod_id or not pod.healthy):
+                # First contact, or back from down: it may have restarted
+                # with another model, window or instance.
+                info = await pod.stub.GetEngineInfo(engine_service_pb2.GetEngineInfoRequest(), timeout=2.0)
+                if pod.info.instance_id and info.instance_id != pod.info.instance_id:
+                    log.info("engine pod %s (%s) restarted", info.pod_id, pod.address)
+                pod.info = info
+                pod.pod_id, pod.model = info.pod_id, info.model
         except grpc.aio.AioRpcError:
             serving = False
         if serving != pod.healthy:

@@ -16,6 +16,13 @@ tiers, so no tier starves. An idle tier banks no credit, because its next
 head starts at ``V``. So a flood of free turns delays a newly arrived pro
 turn by at most one slot release.
 
+Headroom for paying tiers: with ``reserve`` > 0, the tiers of the smallest
+weight (free) may fill only ``capacity - reserve`` slots. A flood of free
+turns then leaves slots open, and a pro turn arriving into it is admitted at
+once; the engine's priority scheduling (``engine_priority``) runs it in the
+next step, preempting a free generation if the batch is full. Without the
+reserve it would wait for one slot release.
+
 The queue is bounded:
 
 - At most ``max_waiting`` turns wait. When it is full, an arrival that would
@@ -146,12 +153,14 @@ class FairQueue:
         clock: Callable[[], float] = time.monotonic,
         hold_samples: int = 64,
         default_retry_after_s: float = 1.0,
+        reserve: int = 0,
     ) -> None:
-        if capacity < 0 or max_waiting < 0 or hold_samples < 1:
-            raise ValueError("capacity and max_waiting must be >= 0 and hold_samples >= 1")
+        if capacity < 0 or max_waiting < 0 or hold_samples < 1 or reserve < 0:
+            raise ValueError("capacity, max_waiting and reserve must be >= 0 and hold_samples >= 1")
         if any(w <= 0 for w in weights.values()):
             raise ValueError(f"tier weights must be > 0, got {dict(weights)}")
         self._capacity = capacity
+        self._reserve = reserve
         self._max_waiting = max_waiting
         self._clock = clock
         self._default_weight = min(weights.values(), default=1.0)
@@ -166,13 +175,22 @@ class FairQueue:
     def capacity(self) -> int:
         return self._capacity
 
-    def set_capacity(self, capacity: int) -> None:
-        """Follow the region's batch slots. Raising it admits waiters at once;
-        lowering it admits no one until running turns drop below it."""
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
+    def set_capacity(self, capacity: int, reserve: int | None = None) -> None:
+        """Follow the region's batch slots (and the free tier's headroom, when
+        given). Raising it admits waiters at once; lowering it admits no one
+        until running turns drop below it."""
+        if capacity < 0 or (reserve is not None and reserve < 0):
+            raise ValueError(f"capacity and reserve must be >= 0, got {capacity} and {reserve}")
         self._capacity = capacity
+        if reserve is not None:
+            self._reserve = reserve
         self._dispatch()
+
+    def _limit(self, state: _Tier) -> int:
+        """Slots ``state``'s tier may fill: all but the reserve for the lightest tiers."""
+        if self._reserve and state.weight <= self._default_weight:
+            return max(0, self._capacity - self._reserve)
+        return self._capacity
 
     @contextlib.asynccontextmanager
     async def admit(self, tier: str, deadline_s: float | None = None) -> AsyncIterator[Ticket]:
@@ -194,7 +212,9 @@ class FairQueue:
         leaves the queue; the queue does not time waiters out itself.
         """
         state = self._tier(tier)
-        if self._running < self._capacity and not self._waiting():
+        # Every waiter is blocked by its tier's limit (``_dispatch`` admits
+        # the others), so a free slot under this tier's limit is its to take.
+        if self._running < self._limit(state):
             return self._grant(state)
         self._make_room(state, deadline_s)
         waiter = _Waiter(state, next(self._seq), asyncio.get_running_loop().create_future())
@@ -216,9 +236,10 @@ class FairQueue:
     def expected_wait_s(self, tier: str) -> float | None:
         """How long a turn of ``tier`` arriving now would wait for a slot;
         None while there is no service rate to go by."""
-        if self._running < self._capacity and not self._waiting():
+        state = self._tier(tier)
+        if self._running < self._limit(state):
             return 0.0
-        return self._expected_wait(self._tier(tier))
+        return self._expected_wait(state)
 
     def stats(self) -> QueueStats:
         return QueueStats(
@@ -254,7 +275,7 @@ class FairQueue:
 
     def _dispatch(self) -> None:
         while self._running < self._capacity:
-            backlogged = [t for t in self._tiers.values() if t.queue]
+            backlogged = [t for t in self._tiers.values() if t.queue and self._running < self._limit(t)]
             if not backlogged:
                 break
             state = min(backlogged, key=lambda t: (t.head_finish, t.queue[0].seq))

@@ -1,19 +1,29 @@
 """The region gateway: one chat turn from an authenticated start message to
-its metered end, across the engine pod that serves it."""
+its metered end, across the engine pod that serves it.
+
+A turn goes through, in order: authentication (the cached policy
+snapshot), validation, model resolution, the input safety filter (before
+any engine work), the context (a conversation's stored history fitted into
+the model's window, counted in the engine's tokens), admission (the key's
+RPM/TPM limits, the tenant's monthly quota, a slot from the weighted fair
+queue), placement by the KV-affinity router, and the engine stream, whose
+output passes the streaming safety filter. Whatever was delivered is
+recorded with its usage in one zone-store transaction, then billed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
 from google.protobuf import timestamp_pb2
 
-from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
+from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -25,19 +35,34 @@ from llmmesh.v1 import (
     engine_service_pb2,
     model_registry_service_pb2,
 )
+from region.admission import Admission, Admitted
+from region.context_builder import fit_context
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.fair_queue import engine_priority
+from region.filtered_output import FilteredOutput
 from region.model_policy import require_allowed, turn_cost
 from region.policy_cache import Caller, PolicyCache
+from region.router import KvAffinityRouter
+from region.safety import SafetyFilters
 from region.settings import RegionSettings
+from region.tokenizer_client import TokenizerClient
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AssistantMessage
+from region.zone_store.rows import AssistantMessage, Role
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE_BEFORE_OUTPUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+# What a queued turn keeps of its caller's deadline for the turn itself.
+_DEADLINE_MARGIN_S = 0.1
+
+_STORED_ROLES = {
+    Role.SYSTEM: common_pb2.CHAT_ROLE_SYSTEM,
+    Role.USER: common_pb2.CHAT_ROLE_USER,
+    Role.ASSISTANT: common_pb2.CHAT_ROLE_ASSISTANT,
+}
 
 
 class _PodFailedEarly(Exception):
@@ -46,15 +71,18 @@ class _PodFailedEarly(Exception):
 
 @dataclass
 class TurnMeter:
-    """Token counts of one turn as they accrue."""
+    """Token counts of one turn as they accrue. ``output_tokens`` counts
+    what was delivered to the caller, which is what is billed."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
     output_tokens: int = 0
+    generated_tokens: int = 0
     started: bool = False
     reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
-    # The reply as streamed, for the zone store.
+    # The reply as delivered, for the zone store.
     text_parts: list[str] = field(default_factory=list)
+    sequence: int = 0
 
     def usage(self) -> common_pb2.TokenUsage:
         return common_pb2.TokenUsage(
@@ -64,6 +92,33 @@ class TurnMeter:
         )
 
 
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A validated turn, ready for admission: what the engine will see."""
+
+    request_id: str
+    model: model_registry_service_pb2.Model
+    messages: tuple[common_pb2.ChatMessage, ...]
+    token_ids: tuple[int, ...]
+    # The most output tokens the turn may produce (for TPM and quota).
+    max_output_tokens: int
+    conversation_id: str | None
+    # The new user text stored with the reply, for conversation turns.
+    user_text: str | None
+    dropped_messages: int = 0
+
+
+@dataclass
+class _Turn:
+    """One running turn's state across attempts and its ending."""
+
+    caller: Caller
+    prepared: PreparedTurn
+    admitted: Admitted
+    meter: TurnMeter = field(default_factory=TurnMeter)
+    record: asyncio.Task[str] | None = None
+
+
 def _now() -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.GetCurrentTime()
@@ -71,7 +126,7 @@ def _now() -> timestamp_pb2.Timestamp:
 
 
 class ChatGateway:
-    """Authenticates, validates, places and meters chat turns."""
+    """Authenticates, validates, admits, places and meters chat turns."""
 
     def __init__(
         self,
@@ -79,6 +134,10 @@ class ChatGateway:
         policy: PolicyCache,
         models: ModelResolver,
         pool: EnginePool,
+        router: KvAffinityRouter,
+        tokenizer: TokenizerClient,
+        admission: Admission,
+        safety: SafetyFilters | None,
         store: ZoneStore,
         shipper: UsageShipper,
         now: Callable[[], timestamp_pb2.Timestamp] = _now,
@@ -87,76 +146,168 @@ class ChatGateway:
         self._policy = policy
         self._models = models
         self._pool = pool
+        self._router = router
+        self._tokenizer = tokenizer
+        self._admission = admission
+        self._safety = safety
         self._store = store
         self._shipper = shipper
         self._now = now
         # Turn records being written; a drain waits for them.
-        self._recording: set[asyncio.Task[None]] = set()
+        self._recording: set[asyncio.Task[str]] = set()
+
+    @property
+    def admission(self) -> Admission:
+        return self._admission
 
     async def run_turn(
-        self, start: chat_service_pb2.ChatStart, secret: str | None, cancel: asyncio.Event
+        self,
+        start: chat_service_pb2.ChatStart,
+        secret: str | None,
+        cancel: asyncio.Event,
+        deadline_s: float | None = None,
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         """Stream the events of one turn.
 
         Errors before the first event are raised as MeshError; later ones end
-        the stream with an ``error`` event. Whatever ran is metered once, also
-        when the caller goes away (the generator is closed or cancelled).
+        the stream with an ``error`` event. Whatever was delivered is metered
+        once, also when the caller goes away (the generator is closed or
+        cancelled). ``deadline_s`` is how long the caller will wait; a turn
+        that would queue longer than that is shed at once.
         """
         caller = self._policy.authenticate(secret)
         validate_start(start, self._settings.max_messages, self._settings.max_message_chars)
         model = await self._models.resolve(start.model, caller.tier)
         require_allowed(model, list(caller.tenant.allowed_models))
-        request_id = start.request_id or new_id("req")
-        meter = TurnMeter()
-        tried: set[str] = set()
+        if self._safety is not None:
+            await self._safety.input_filter.check(
+                [(common_pb2.ChatRole.Name(m.role), m.content) for m in start.messages]
+            )
+        prepared = await self._prepare(caller, model, start)
+        queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
+        admitted = await self._admission.admit(
+            caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
+        )
+        turn = _Turn(caller, prepared, admitted)
         try:
-            while True:
-                pod = self._pool.pick(model.name, frozenset(tried))
-                try:
-                    async for event in self._run_on_pod(pod, start, caller, model, request_id, meter, cancel):
-                        yield event
-                    return
-                except _PodFailedEarly:
-                    tried.add(pod.address)
-                    self._pool.mark_failed(pod)
-                    log.warning(
-                        "turn %s: pod %s failed before output; trying another", request_id, pod.pod_id
-                    )
+            async for event in self._place_and_stream(turn, start, cancel):
+                yield event
         except asyncio.CancelledError:
-            meter.reason = common_pb2.FINISH_REASON_CANCELLED
+            turn.meter.reason = common_pb2.FINISH_REASON_CANCELLED
             raise
         finally:
-            if meter.started:
-                # Its own task: a client that goes away cancels this
-                # generator, never the write of what it was billed for.
-                record = asyncio.create_task(self._record_turn(caller, model, request_id, meter))
-                self._recording.add(record)
-                record.add_done_callback(self._recording.discard)
+            admitted.release_slot()
+            if turn.record is None:
+                self._start_record(turn)
+
+    async def _prepare(
+        self, caller: Caller, model: model_registry_service_pb2.Model, start: chat_service_pb2.ChatStart
+    ) -> PreparedTurn:
+        """The engine's view of the turn: a conversation's history fitted into
+        the window, the prompt tokens as the engine counts them."""
+        request_id = start.request_id or new_id("req")
+        window = self._pool.context_window(model.name)
+        sampling = start.sampling
+        requested = sampling.max_tokens if sampling.HasField("max_tokens") else None
+        messages: Sequence[common_pb2.ChatMessage] = start.messages
+        conversation_id: str | None = None
+        user_text: str | None = None
+        dropped = 0
+        if start.conversation_id:
+            conversation = await self._store.get_conversation(caller.tenant_id, start.conversation_id)
+            conversation_id = conversation.id
+            stored = await self._store.messages(caller.tenant_id, conversation.id)
+            system = [m for m in start.messages if m.role == common_pb2.CHAT_ROLE_SYSTEM]
+            if not system and conversation.system_prompt:
+                system = [
+                    common_pb2.ChatMessage(
+                        role=common_pb2.CHAT_ROLE_SYSTEM, content=conversation.system_prompt
+                    )
+                ]
+            new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
+            history = [
+                common_pb2.ChatMessage(role=_STORED_ROLES[row.role], content=row.content)
+                for row in stored
+                if row.role in _STORED_ROLES and row.role != Role.SYSTEM and row.content
+            ]
+            user_text = "\n\n".join(m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER)
+            if window:
+
+                async def count(candidate: Sequence[common_pb2.ChatMessage]) -> int:
+                    return len(await self._tokenizer.tokenize(model.name, candidate))
+
+                fitted = await fit_context(
+                    system,
+                    history,
+                    new,
+                    window_tokens=window,
+                    # Without max_tokens, history leaves a reply room to be useful.
+                    reserve_output_tokens=requested or min(self._settings.default_output_tokens, window // 4),
+                    count_tokens=count,
+                )
+                messages, dropped = fitted.messages, fitted.dropped_messages
+            else:
+                messages = [*system, *history, *new]
+        token_ids = await self._tokenizer.tokenize(model.name, messages)
+        if window and len(token_ids) + (requested or 1) > window:
+            raise InvalidArgument(
+                Reason.PROMPT_TOO_LONG,
+                f"the prompt has {len(token_ids)} tokens and max_tokens asks for {requested or 1} more; "
+                f"model {model.name} has a context window of {window} tokens",
+                metadata={"param": "messages"},
+            )
+        room = window - len(token_ids) if window else requested or self._settings.default_output_tokens
+        max_output = requested or min(self._settings.default_output_tokens, room)
+        return PreparedTurn(
+            request_id, model, tuple(messages), token_ids, max_output, conversation_id, user_text, dropped
+        )
+
+    async def _place_and_stream(
+        self, turn: _Turn, start: chat_service_pb2.ChatStart, cancel: asyncio.Event
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        prepared = turn.prepared
+        resume = tuple(start.continuation.emitted_token_ids)
+        tried: set[str] = set()
+        while True:
+            decision = await self._router.choose(
+                prepared.model.name, [*prepared.token_ids, *resume], exclude=tried
+            )
+            pod = decision.pod
+            try:
+                async for event in self._run_on_pod(pod, start, turn, cancel):
+                    yield event
+                return
+            except _PodFailedEarly:
+                tried.add(pod.address)
+                self._pool.mark_failed(pod)
+                log.warning(
+                    "turn %s: pod %s failed before output; trying another", prepared.request_id, pod.pod_id
+                )
 
     async def _run_on_pod(
         self,
         pod: EnginePodHandle,
         start: chat_service_pb2.ChatStart,
-        caller: Caller,
-        model: model_registry_service_pb2.Model,
-        request_id: str,
-        meter: TurnMeter,
+        turn: _Turn,
         cancel: asyncio.Event,
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        prepared, meter = turn.prepared, turn.meter
         base_sequence = start.continuation.last_sequence if start.HasField("continuation") else 0
-        call = pod.stub.Generate()
+        output = FilteredOutput(self._safety.new_output_filter() if self._safety is not None else None)
+        # Counted before the first await: the router reads it for the next turn.
         pod.in_flight += 1
-        forward = asyncio.create_task(self._forward_cancel(call, cancel, request_id))
+        call = pod.stub.Generate()
+        forward = asyncio.create_task(self._forward_cancel(call, cancel, prepared.request_id))
         produced = False
         try:
             await call.write(
                 engine_service_pb2.GenerateRequest(
                     start=engine_service_pb2.GenerateStart(
-                        request_id=request_id,
-                        model=model.name,
-                        messages=start.messages,
+                        request_id=prepared.request_id,
+                        model=prepared.model.name,
+                        messages=prepared.messages,
                         sampling=start.sampling,
-                        priority=engine_priority(caller.tier),
+                        priority=engine_priority(turn.caller.tier),
                         resume_output_token_ids=start.continuation.emitted_token_ids,
                     )
                 )
@@ -169,39 +320,40 @@ class ChatGateway:
                     meter.cached_input_tokens = resp.started.cached_prompt_tokens
                     yield chat_service_pb2.ChatResponse(
                         started=chat_service_pb2.ChatStarted(
-                            request_id=request_id,
+                            request_id=prepared.request_id,
                             region=self._settings.region,
                             zone=self._settings.zone,
                             pod_id=resp.started.pod_id or pod.pod_id,
-                            model=model.name,
+                            model=prepared.model.name,
+                            conversation_id=prepared.conversation_id or "",
                             create_time=self._now(),
                         )
                     )
                 elif kind == "delta":
-                    meter.output_tokens += len(resp.delta.token_ids)
-                    meter.text_parts.append(resp.delta.text)
-                    yield chat_service_pb2.ChatResponse(
-                        delta=chat_service_pb2.ChatDelta(
-                            sequence=base_sequence + resp.delta.sequence,
-                            text=resp.delta.text,
-                            token_ids=resp.delta.token_ids,
-                        )
-                    )
+                    meter.generated_tokens += len(resp.delta.token_ids)
+                    release = await output.feed(resp.delta.text, tuple(resp.delta.token_ids))
+                    if release:
+                        yield self._deliver(meter, base_sequence, release.text, release.token_ids)
+                    elif output.stopped is not None:
+                        break
                 elif kind == "finished":
                     finished = resp.finished
-                    meter.reason = finished.reason
                     if finished.HasField("usage"):
                         meter.input_tokens = finished.usage.input_tokens or meter.input_tokens
-                        meter.output_tokens = finished.usage.output_tokens
                         meter.cached_input_tokens = finished.usage.cached_input_tokens
-                    cost = turn_cost(model, meter.input_tokens, meter.output_tokens)
-                    yield chat_service_pb2.ChatResponse(
-                        usage=chat_service_pb2.ChatUsage(usage=meter.usage(), cost_usd=format_usd(cost))
-                    )
-                    yield chat_service_pb2.ChatResponse(
-                        finished=chat_service_pb2.ChatFinished(reason=finished.reason)
-                    )
-                    return
+                    release = await output.finish()
+                    if release:
+                        yield self._deliver(meter, base_sequence, release.text, release.token_ids)
+                    if output.stopped is None:
+                        meter.reason = finished.reason
+                        async for event in self._end(turn, finished.reason):
+                            yield event
+                        return
+                    break
+            if output.stopped is not None:
+                async for event in self._stopped_by_filter(turn, output):
+                    yield event
+                return
             raise Unavailable(Reason.ENGINE_FAILED, "the engine stream ended without a finish event")
         except grpc.aio.AioRpcError as err:
             if not produced and err.code() in _RETRYABLE_BEFORE_OUTPUT and not cancel.is_set():
@@ -226,7 +378,61 @@ class ChatGateway:
             pod.in_flight -= 1
             await cancel_and_wait(forward)
             if not call.done():
+                # The pod aborts the request when its stream is cancelled.
                 call.cancel()
+
+    @staticmethod
+    def _deliver(
+        meter: TurnMeter, base_sequence: int, text: str, token_ids: Sequence[int]
+    ) -> chat_service_pb2.ChatResponse:
+        """A delta for the caller, counted as delivered (and billed) here."""
+        meter.sequence += 1
+        meter.output_tokens += len(token_ids)
+        meter.text_parts.append(text)
+        return chat_service_pb2.ChatResponse(
+            delta=chat_service_pb2.ChatDelta(
+                sequence=base_sequence + meter.sequence, text=text, token_ids=token_ids
+            )
+        )
+
+    async def _stopped_by_filter(
+        self, turn: _Turn, output: FilteredOutput
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        verdict = output.stopped
+        assert verdict is not None
+        turn.meter.reason = common_pb2.FINISH_REASON_CONTENT_FILTER
+        log.info(
+            "turn %s stopped by the output filter (%s); %d held tokens withheld",
+            turn.prepared.request_id,
+            ",".join(verdict.categories),
+            output.held_tokens,
+        )
+        yield chat_service_pb2.ChatResponse(
+            safety=chat_service_pb2.SafetyVerdict(
+                stage=chat_service_pb2.SAFETY_STAGE_OUTPUT,
+                flagged=True,
+                categories=verdict.categories,
+                blocked=True,
+            )
+        )
+        async for event in self._end(turn, common_pb2.FINISH_REASON_CONTENT_FILTER):
+            yield event
+
+    async def _end(
+        self, turn: _Turn, reason: common_pb2.FinishReason.ValueType
+    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+        """Record the turn, then send its usage and finish: a follow-up turn
+        sent on the finish event finds this one in the conversation."""
+        record = self._start_record(turn)
+        message_id = await asyncio.shield(record)
+        meter, model = turn.meter, turn.prepared.model
+        cost = turn_cost(model, meter.input_tokens, meter.output_tokens)
+        yield chat_service_pb2.ChatResponse(
+            usage=chat_service_pb2.ChatUsage(usage=meter.usage(), cost_usd=format_usd(cost))
+        )
+        yield chat_service_pb2.ChatResponse(
+            finished=chat_service_pb2.ChatFinished(reason=reason, message_id=message_id)
+        )
 
     @staticmethod
     async def _forward_cancel(
@@ -249,14 +455,34 @@ class ChatGateway:
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
 
-    async def _record_turn(
-        self, caller: Caller, model: model_registry_service_pb2.Model, request_id: str, meter: TurnMeter
-    ) -> None:
-        """Write the reply and its usage row in one zone-store transaction;
-        the shipper then delivers the usage to billing."""
+    def _start_record(self, turn: _Turn) -> asyncio.Task[str]:
+        """Record the turn in its own task: a caller that goes away cancels
+        the stream, never the write of what it was billed for."""
+        if turn.record is None:
+            turn.record = asyncio.create_task(self._record_turn(turn))
+            self._recording.add(turn.record)
+            turn.record.add_done_callback(self._recording.discard)
+        return turn.record
+
+    async def _record_turn(self, turn: _Turn) -> str:
+        """Write the reply and its usage row in one zone-store transaction,
+        then settle the rate limit and quota and let the shipper bill it.
+        Returns the stored assistant message's id ("" when none was stored)."""
+        caller, prepared, meter, admitted = turn.caller, turn.prepared, turn.meter, turn.admitted
+        message_id = ""
+        try:
+            if meter.started:
+                message_id = await self._write_record(caller, prepared, meter)
+        finally:
+            await admitted.settle(meter.input_tokens + meter.output_tokens)
+            admitted.release_quota()
+        return message_id
+
+    async def _write_record(self, caller: Caller, prepared: PreparedTurn, meter: TurnMeter) -> str:
+        model = prepared.model
         reason = meter.reason or common_pb2.FINISH_REASON_CANCELLED
         usage = billing_service_pb2.UsageRecord(
-            request_id=request_id,
+            request_id=prepared.request_id,
             tenant_id=caller.tenant_id,
             model=model.name,
             region=self._settings.region,
@@ -274,11 +500,18 @@ class ChatGateway:
             cost_usd=turn_cost(model, meter.input_tokens, meter.output_tokens),
         )
         try:
-            await self._store.record_turn(
-                caller.tenant_id, None, request_id, None, assistant, usage.SerializeToString()
+            record = await self._store.record_turn(
+                caller.tenant_id,
+                prepared.conversation_id,
+                prepared.request_id,
+                prepared.user_text,
+                assistant,
+                usage.SerializeToString(),
+                tokens=meter.input_tokens + meter.output_tokens,
             )
         except Exception:
             # The stream is over; all that is left is to say so loudly.
-            log.exception("turn %s: its usage could not be recorded", request_id)
-            return
+            log.exception("turn %s: its usage could not be recorded", prepared.request_id)
+            return ""
         self._shipper.notify()
+        return next((m.id for m in record.messages if m.role == Role.ASSISTANT), "")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 
 import grpc.aio
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from llmmesh import lifecycle
 from llmmesh.errors import InvalidArgument, Reason
@@ -23,12 +27,24 @@ from llmmesh.v1 import (
     model_registry_service_pb2_grpc,
     policy_service_pb2_grpc,
 )
+from region.admission import Admission
+from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
+from region.fair_queue import FairQueue
 from region.gateway import ChatGateway
 from region.heartbeat import Heartbeater
+from region.kv_events_feed import KvEventFeeds
+from region.kv_index import InMemoryPrefixIndex, PrefixIndex
+from region.kv_index_redis import RedisPrefixIndex
 from region.policy_cache import PolicyCache
+from region.quota import QuotaLedger
+from region.ratelimit import LocalRateLimiter, RateLimiter
+from region.ratelimit_redis import RedisRateLimiter
+from region.router import KvAffinityRouter, LoadBoard, RoutingPolicy
+from region.safety import SafetyFilters, build_filters
 from region.servicer import ChatServicer, region_health
 from region.settings import RegionSettings
+from region.tokenizer_client import TokenizerClient
 from region.usage_shipper import UsageShipper
 from region.zone_store.store import ZoneStore
 
@@ -63,6 +79,9 @@ class RegionPlane:
     store: ZoneStore
     shipper: UsageShipper
     heartbeat: Heartbeater
+    router: KvAffinityRouter
+    feeds: KvEventFeeds | None
+    redis: redis.asyncio.Redis | None
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -77,14 +96,20 @@ class RegionPlane:
 
     def report(self) -> geo_routing_service_pb2.RegionReport:
         info = self.info()
-        capacity = sum(p.info.max_num_seqs for p in self.pool.healthy_pods)
+        queue = self.gateway.admission.queue.stats()
+        waiting_at_pods = 0
+        for pod in self.pool.healthy_pods:
+            load = self.router.loads.report(pod.pod_id)
+            waiting_at_pods += load.waiting if load is not None else 0
         return geo_routing_service_pb2.RegionReport(
             region=info.region,
             zone=info.zone,
             chat_address=self.address,
             health=info.health,
-            capacity=capacity,
-            queue_depth=sum(p.in_flight for p in self.pool.pods),
+            # Turns the region admits at once: its engines' batch slots, overcommitted.
+            capacity=queue.capacity,
+            # Turns waiting: for admission here, and for a batch slot at the pods.
+            queue_depth=queue.total_waiting + waiting_at_pods,
             models=info.models,
             location=parse_location(self.settings.location),
             engine_pods=info.engine_pods,
@@ -99,7 +124,12 @@ class RegionPlane:
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
+        if self.feeds is not None:
+            await self.feeds.close()
+        await self.router.loads.close()
         await self.pool.close()
+        if self.redis is not None:
+            await self.redis.aclose()
         await self.global_channel.close()
 
 
@@ -111,6 +141,12 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     parse_location(settings.location)
     if not settings.engine_address_list():
         raise InvalidArgument(Reason.INVALID_REQUEST, "a region needs at least one engine address")
+    if settings.routing_policy not in {p.value for p in RoutingPolicy}:
+        choices = ", ".join(p.value for p in RoutingPolicy)
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"unknown routing policy {settings.routing_policy!r}; use one of {choices}",
+        )
     global_channel = open_channel(settings.global_address)
     policy = PolicyCache(
         policy_service_pb2_grpc.PolicyServiceStub(global_channel),
@@ -119,10 +155,43 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         max_staleness_s=settings.policy_max_staleness_ms / 1000,
     )
     models = ModelResolver(model_registry_service_pb2_grpc.ModelRegistryServiceStub(global_channel))
+    routing = RoutingPolicy(settings.routing_policy)
     pool = EnginePool(settings.engine_address_list(), settings.engine_health_interval_ms / 1000)
     store = await ZoneStore.open(settings.zone_store_database_url(), settings.zone, settings.region)
-    shipper = UsageShipper(store, billing_service_pb2_grpc.BillingServiceStub(global_channel))
-    gateway = ChatGateway(settings, policy, models, pool, store, shipper)
+    billing = billing_service_pb2_grpc.BillingServiceStub(global_channel)
+    shipper = UsageShipper(store, billing)
+    shared = _open_redis(settings.redis_url) if settings.redis_url else None
+    limiter: RateLimiter = (
+        RedisRateLimiter(shared, prefix=f"llmmesh:{settings.zone}:rl:") if shared else LocalRateLimiter()
+    )
+    index: PrefixIndex = (
+        RedisPrefixIndex(shared, key_prefix=f"llmmesh:{settings.region}:kv")
+        if shared
+        else InMemoryPrefixIndex()
+    )
+    tokenizer = TokenizerClient(pool)
+    loads = LoadBoard(pool)
+    router = KvAffinityRouter(routing, pool, index, tokenizer, loads=loads)
+    feeds = KvEventFeeds(index) if routing is RoutingPolicy.PRECISE else None
+    queue = FairQueue(0, max_waiting=settings.admission_max_waiting)
+    admission = Admission(limiter, QuotaLedger(billing, store, settings.quota_refresh_ms / 1000), queue)
+    safety = _safety_filters(settings, pool)
+    gateway = ChatGateway(
+        settings, policy, models, pool, router, tokenizer, admission, safety, store, shipper
+    )
+
+    def pods_checked() -> None:
+        # Paying tiers may overcommit the engines' batch slots (the engines
+        # order their waiting turns by priority); the free tier never fills
+        # them, so a paying turn finds a slot in the next engine step.
+        slots = pool.batch_slots
+        capacity = math.ceil(slots * settings.admission_overcommit)
+        free_limit = max(0, slots - math.ceil(slots * settings.admission_reserve))
+        queue.set_capacity(capacity, reserve=max(0, capacity - free_limit))
+        if feeds is not None:
+            feeds.follow(pool.healthy_pods)
+
+    pool.on_checked(pods_checked)
     plane: RegionPlane | None = None
 
     def info() -> chat_service_pb2.GetRegionInfoResponse:
@@ -145,15 +214,45 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         settings.heartbeat_interval_ms / 1000,
     )
     plane = RegionPlane(
-        settings, address, server, global_channel, pool, policy, gateway, store, shipper, heartbeat
+        settings,
+        address,
+        server,
+        global_channel,
+        pool,
+        policy,
+        gateway,
+        store,
+        shipper,
+        heartbeat,
+        router,
+        feeds,
+        shared,
     )
     pool.start()
+    loads.start(settings.load_refresh_ms / 1000)
     policy.start()
     shipper.start()
     heartbeat.start()
     await heartbeat.beat()
     log.info("region %s (zone %s) serving ChatService on %s", settings.region, settings.zone, address)
     return plane
+
+
+def _open_redis(url: str) -> redis.asyncio.Redis:
+    """The shared Redis; short timeouts, since every caller has a way to go on without it."""
+    return redis.asyncio.Redis.from_url(
+        url, socket_connect_timeout=0.5, socket_timeout=1.0, retry=Retry(NoBackoff(), 1)
+    )
+
+
+def _safety_filters(settings: RegionSettings, pool: EnginePool) -> SafetyFilters | None:
+    """The configured filters, or None when every backend is off."""
+    try:
+        judge = engine_completer(pool, settings.safety_judge_model)
+        filters = build_filters(settings, judge=judge)
+    except ValueError as err:
+        raise InvalidArgument(Reason.INVALID_REQUEST, f"safety settings: {err}") from err
+    return filters if filters.backends else None
 
 
 async def serve(settings: RegionSettings) -> None:

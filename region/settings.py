@@ -41,7 +41,7 @@ class RegionSettings:
         2.0, "turns admitted to the engines per engine batch slot; more wait in the fair queue"
     )
     admission_reserve: float = setting(
-        0.125, "share of admission slots the free tier may not fill, kept for paying tiers"
+        0.125, "share of the engines' batch slots the free tier may not fill, kept for paying tiers"
     )
     admission_max_waiting: int = setting(1000, "most turns waiting for admission; more are shed")
     default_output_tokens: int = setting(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmmesh.errors import InvalidArgument, Reason, Unimplemented
+from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 _ROLES = {
@@ -16,12 +16,6 @@ _ROLES = {
 
 def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
     """Raise InvalidArgument (with ``param``) for a malformed turn."""
-    if start.conversation_id:
-        raise Unimplemented(
-            Reason.NOT_IMPLEMENTED,
-            "conversation turns are not served by this region yet; send the full history in messages",
-            metadata={"param": "conversation_id"},
-        )
     if not start.messages:
         raise InvalidArgument(
             Reason.EMPTY_PROMPT, "messages must not be empty", metadata={"param": "messages"}

@@ -27,6 +27,7 @@ from engine.sim.vocabulary import WORDS
 
 MIN_REPLY_TOKENS = 12
 MAX_REPLY_TOKENS = 80
+NO_NATURAL_END = 2**62
 GREEDY_POOL = 64
 # Words that have a capitalized piece in the vocabulary.
 _CAPITALIZED = 100
@@ -64,6 +65,9 @@ class DeterministicSampler:
         value = digest.digest()
         span = MAX_REPLY_TOKENS - MIN_REPLY_TOKENS + 1
         natural_length = MIN_REPLY_TOKENS + int.from_bytes(value[:4], "little") % span
+        if sampling.ignore_eos:
+            # No end-of-sequence: the reply runs to max_tokens or the window, as in vLLM.
+            natural_length = NO_NATURAL_END
         if greedy:
             pool = GREEDY_POOL
         else:

@@ -80,7 +80,15 @@ def messages_of_request(conn: Connection, tenant_id: str, request_id: str) -> tu
 
 def conversation_of(row: sa.Row[Any]) -> ConversationRow:
     return ConversationRow(
-        row.id, row.tenant_id, row.zone, row.home_region, row.model, row.title, row.created_at, row.updated_at
+        row.id,
+        row.tenant_id,
+        row.zone,
+        row.home_region,
+        row.model,
+        row.title,
+        row.created_at,
+        row.updated_at,
+        row.system_prompt,
     )
 
 

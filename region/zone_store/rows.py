@@ -28,6 +28,7 @@ class ConversationRow:
     title: str
     created_at: datetime
     updated_at: datetime
+    system_prompt: str = ""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ conversations = sa.Table(
     sa.Column("home_region", sa.String(64), nullable=False),
     sa.Column("model", sa.String(128), nullable=False),
     sa.Column("title", sa.String(256), nullable=False),
+    # Put before every turn's history; empty for none.
+    sa.Column("system_prompt", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     # Soft delete: the row hides from every read; purging content is a later job's.
@@ -64,10 +66,13 @@ usage_outbox = sa.Table(
     sa.Column("home_region", sa.String(64), nullable=False),
     # A serialized llmmesh.v1.UsageRecord.
     sa.Column("usage", sa.LargeBinary, nullable=False),
+    # Its input plus output tokens, for month-to-date quota sums without decoding ``usage``.
+    sa.Column("tokens", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("shipped_at", UtcDateTime, nullable=True),
     sa.Index("ix_usage_outbox_pending", "shipped_at", "attempts", "created_at"),
+    sa.Index("ix_usage_outbox_tenant_created", "tenant_id", "created_at"),
 )
 
 ZONE_TABLES = (conversations, messages, usage_outbox)

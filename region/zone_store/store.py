@@ -88,12 +88,32 @@ class ZoneStore(SqlStore):
         return store
 
     def create_schema(self) -> None:
-        """Create missing tables; existing ones are left as they are."""
+        """Create missing tables, and add the columns a store created by an
+        earlier version lacks (each has a server default)."""
         self.create_tables(schema.metadata)
+        inspector = sa.inspect(self.engine)
+        for table in schema.ZONE_TABLES:
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in present:
+                    continue
+                if column.server_default is None:
+                    raise RuntimeError(f"zone store table {table.name} lacks column {column.name}")
+                kind = column.type.compile(dialect=self.engine.dialect)
+                default = column.server_default.arg  # type: ignore[attr-defined]
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        sa.text(
+                            f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind} "
+                            f"NOT NULL DEFAULT '{default}'"
+                        )
+                    )
 
     # ------------------------------------------------------------ conversations
 
-    async def create_conversation(self, tenant_id: str, model: str, title: str = "") -> ConversationRow:
+    async def create_conversation(
+        self, tenant_id: str, model: str, title: str = "", system_prompt: str = ""
+    ) -> ConversationRow:
         """A new, empty conversation of ``tenant_id`` homed in this region."""
         _require_tenant(tenant_id)
         if len(title) > _MAX_TITLE:
@@ -110,6 +130,7 @@ class ZoneStore(SqlStore):
             title,
             now,
             now,
+            system_prompt,
         )
         await self.transaction(lambda conn: conn.execute(sa.insert(_C).values(**asdict(row))))
         return row
@@ -210,11 +231,13 @@ class ZoneStore(SqlStore):
         user_message: str | None,
         assistant: AssistantMessage,
         usage: bytes,
+        tokens: int = 0,
     ) -> TurnRecord:
         """Record a finished turn in one transaction: its messages and its usage row.
 
         ``usage`` is the serialized ``UsageRecord`` the shipper sends to
-        billing. A request id recorded before makes this a no-op
+        billing and ``tokens`` its input plus output tokens (for
+        :meth:`tenant_tokens`). A request id recorded before makes this a no-op
         (``duplicate``); one that another tenant recorded is ALREADY_EXISTS
         (``DUPLICATE_REQUEST``). Without a conversation, or when the
         conversation is no longer the tenant's live one (deleted while the
@@ -236,6 +259,7 @@ class ZoneStore(SqlStore):
             "tenant_id": tenant_id,
             "home_region": self.region,
             "usage": usage,
+            "tokens": tokens,
             "created_at": now,
             "attempts": 0,
             "shipped_at": None,
@@ -290,6 +314,18 @@ class ZoneStore(SqlStore):
         )
         rows = await self.transaction(lambda conn: conn.execute(query).all())
         return [(row.request_id, bytes(row.usage)) for row in rows]
+
+    async def tenant_tokens(
+        self, tenant_id: str, since: datetime, *, shipped_after: datetime | None = None
+    ) -> int:
+        """Tokens of the tenant's turns recorded in this zone since ``since``,
+        by any region of the zone. With ``shipped_after``, only rows not
+        shipped to billing by then (billing's own total counts the rest)."""
+        conditions = [_O.c.tenant_id == tenant_id, _O.c.created_at >= since]
+        if shipped_after is not None:
+            conditions.append(sa.or_(_O.c.shipped_at.is_(None), _O.c.shipped_at > shipped_after))
+        query = sa.select(sa.func.coalesce(sa.func.sum(_O.c.tokens), 0)).where(*conditions)
+        return int(await self.transaction(lambda conn: conn.execute(query).scalar_one()))
 
     async def pending_usage_count(self) -> int:
         """How many usage rows this region recorded are not shipped yet."""

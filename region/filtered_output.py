@@ -1,0 +1,72 @@
+"""A turn's engine deltas through the streaming output filter.
+
+The filter releases text only once it was checked
+(:class:`region.safety.StreamingOutputFilter`); text and tokens must stay
+together for the client (a continuation after failover resumes from the
+token ids delivered), so deltas are held whole and go out merged once all
+of their text is released. Text the filter released in the middle of a
+delta waits for the rest of that delta.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from region.safety import OutputDecision, StreamingOutputFilter, Verdict
+
+
+@dataclass(frozen=True)
+class Release:
+    """Deltas now cleared for the client, merged (empty when none are)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.token_ids)
+
+
+class FilteredOutput:
+    """Holds a turn's deltas until the filter (None: no filter) clears them."""
+
+    def __init__(self, output_filter: StreamingOutputFilter | None) -> None:
+        self._filter = output_filter
+        self._held: deque[tuple[str, tuple[int, ...]]] = deque()
+        # Characters of held text the filter has released.
+        self._cleared = 0
+
+    @property
+    def stopped(self) -> Verdict | None:
+        return self._filter.stopped if self._filter is not None else None
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens received and not (yet) delivered."""
+        return sum(len(ids) for _, ids in self._held)
+
+    async def feed(self, text: str, token_ids: tuple[int, ...]) -> Release:
+        """Take the next engine delta; raises Unavailable when the filter fails."""
+        if self._filter is None:
+            return Release(text, token_ids)
+        self._held.append((text, token_ids))
+        return self._take(await self._filter.feed(text))
+
+    async def finish(self) -> Release:
+        """The engine finished: check and clear what is held."""
+        if self._filter is None:
+            return Release("", ())
+        return self._take(await self._filter.finish())
+
+    def _take(self, decision: OutputDecision) -> Release:
+        if decision.stopped is not None:
+            return Release("", ())
+        self._cleared += len(decision.release)
+        texts: list[str] = []
+        ids: list[int] = []
+        while self._held and len(self._held[0][0]) <= self._cleared:
+            text, token_ids = self._held.popleft()
+            self._cleared -= len(text)
+            texts.append(text)
+            ids.extend(token_ids)
+        return Release("".join(texts), tuple(ids))
