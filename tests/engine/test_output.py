@@ -110,3 +110,16 @@ def test_a_stop_may_begin_in_resumed_text() -> None:
     detokenizer = StopAwareDetokenizer(tokenizer, ["the end"], tokenizer.encode(" at the"))
     assert detokenizer.push(tokenizer.piece_id(" end")) == ""
     assert detokenizer.matched_stop == "the end"
+
+
+@pytest.mark.asyncio
+async def test_ignore_eos_runs_past_the_natural_end_to_max_tokens(backend: SimBackend) -> None:
+    natural = await collect(backend, request("a"))
+    assert natural.finished is not None and natural.finished.reason is FinishReason.STOP
+    longer = natural.finished.output_tokens + 40
+    forced = await collect(backend, request("b", sampling=SamplingOptions(max_tokens=longer, ignore_eos=True)))
+    assert forced.finished is not None and forced.finished.reason is FinishReason.LENGTH
+    assert forced.finished.output_tokens == longer
+    # The same words (the last few differ: no closing stop is placed near the natural end), then more.
+    shared = len(natural.token_ids) - 3
+    assert forced.token_ids[:shared] == natural.token_ids[:shared]
