@@ -117,7 +117,9 @@ async def test_ignore_eos_runs_past_the_natural_end_to_max_tokens(backend: SimBa
     natural = await collect(backend, request("a"))
     assert natural.finished is not None and natural.finished.reason is FinishReason.STOP
     longer = natural.finished.output_tokens + 40
-    forced = await collect(backend, request("b", sampling=SamplingOptions(max_tokens=longer, ignore_eos=True)))
+    forced = await collect(
+        backend, request("b", sampling=SamplingOptions(max_tokens=longer, ignore_eos=True))
+    )
     assert forced.finished is not None and forced.finished.reason is FinishReason.LENGTH
     assert forced.finished.output_tokens == longer
     # The same words (the last few differ: no closing stop is placed near the natural end), then more.

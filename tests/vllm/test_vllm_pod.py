@@ -222,7 +222,7 @@ async def test_lower_priority_values_are_served_first(stub: pb_grpc.EngineServic
     # Two long requests take both batch slots; then a low-priority request
     # arrives before a high-priority one. When a slot frees, vLLM's priority
     # scheduler must admit the high-priority one first.
-    busy = [asyncio.create_task(stream(stub, ask(f"busy-{n}", f"busy {n}", 60))) for n in range(2)]
+    busy = [asyncio.create_task(stream(stub, ask(f"busy-{n}", f"busy {n}", 300))) for n in range(2)]
     for _ in range(200):
         if (await load(stub)).running == 2:
             break
