@@ -37,6 +37,7 @@ from llmmesh.v1 import (
 )
 from region.admission import Admission, Admitted
 from region.context_builder import fit_context
+from region.conversations import CHAT_ROLES
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
@@ -57,12 +58,6 @@ _RETRYABLE_BEFORE_OUTPUT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCo
 
 # What a queued turn keeps of its caller's deadline for the turn itself.
 _DEADLINE_MARGIN_S = 0.1
-
-_STORED_ROLES = {
-    Role.SYSTEM: common_pb2.CHAT_ROLE_SYSTEM,
-    Role.USER: common_pb2.CHAT_ROLE_USER,
-    Role.ASSISTANT: common_pb2.CHAT_ROLE_ASSISTANT,
-}
 
 
 class _PodFailedEarly(Exception):
@@ -226,9 +221,9 @@ class ChatGateway:
                 ]
             new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
             history = [
-                common_pb2.ChatMessage(role=_STORED_ROLES[row.role], content=row.content)
+                common_pb2.ChatMessage(role=CHAT_ROLES[row.role], content=row.content)
                 for row in stored
-                if row.role in _STORED_ROLES and row.role != Role.SYSTEM and row.content
+                if row.role in CHAT_ROLES and row.role != Role.SYSTEM and row.content
             ]
             user_text = "\n\n".join(m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER)
             if window:

@@ -28,6 +28,7 @@ from llmmesh.v1 import (
     policy_service_pb2_grpc,
 )
 from region.admission import Admission
+from region.conversations import ConversationService
 from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
 from region.fair_queue import FairQueue
@@ -192,13 +193,14 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             feeds.follow(pool.healthy_pods)
 
     pool.on_checked(pods_checked)
+    conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
 
     def info() -> chat_service_pb2.GetRegionInfoResponse:
         assert plane is not None
         return plane.info()
 
-    servicer = ChatServicer(gateway, info)
+    servicer = ChatServicer(gateway, conversations, info)
     server = GrpcServer(
         lambda s: chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, s),
         [SERVICE_NAME],

@@ -6,15 +6,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import NoReturn, TypeAlias
+from typing import TypeAlias
 
 import grpc
 import grpc.aio
 
 from llmmesh import apikeys
-from llmmesh.errors import InvalidArgument, MeshError, Reason, Unimplemented
+from llmmesh.errors import InvalidArgument, MeshError, Reason
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region.conversations import ConversationService
 from region.gateway import ChatGateway
 
 log = logging.getLogger(__name__)
@@ -32,12 +33,16 @@ def caller_secret(context: Context) -> str | None:
 
 
 class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
-    """Serves chat turns and describes the region."""
+    """Serves chat turns and conversations, and describes the region."""
 
     def __init__(
-        self, gateway: ChatGateway, region_info: Callable[[], chat_service_pb2.GetRegionInfoResponse]
+        self,
+        gateway: ChatGateway,
+        conversations: ConversationService,
+        region_info: Callable[[], chat_service_pb2.GetRegionInfoResponse],
     ) -> None:
         self._gateway = gateway
+        self._conversations = conversations
         self._region_info = region_info
 
     async def Chat(
@@ -50,7 +55,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel))
         emitted = False
         try:
-            async for event in self._gateway.run_turn(first.start, caller_secret(context), cancel):
+            turn = self._gateway.run_turn(
+                first.start, caller_secret(context), cancel, deadline_s=context.time_remaining()
+            )
+            async for event in turn:
                 emitted = True
                 yield event
         except MeshError as err:
@@ -79,36 +87,45 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
     ) -> chat_service_pb2.GetRegionInfoResponse:
         return self._region_info()
 
-    # The zone-bound conversation store comes with the region plane's store;
-    # until then these answer UNIMPLEMENTED with ErrorInfo, not a bare status.
     async def CreateConversation(
         self, request: chat_service_pb2.CreateConversationRequest, context: Context
     ) -> chat_service_pb2.CreateConversationResponse:
-        await _conversations_unavailable(context)
+        try:
+            return await self._conversations.create(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
     async def GetConversation(
         self, request: chat_service_pb2.GetConversationRequest, context: Context
     ) -> chat_service_pb2.GetConversationResponse:
-        await _conversations_unavailable(context)
+        try:
+            return await self._conversations.get(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
     async def ListConversations(
         self, request: chat_service_pb2.ListConversationsRequest, context: Context
     ) -> chat_service_pb2.ListConversationsResponse:
-        await _conversations_unavailable(context)
+        try:
+            return await self._conversations.list(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
     async def DeleteConversation(
         self, request: chat_service_pb2.DeleteConversationRequest, context: Context
     ) -> chat_service_pb2.DeleteConversationResponse:
-        await _conversations_unavailable(context)
+        try:
+            return await self._conversations.delete(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
     async def ListMessages(
         self, request: chat_service_pb2.ListMessagesRequest, context: Context
     ) -> chat_service_pb2.ListMessagesResponse:
-        await _conversations_unavailable(context)
-
-
-async def _conversations_unavailable(context: Context) -> NoReturn:
-    await Unimplemented(Reason.NOT_IMPLEMENTED, "this region does not store conversations yet").abort(context)
+        try:
+            return await self._conversations.list_messages(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
 
 def region_health(healthy_pods: int, total_pods: int) -> common_pb2.HealthState.ValueType:

@@ -199,6 +199,24 @@ class ZoneStore(SqlStore):
 
         return await self.transaction(read)
 
+    async def message_page(
+        self, tenant_id: str, conversation_id: str, *, after_seq: int = 0, limit: int = _DEFAULT_PAGE
+    ) -> list[MessageRow]:
+        """Up to ``limit`` of the conversation's messages with ``seq`` above
+        ``after_seq``, in ``seq`` order; NOT_FOUND as for :meth:`get_conversation`."""
+
+        def read(conn: Connection) -> list[MessageRow]:
+            self._live(conn, tenant_id, conversation_id)
+            query = (
+                sa.select(_M)
+                .where(_M.c.conversation_id == conversation_id, _M.c.seq > after_seq)
+                .order_by(_M.c.seq)
+                .limit(limit)
+            )
+            return [message_of(row) for row in conn.execute(query)]
+
+        return await self.transaction(read)
+
     async def append_user_message(
         self, tenant_id: str, conversation_id: str, content: str, request_id: str | None = None
     ) -> MessageRow:
