@@ -14,9 +14,11 @@ Policies (:class:`RoutingPolicy`):
 Score (precise, approximate) = ``hit_weight`` * resident prefix fraction -
 ``load_weight`` * load, load in [0, 1] (see :class:`RoutingTuning`). The
 hot-spot guard (llm-d's prefix scorer mixed with its load-aware scorers):
-when the best-scoring pod is much busier than the least-loaded one, the turn
-goes to the least-loaded pod instead, so one shared system prompt cannot pin
-a region's traffic to the single pod that cached it first.
+when the best-scoring pod cannot start the turn now (its batch is full) and
+is much busier than the least-loaded one, or its KV cache is nearly full of
+running generations, the turn goes to the least-loaded pod instead, so one
+shared system prompt cannot pin a region's traffic to the single pod that
+cached it first.
 """
 
 from __future__ import annotations
@@ -280,8 +282,12 @@ class KvAffinityRouter:
         best = max(candidates, key=lambda p: (score[p.pod_id], -loads[p.pod_id].depth))
         least = min(candidates, key=lambda p: (load[p.pod_id], loads[p.pod_id].depth))
         hot, cool = loads[best.pod_id], loads[least.pod_id]
+        # Only a pod that cannot start the turn now is a hot spot: below its
+        # batch size a cache hit there costs no wait, and a miss elsewhere
+        # costs a whole prefill (and evicts another tenant's prefix).
+        saturated = hot.depth >= max(hot.max_num_seqs, 1) and cool.depth < max(cool.max_num_seqs, 1)
         guard = best is not least and (
-            hot.depth - cool.depth >= tuning.hotspot_queue_gap
+            (saturated and hot.depth - cool.depth >= tuning.hotspot_queue_gap)
             or (hot.kv_cache_usage >= tuning.hotspot_kv_usage > cool.kv_cache_usage)
         )
         chosen = best

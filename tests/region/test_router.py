@@ -272,3 +272,21 @@ async def test_the_tokenizer_matches_the_pod_and_caches(region: Region) -> None:
     assert first == second == tuple(response.token_ids)
     assert (region.tokenizer.misses, region.tokenizer.hits) == (1, 1)
     assert await region.tokenizer.tokenize(MODEL, chat(SYSTEM, "How sour are cherries?")) != first
+
+
+@pytest.mark.asyncio
+async def test_the_guard_leaves_a_busy_pod_alone_while_it_can_still_start_the_turn(region: Region) -> None:
+    router = region.router(RoutingPolicy.PRECISE)
+    warm, _ = await run_turn(router, chat(SYSTEM, "Warm-up question about apples?"))
+    await region.synced()
+    prompt = await region.tokenizer.tokenize(MODEL, chat(SYSTEM, "Next question?"))
+    warm.pod.info.max_num_seqs = 8
+    # Five turns deeper than the others, but three batch slots free: a cache
+    # hit there starts at once, a miss elsewhere would prefill the prompt.
+    router.loads.record(engine_service_pb2.LoadReport(pod_id=warm.pod_id, running=5))
+    stays = await router.choose(MODEL, prompt)
+    assert stays.pod_id == warm.pod_id and stays.score_parts["guard"] == 0.0
+    # A full batch and a queue: the turn would wait, so it goes elsewhere.
+    router.loads.record(engine_service_pb2.LoadReport(pod_id=warm.pod_id, running=8, waiting=2))
+    moves = await router.choose(MODEL, prompt)
+    assert moves.pod_id != warm.pod_id and moves.score_parts["guard"] == 1.0
