@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from llmmesh.config import setting
 from llmmesh.home import mesh_home
+from region.safety.config import SafetySettings
 
 
 @dataclass(frozen=True)
-class RegionSettings:
+class RegionSettings(SafetySettings):
     """Where the region listens, what it is, and whom it talks to."""
 
     host: str = setting("127.0.0.1", "address the ChatService listens on")
@@ -49,15 +50,6 @@ class RegionSettings:
     )
     quota_refresh_ms: int = setting(
         30_000, "milliseconds between month-to-date usage reads from billing for quotas"
-    )
-    safety_backends: str = setting("rules", "comma-separated safety backends: rules, judge, both or none")
-    safety_report_only: str = setting("", "comma-separated categories that are reported but never block")
-    safety_deny_terms: str = setting("", "extra deny-list terms, as 'category=term|term;category=term'")
-    safety_timeout_s: float = setting(5.0, "seconds one safety backend may take before the turn fails")
-    safety_retry_after_s: float = setting(1.0, "retry delay suggested when the safety check is unavailable")
-    safety_window_chars: int = setting(256, "characters of streamed output one safety check sees")
-    safety_overlap_chars: int = setting(
-        64, "characters consecutive output windows share; held back until rechecked"
     )
     safety_judge_model: str = setting(
         "", "model the judge backend asks; empty uses the turn's own model family's default"
