@@ -25,16 +25,13 @@ _DATA = "data:"
 _DONE = "[DONE]"
 
 
-def chat_body(model: str, request: ChatRequest) -> dict[str, Any]:
-    """The JSON body of ``request``: greedy, ``ignore_eos`` (a vLLM
-    extension), streamed with usage on every chunk."""
+def streamed_body(model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    """A chat completion body: greedy, ``ignore_eos`` (a vLLM extension),
+    streamed with usage on every chunk."""
     return {
         "model": model,
-        "messages": [
-            {"role": "system", "content": request.system},
-            {"role": "user", "content": request.user},
-        ],
-        "max_tokens": request.max_tokens,
+        "messages": messages,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
@@ -42,22 +39,36 @@ def chat_body(model: str, request: ChatRequest) -> dict[str, Any]:
     }
 
 
+def chat_body(model: str, request: ChatRequest) -> dict[str, Any]:
+    """The JSON body of ``request`` (see :func:`streamed_body`)."""
+    messages = [{"role": "system", "content": request.system}, {"role": "user", "content": request.user}]
+    return streamed_body(model, messages, request.max_tokens)
+
+
 class ChunkCounter:
-    """Turns the JSON chunks of one stream into token counts."""
+    """Output tokens of one stream, chunk by chunk.
+
+    A chunk that carries ``usage.completion_tokens`` adds what that total
+    has over the tokens counted so far; one without adds a token per choice
+    with content. So a server that puts usage on every chunk is counted
+    exactly (also where the detokenizer holds text back), and one that sends
+    usage only in a final chunk (a router that drops the per-chunk usage) is
+    not counted twice."""
 
     def __init__(self) -> None:
-        self._completion_tokens = 0
+        self.counted = 0
 
     def tokens_in(self, chunk: dict[str, Any]) -> int:
         """Tokens that ``chunk`` adds to the reply."""
         usage = chunk.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            total: int = usage["completion_tokens"]
-            added = max(0, total - self._completion_tokens)
-            self._completion_tokens = max(total, self._completion_tokens)
-            return added
-        choices = chunk.get("choices") or []
-        return sum(1 for choice in choices if (choice.get("delta") or {}).get("content"))
+        total = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(total, int):
+            added = max(0, total - self.counted)
+        else:
+            choices = chunk.get("choices") or []
+            added = sum(1 for choice in choices if (choice.get("delta") or {}).get("content"))
+        self.counted += added
+        return added
 
 
 class OpenAIChatClient:
@@ -85,13 +96,21 @@ class OpenAIChatClient:
             transport=transport,
         )
 
+    @property
+    def model(self) -> str:
+        return self._model
+
     async def generate(self, request: ChatRequest) -> RequestRecord:
-        """See :class:`llmmesh.bench.loadgen.StreamingClient`. A stream that
-        ends without ``data: [DONE]`` is a failure."""
+        """See :class:`llmmesh.bench.loadgen.StreamingClient`."""
+        return await self.stream(chat_body(self._model, request))
+
+    async def stream(self, body: dict[str, Any]) -> RequestRecord:
+        """Post ``body`` and follow the stream to its end; a stream that ends
+        without ``data: [DONE]`` is a failure (recorded, not raised)."""
         record = RequestRecord(sent_at=time.perf_counter())
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._stream(request, record)
+                await self._stream(body, record)
         except TimeoutError:
             record.fail(f"no complete reply within {self._timeout_s:.0f} s")
         except httpx.HTTPError as err:
@@ -102,9 +121,8 @@ class OpenAIChatClient:
             record.fail("the stream ended without data: [DONE]")
         return record
 
-    async def _stream(self, request: ChatRequest, record: RequestRecord) -> None:
+    async def _stream(self, body: dict[str, Any], record: RequestRecord) -> None:
         counter = ChunkCounter()
-        body = chat_body(self._model, request)
         async with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:200]

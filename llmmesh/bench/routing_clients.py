@@ -12,7 +12,6 @@ prefix-cache counters, the same way for every system.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmmesh.bench.loadgen import LevelRun, ProgressCallback
+from llmmesh.bench.openai_client import OpenAIChatClient, streamed_body
 from llmmesh.bench.routing_workload import Conversation, Turn
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.v1 import chat_service_pb2 as pb
@@ -38,8 +38,6 @@ _ROLES = {
     "user": common_pb2.CHAT_ROLE_USER,
     "assistant": common_pb2.CHAT_ROLE_ASSISTANT,
 }
-_DATA = "data:"
-_DONE = "[DONE]"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 
@@ -109,98 +107,25 @@ class RegionChatClient:
 
 
 def chat_body(model: str, turn: Turn) -> dict[str, Any]:
-    """The OpenAI request body of ``turn``: greedy, ``ignore_eos``, streamed
-    with usage on every chunk (see :mod:`llmmesh.bench.openai_client`)."""
-    return {
-        "model": model,
-        "messages": [{"role": role, "content": text} for role, text in turn.messages],
-        "max_tokens": turn.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-
-
-class TokenTally:
-    """Output tokens of one OpenAI stream, chunk by chunk.
-
-    A chunk that carries ``usage.completion_tokens`` adds what that total
-    has over the tokens counted so far; one without adds a token per choice
-    with content. So a server that puts usage on every chunk is counted
-    exactly, and one that sends usage only in a final chunk (a router that
-    drops the per-chunk usage) is not counted twice."""
-
-    def __init__(self) -> None:
-        self.counted = 0
-
-    def tokens_in(self, chunk: dict[str, Any]) -> int:
-        usage = chunk.get("usage")
-        total = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if isinstance(total, int):
-            added = max(0, total - self.counted)
-        else:
-            choices = chunk.get("choices") or []
-            added = sum(1 for choice in choices if (choice.get("delta") or {}).get("content"))
-        self.counted += added
-        return added
+    """The OpenAI request body of ``turn`` (see
+    :func:`llmmesh.bench.openai_client.streamed_body`)."""
+    messages = [{"role": role, "content": text} for role, text in turn.messages]
+    return streamed_body(model, messages, turn.max_tokens)
 
 
 class RouterChatClient:
-    """Streams turns from an OpenAI-compatible server at ``base_url``; one
-    pooled HTTP/1.1 connection per concurrent stream, each turn bounded by
-    ``request_timeout_s`` overall."""
+    """Streams turns from an OpenAI-compatible server at ``base_url`` through
+    :class:`~llmmesh.bench.openai_client.OpenAIChatClient`."""
 
     def __init__(self, base_url: str, model: str, max_connections: int, request_timeout_s: float) -> None:
-        self._model = model
-        self._timeout_s = request_timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-            trust_env=False,
-        )
+        self._client = OpenAIChatClient(base_url, model, max_connections, request_timeout_s)
 
     async def chat(self, turn: Turn) -> RequestRecord:
-        """See :class:`TurnClient`. A stream that ends without ``data:
-        [DONE]`` is a failure."""
-        record = RequestRecord(sent_at=time.perf_counter())
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await self._stream(turn, record)
-        except TimeoutError:
-            record.fail(f"no complete reply within {self._timeout_s:.0f} s")
-        except httpx.HTTPError as err:
-            record.fail(f"{type(err).__name__}: {err}")
-        except ValueError as err:
-            record.fail(f"malformed chunk: {err}")
-        if record.finished_at is None:
-            record.fail("the stream ended without data: [DONE]")
-        return record
-
-    async def _stream(self, turn: Turn, record: RequestRecord) -> None:
-        counter = TokenTally()
-        async with self._http.stream("POST", "/v1/chat/completions", json=chat_body(self._model, turn)) as r:
-            if r.status_code != 200:
-                detail = (await r.aread()).decode(errors="replace")[:200]
-                record.fail(f"HTTP {r.status_code}: {detail}")
-                return
-            async for line in r.aiter_lines():
-                at = time.perf_counter()
-                if not line.startswith(_DATA):
-                    continue
-                data = line[len(_DATA) :].strip()
-                if data == _DONE:
-                    record.finish(at)
-                    return
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    record.fail(f"error event: {chunk['error']}")
-                    continue
-                record.add_tokens(at, counter.tokens_in(chunk))
+        """See :class:`TurnClient`."""
+        return await self._client.stream(chat_body(self._client.model, turn))
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._client.close()
 
 
 async def run_conversations(

@@ -31,7 +31,7 @@ from functools import cached_property
 
 from engine.sim.tokenizer import SimTokenizer
 from engine.sim.vocabulary import WORDS
-from llmmesh.bench.workload import DEFAULT_SEED
+from llmmesh.bench.workload import DEFAULT_SEED, sentences
 
 Message = tuple[str, str]
 """A chat message as ``(role, content)``, role ``system``, ``user`` or ``assistant``."""
@@ -145,16 +145,7 @@ class RoutingWorkload:
         return Conversation(conversation_id, tenant, tuple(turns))
 
     def _sentences(self, rng: random.Random, words: int) -> str:
-        """Exactly ``words`` words in capitalised sentences of 5 to 14 words."""
-        sentences: list[str] = []
-        left = words
-        while left > 0:
-            length = min(left, rng.randint(5, 14))
-            chosen = [rng.choice(self.vocabulary) for _ in range(length)]
-            chosen[0] = chosen[0].capitalize()
-            sentences.append(" ".join(chosen) + rng.choice(".?."))
-            left -= length
-        return " ".join(sentences)
+        return sentences(rng, self.vocabulary, words)
 
 
 def sim_token_counter() -> TokenCounter:

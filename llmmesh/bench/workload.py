@@ -87,13 +87,17 @@ class ChatWorkload:
         return self._sentences(rng, rng.randint(*self.user_words))
 
     def _sentences(self, rng: random.Random, words: int) -> str:
-        """Exactly ``words`` words in capitalised sentences of 5 to 14 words."""
-        sentences: list[str] = []
-        left = words
-        while left > 0:
-            length = min(left, rng.randint(5, 14))
-            chosen = [rng.choice(self.vocabulary) for _ in range(length)]
-            chosen[0] = chosen[0].capitalize()
-            sentences.append(" ".join(chosen) + rng.choice(".?."))
-            left -= length
-        return " ".join(sentences)
+        return sentences(rng, self.vocabulary, words)
+
+
+def sentences(rng: random.Random, vocabulary: Sequence[str], words: int) -> str:
+    """Exactly ``words`` words of ``vocabulary`` in capitalised sentences of 5 to 14 words."""
+    parts: list[str] = []
+    left = words
+    while left > 0:
+        length = min(left, rng.randint(5, 14))
+        chosen = [rng.choice(vocabulary) for _ in range(length)]
+        chosen[0] = chosen[0].capitalize()
+        parts.append(" ".join(chosen) + rng.choice(".?."))
+        left -= length
+    return " ".join(parts)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from llmmesh.bench.openai_client import ChunkCounter
 from llmmesh.bench.plan import ROUTING_POLICIES, SIM_ROUTING, VLLM_ROUTING
 from llmmesh.bench.routing_clients import (
     PrefixCacheCounts,
-    TokenTally,
     chat_body,
     chat_start,
     parse_prefix_counts,
@@ -352,11 +352,11 @@ def test_tiny_routing_run_on_the_simulator() -> None:
     assert report["targets_met"]["vllm"] is None
 
 
-def test_token_tally_counts_usage_on_every_chunk_or_only_at_the_end() -> None:
-    every = TokenTally()
+def test_chunk_counter_counts_usage_on_every_chunk_or_only_at_the_end() -> None:
+    every = ChunkCounter()
     chunks = [{"choices": [{"delta": {"content": "a"}}], "usage": {"completion_tokens": n}} for n in (1, 3)]
     assert [every.tokens_in(chunk) for chunk in chunks] == [1, 2]
-    at_end = TokenTally()
+    at_end = ChunkCounter()
     content = [{"choices": [{"delta": {"content": "a"}}]} for _ in range(3)]
     counts = [at_end.tokens_in(chunk) for chunk in content]
     counts.append(at_end.tokens_in({"choices": [], "usage": {"completion_tokens": 4}}))
