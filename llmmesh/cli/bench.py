@@ -16,7 +16,9 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from llmmesh.bench.plan import (
     ROUTING_POLICIES,
@@ -219,26 +221,60 @@ def _with(plan: RoutingBackendPlan, changes: dict[str, object]) -> RoutingBacken
     return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
 
 
+class _Report(Protocol):
+    def to_json(self) -> str: ...
+    def to_table(self) -> str: ...
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    if args.scenario == "routing":
-        return run_routing_bench(args)
+    """Run the scenario ``args`` names. Exit status 2 for a bad plan, 1 when
+    a system did not start, 0 otherwise; the systems' logs are kept when a
+    request failed or a system did not start."""
     from llmmesh.bench.engine import EngineBench
-    from llmmesh.bench.processes import StartupError
+    from llmmesh.bench.routing import RoutingBench
 
     try:
-        plan = plan_from_args(args)
+        engine_plan = plan_from_args(args) if args.scenario != "routing" else None
+        routing_plan = routing_plan_from_args(args) if args.scenario == "routing" else None
     except ValueError as err:
         print(f"llmmesh bench: {err}", file=sys.stderr)
         return 2
+
+    def engine(run_dir: Path) -> tuple[_Report, str | None]:
+        assert engine_plan is not None
+        report = asyncio.run(EngineBench(engine_plan, run_dir, _progress).run())
+        errors = sum(metrics.errors for metrics in report.results.values())
+        return report, f"{errors} requests failed" if errors else None
+
+    def routing(run_dir: Path) -> tuple[_Report, str | None]:
+        assert routing_plan is not None
+        report = asyncio.run(RoutingBench(routing_plan, run_dir, _progress).run())
+        errors = report.errors()
+        failed_to_start = any(
+            backend is not None and (backend.failures or backend.peer_error)
+            for backend in (report.sim, report.vllm)
+        )
+        if errors or failed_to_start:
+            return report, f"{errors} requests failed or a system did not start"
+        return report, None
+
+    scenario = routing if args.scenario == "routing" else engine
+    return _run_scenario(args, scenario, f"llmmesh-bench-{args.scenario}-")
+
+
+def _run_scenario(
+    args: argparse.Namespace, scenario: Callable[[Path], tuple[_Report, str | None]], prefix: str
+) -> int:
+    from llmmesh.bench.processes import StartupError
+
     # httpx logs every request at INFO: noise here, and client work that
     # only the peer's requests would pay for.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    run_dir = Path(tempfile.mkdtemp(prefix="llmmesh-bench-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     keep_logs = True
     try:
-        bench = EngineBench(plan, run_dir, _progress)
-        report = asyncio.run(bench.run())
+        report, trouble = scenario(run_dir)
     except StartupError as err:
         print(f"llmmesh bench: {err}", file=sys.stderr)
         return 1
@@ -246,48 +282,9 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"llmmesh bench: {err}", file=sys.stderr)
         return 2
     else:
-        errors = sum(metrics.errors for metrics in report.results.values())
-        keep_logs = errors > 0
-        if keep_logs:
-            _progress(f"{errors} requests failed; the systems' logs are in {run_dir}")
-    finally:
-        if not keep_logs:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    print(report.to_json() if args.json else report.to_table(), flush=True)
-    return 0
-
-
-def run_routing_bench(args: argparse.Namespace) -> int:
-    """``llmmesh bench routing``; exit statuses as for every scenario."""
-    from llmmesh.bench.processes import StartupError
-    from llmmesh.bench.routing import RoutingBench
-
-    try:
-        plan = routing_plan_from_args(args)
-    except ValueError as err:
-        print(f"llmmesh bench: {err}", file=sys.stderr)
-        return 2
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    run_dir = Path(tempfile.mkdtemp(prefix="llmmesh-bench-routing-"))
-    keep_logs = True
-    try:
-        report = asyncio.run(RoutingBench(plan, run_dir, _progress).run())
-    except StartupError as err:
-        print(f"llmmesh bench: {err}", file=sys.stderr)
-        return 1
-    except ValueError as err:
-        print(f"llmmesh bench: {err}", file=sys.stderr)
-        return 2
-    else:
-        errors = report.errors()
-        failed_to_start = any(
-            backend is not None and (backend.failures or backend.peer_error)
-            for backend in (report.sim, report.vllm)
-        )
-        keep_logs = errors > 0 or failed_to_start
-        if keep_logs:
-            _progress(f"{errors} requests failed or a system did not start; the logs are in {run_dir}")
+        keep_logs = trouble is not None
+        if trouble is not None:
+            _progress(f"{trouble}; the systems' logs are in {run_dir}")
     finally:
         if not keep_logs:
             shutil.rmtree(run_dir, ignore_errors=True)
