@@ -41,7 +41,6 @@ class Admitted:
     limiter: RateLimiter = field(repr=False)
     quota_hold: QuotaHold = field(repr=False)
     ticket: Ticket = field(repr=False)
-    waited_s: float = 0.0
     _admission: Admission | None = field(default=None, repr=False)
 
     def release_slot(self) -> None:
@@ -99,14 +98,13 @@ class Admission:
         except BaseException:
             await _settle(limiter, reservation, 0)
             raise
-        started = self._clock()
         try:
             ticket = await self.queue.acquire(tier_name(caller.tier), deadline_s)
         except BaseException:
             self.quota.release(hold)
             await _settle(limiter, reservation, 0)
             raise
-        return Admitted(reservation, limiter, hold, ticket, self._clock() - started, self)
+        return Admitted(reservation, limiter, hold, ticket, self)
 
     def _warn(self, message: str) -> None:
         now = self._clock()

@@ -72,7 +72,6 @@ class TurnMeter:
     input_tokens: int = 0
     cached_input_tokens: int = 0
     output_tokens: int = 0
-    generated_tokens: int = 0
     started: bool = False
     reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
     # The reply as delivered, for the zone store.
@@ -100,7 +99,6 @@ class PreparedTurn:
     conversation_id: str | None
     # The new user text stored with the reply, for conversation turns.
     user_text: str | None
-    dropped_messages: int = 0
 
 
 @dataclass
@@ -207,7 +205,6 @@ class ChatGateway:
         messages: Sequence[common_pb2.ChatMessage] = start.messages
         conversation_id: str | None = None
         user_text: str | None = None
-        dropped = 0
         if start.conversation_id:
             conversation = await self._store.get_conversation(caller.tenant_id, start.conversation_id)
             conversation_id = conversation.id
@@ -240,7 +237,14 @@ class ChatGateway:
                     reserve_output_tokens=requested or min(self._settings.default_output_tokens, window // 4),
                     count_tokens=count,
                 )
-                messages, dropped = fitted.messages, fitted.dropped_messages
+                messages = fitted.messages
+                if fitted.dropped_messages:
+                    log.debug(
+                        "turn %s: %d oldest messages of %s left out to fit the window",
+                        request_id,
+                        fitted.dropped_messages,
+                        conversation.id,
+                    )
             else:
                 messages = [*system, *history, *new]
         token_ids = await self._tokenizer.tokenize(model.name, messages)
@@ -254,7 +258,7 @@ class ChatGateway:
         room = window - len(token_ids) if window else requested or self._settings.default_output_tokens
         max_output = requested or min(self._settings.default_output_tokens, room)
         return PreparedTurn(
-            request_id, model, tuple(messages), token_ids, max_output, conversation_id, user_text, dropped
+            request_id, model, tuple(messages), token_ids, max_output, conversation_id, user_text
         )
 
     async def _place_and_stream(
@@ -325,7 +329,6 @@ class ChatGateway:
                         )
                     )
                 elif kind == "delta":
-                    meter.generated_tokens += len(resp.delta.token_ids)
                     release = await output.feed(resp.delta.text, tuple(resp.delta.token_ids))
                     if release:
                         yield self._deliver(meter, base_sequence, release.text, release.token_ids)
