@@ -79,6 +79,12 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return run_model(args)
 
 
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from llmmesh.cli.chat import run_chat
+
+    return run_chat(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from llmmesh.cli.bench import run_bench
 
@@ -91,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     from globalplane.settings import GlobalSettings
     from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.bench import add_bench_arguments
+    from llmmesh.cli.chat import add_chat_arguments
     from llmmesh.cli.model import add_model_arguments
     from llmmesh.cli.up import add_up_arguments
     from region.settings import RegionSettings
@@ -110,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     admin = sub.add_parser("admin", help="administer tenants, API keys, usage and regions over gRPC")
     add_admin_arguments(admin)
     admin.set_defaults(func=_cmd_admin)
+
+    chat = sub.add_parser(
+        "chat", help="chat in the terminal, replies streamed token by token over gRPC or HTTP"
+    )
+    add_chat_arguments(chat)
+    chat.set_defaults(func=_cmd_chat)
 
     model = sub.add_parser("model", help="build the models the mesh serves")
     add_model_arguments(model)
