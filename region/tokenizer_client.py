@@ -39,7 +39,7 @@ def prompt_key(model: str, messages: Sequence[common_pb2.ChatMessage], add_gener
 class TokenizerClient:
     """Tokenizes chat prompts through the pods of ``pods``; an LRU of
     ``capacity`` prompts. Pods serving one model share its tokenizer, so any
-    healthy one may answer (they are tried in turn)."""
+    healthy one may answer (the least busy is asked first, then the others)."""
 
     def __init__(self, pods: EnginePool, capacity: int = 4096, timeout_s: float = 2.0) -> None:
         if capacity <= 0:
@@ -76,13 +76,17 @@ class TokenizerClient:
     async def _ask_a_pod(
         self, model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool
     ) -> tuple[int, ...]:
-        pods = [p for p in self._pods.healthy_pods if not model or not p.model or p.model == model]
+        serving = [p for p in self._pods.healthy_pods if not model or not p.model or p.model == model]
+        # The least busy pod first: a pod tokenizes on the loop that streams
+        # its tokens, so a busy one answers late and slows its own streams.
+        # Ties rotate, so idle pods share the work.
         start = next(self._turn)
+        rotated = [serving[(start + n) % len(serving)] for n in range(len(serving))] if serving else []
+        pods = sorted(rotated, key=lambda pod: pod.in_flight)
         request = engine_service_pb2.TokenizeRequest(
             model=model, messages=messages, add_generation_prompt=add_generation_prompt
         )
-        for offset in range(len(pods)):
-            pod = pods[(start + offset) % len(pods)]
+        for pod in pods:
             try:
                 response = await pod.stub.Tokenize(request, timeout=self._timeout_s)
             except grpc.aio.AioRpcError as err:

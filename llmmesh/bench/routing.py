@@ -28,7 +28,9 @@ measured), then the measured conversations.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,6 +48,7 @@ from llmmesh.bench.routing_clients import (
     RouterChatClient,
     TurnClient,
     run_conversations,
+    turn_trace,
 )
 from llmmesh.bench.routing_report import BackendReport, RoutingReport, SystemResult, system_name
 from llmmesh.bench.routing_systems import (
@@ -270,6 +273,7 @@ class RoutingBench:
                 f"{plan.concurrency} users"
             )
             before = await probe.read()
+            measure_started = time.perf_counter()
             run = await run_conversations(
                 client,
                 conversations,
@@ -282,6 +286,9 @@ class RoutingBench:
             with contextlib.suppress(Exception):
                 await client.close()
         metrics = summarize(run.records, run.wall_s)
+        trace = self.run_dir / f"{name.replace(' ', '-').replace('/', '-')}-turns.jsonl"
+        lines = turn_trace(conversations, run.records, measure_started)
+        trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
         errors = [record.error for record in run.records if record.error]
         if errors:
             self._progress(f"{name}: {len(errors)} failed, first: {errors[0]}")

@@ -90,7 +90,9 @@ class RegionChatClient:
             await call.done_writing()
             async for response in call:
                 kind = response.WhichOneof("event")
-                if kind == "delta":
+                if kind == "started":
+                    record.served_by = response.started.pod_id
+                elif kind == "delta":
                     record.add_tokens(time.perf_counter(), len(response.delta.token_ids))
                 elif kind == "finished":
                     record.finish(time.perf_counter())
@@ -176,6 +178,27 @@ async def run_conversations(
         for index in range(min(concurrency, len(conversations))):
             group.create_task(user(index * ramp_s / concurrency))
     return LevelRun([record for turns in records for record in turns], time.perf_counter() - started)
+
+
+def turn_trace(
+    conversations: Sequence[Conversation], records: Sequence[RequestRecord], started_at: float
+) -> list[dict[str, Any]]:
+    """One JSON-ready line per measured turn, in the workload's order: which
+    tenant and turn it was, when it was sent (from ``started_at``), its TTFT,
+    the pod that served it and any error; for finding where a tail comes from."""
+    turns = [turn for conversation in conversations for turn in conversation.turns]
+    return [
+        {
+            "turn_id": turn.turn_id,
+            "tenant": turn.tenant,
+            "sent_s": round(record.sent_at - started_at, 4),
+            "ttft_s": None if record.ttft_s is None else round(record.ttft_s, 4),
+            "output_tokens": record.output_tokens,
+            "pod": record.served_by,
+            "error": record.error,
+        }
+        for turn, record in zip(turns, records, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

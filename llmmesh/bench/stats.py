@@ -39,6 +39,8 @@ class RequestRecord:
     chunks: list[tuple[float, int]] = field(default_factory=list)
     finished_at: float | None = None
     error: str | None = None
+    served_by: str = ""
+    """The engine pod that served it, when the system says (ours does)."""
 
     def add_tokens(self, at: float, count: int) -> None:
         """Record a chunk of ``count`` tokens arriving at ``at``; empty chunks

@@ -22,9 +22,10 @@ from llmmesh.bench.routing_clients import (
     chat_start,
     parse_prefix_counts,
     run_conversations,
+    turn_trace,
 )
 from llmmesh.bench.routing_report import BackendReport, RoutingReport, SystemResult, system_name
-from llmmesh.bench.routing_systems import Pod, router_command
+from llmmesh.bench.routing_systems import Pod, pod_cores, router_command
 from llmmesh.bench.routing_workload import (
     KvSizing,
     Message,
@@ -361,3 +362,38 @@ def test_chunk_counter_counts_usage_on_every_chunk_or_only_at_the_end() -> None:
     counts = [at_end.tokens_in(chunk) for chunk in content]
     counts.append(at_end.tokens_in({"choices": [], "usage": {"completion_tokens": 4}}))
     assert counts == [1, 1, 1, 1] and at_end.counted == 4
+
+
+def test_each_vllm_pod_gets_its_own_share_of_the_cores() -> None:
+    assert [pod_cores(i, 2, [0, 1]) for i in range(2)] == [[0], [1]]
+    assert [pod_cores(i, 2, [0, 1, 2, 3, 4]) for i in range(2)] == [[0, 1], [2, 3]]
+    # More pods than cores: shared round robin, never an empty list.
+    assert [pod_cores(i, 3, [4, 6]) for i in range(3)] == [[4], [6], [4]]
+
+
+def test_the_turn_trace_names_each_turn_its_pod_and_its_ttft() -> None:
+    workload = RoutingWorkload(
+        tenants=2, system_words=20, conversations_per_tenant=1, turns_per_conversation=2, max_tokens=4
+    )
+    conversations = workload.conversations("measure")
+    records = []
+    for n, _turn in enumerate(t for c in conversations for t in c.turns):
+        record = RequestRecord(sent_at=10.0 + n, served_by=f"pod-{n % 2}")
+        if n != 1:
+            record.add_tokens(10.25 + n, 3)
+        else:
+            record.fail("UNAVAILABLE: gone")
+        records.append(record)
+    lines = turn_trace(conversations, records, started_at=10.0)
+    assert [line["turn_id"] for line in lines] == [t.turn_id for c in conversations for t in c.turns]
+    assert lines[0] == {
+        "turn_id": lines[0]["turn_id"],
+        "tenant": conversations[0].tenant,
+        "sent_s": 0.0,
+        "ttft_s": 0.25,
+        "output_tokens": 3,
+        "pod": "pod-0",
+        "error": None,
+    }
+    assert lines[1]["ttft_s"] is None and lines[1]["error"] == "UNAVAILABLE: gone"
+    json.dumps(lines)
