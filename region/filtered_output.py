@@ -1,10 +1,11 @@
 """A turn's engine deltas through the streaming output filter.
 
-The filter releases text only once it was checked
-(:class:`region.safety.StreamingOutputFilter`); text and tokens must stay
-together for the client (a continuation after failover resumes from the
-token ids delivered), so deltas are held whole and go out merged once all
-of their text is released. Text the filter released in the middle of a
+The filter releases text once it was checked and nothing still to come can
+make it part of a flag (:class:`region.safety.StreamingOutputFilter`), for
+clean text mostly as soon as the word it ends in is complete; text and
+tokens must stay together for the client (a continuation after failover
+resumes from the token ids delivered), so deltas are held whole and go out
+merged once all of their text is released. Text the filter released in the middle of a
 delta waits for the rest of that delta.
 """
 

@@ -22,3 +22,17 @@ class SafetyBackend(ABC):
     async def check(self, text: str, *, kind: CheckKind) -> Verdict:
         """Classify ``text``; ``kind`` says whether it is the caller's input or
         the model's output (some categories apply to one only)."""
+
+    def hold_from(self, text: str, *, kind: CheckKind, since: int = 0) -> int | None:
+        """Where, in ``text`` (a reply so far, its end the newest character
+        received), a flag could still begin: the earliest offset ``>= since``
+        such that ``text[offset:]`` followed by some text still to come might
+        be flagged, a match already whole in ``text`` included; ``len(text)``
+        when nothing could. Text before ``since`` was already released and is
+        context only.
+
+        It must never answer later than the truth, since the output filter
+        releases text up to the answer. ``None``, the default, means this
+        backend cannot tell, and the filter holds back its fixed overlap.
+        """
+        return None

@@ -45,7 +45,7 @@ class SafetySettings:
     safety_retry_after_s: float = setting(1.0, "retry delay suggested when the safety check is unavailable")
     safety_window_chars: int = setting(256, "characters of streamed output one safety check sees")
     safety_overlap_chars: int = setting(
-        64, "characters consecutive output windows share; held back until rechecked"
+        64, "characters consecutive output windows share; with the judge, held back until rechecked"
     )
 
 

@@ -103,14 +103,20 @@ class OutputDecision:
 
 class StreamingOutputFilter:
     """Checks a streamed reply in overlapping windows and releases only text
-    that was checked.
+    that was checked, and of that only what text still to come cannot turn
+    into part of a flag.
 
     Each check covers up to ``window_chars`` ending at the newest text, and
-    consecutive windows overlap by at least ``overlap_chars``; the last
-    ``overlap_chars`` checked are held back until the next window (or
-    :meth:`finish`) has seen them with what follows. So a flagged phrase of up
-    to ``overlap_chars`` is caught before any part of it is released, however
-    the deltas split it; longer phrases are caught when one window holds them.
+    consecutive windows overlap by at least ``overlap_chars``. After a clean
+    check, every backend says from where a match could still begin
+    (:meth:`SafetyBackend.hold_from`, given the text received since the last
+    window began): checked text before the earliest of those goes out, so a
+    reply whose end could not start a flagged phrase is released at once. A
+    backend that cannot tell (a model judge) holds back the last
+    ``overlap_chars`` checked until the next window (or :meth:`finish`) has
+    seen them with what follows. Either way a flagged phrase the windows can
+    see whole (any of up to ``overlap_chars``) is caught before any part of
+    it is released, however the deltas split it.
     Windows begin and end at word edges (stretching by up to ``WORD_SLACK``),
     so a token that ends mid-word is held until the word is complete and a
     whole-word rule never fires on a fragment (``ass`` of ``assassin``).
@@ -149,6 +155,7 @@ class StreamingOutputFilter:
         self._text = ""
         self._base = 0
         self._checked = 0  # end of the last window checked clean
+        self._window_start = 0  # and where it began
         self._released = 0
         self._stopped: Verdict | None = None
         self._failure: Unavailable | None = None
@@ -203,8 +210,8 @@ class StreamingOutputFilter:
             if verdict is not None:
                 self._stopped = verdict
                 return OutputDecision("", verdict)
-            self._checked = stop
-        upto = end if final else max(self._released, self._checked - self._overlap)
+            self._checked, self._window_start = stop, start
+        upto = end if final else max(self._released, self._clear_end(end))
         release = self._text[self._released - self._base : upto - self._base]
         self._released = upto
         # Drop what no future window reaches (see _advance and _word_start).
@@ -213,6 +220,23 @@ class StreamingOutputFilter:
         self._text = self._text[keep - self._base :]
         self._base = keep
         return OutputDecision(release)
+
+    def _clear_end(self, end: int) -> int:
+        """Where checked text stops being safe to release: the earliest point
+        from which any backend says a match could still begin, or the overlap
+        back from the checked end for one that cannot tell. The backends see
+        the text from the last window's start (the context its check had), so
+        their work is bounded by the window, not the reply."""
+        if self._checked <= self._released:
+            return self._checked
+        start = self._window_start
+        text = self._text[start - self._base : end - self._base]
+        since = max(0, self._released - start)
+        clear = self._checked
+        for backend in self._backends:
+            hold = _hold_from(backend, text, since)
+            clear = min(clear, self._checked - self._overlap if hold is None else start + hold)
+        return clear
 
     def _next_stop(self, end: int, final: bool) -> int | None:
         """Where the next window ends: at most a step past the last one, and
@@ -245,6 +269,16 @@ class StreamingOutputFilter:
                 break
             start -= 1
         return start
+
+
+def _hold_from(backend: SafetyBackend, text: str, since: int) -> int | None:
+    """``backend.hold_from``, with a failure taken for "cannot tell": holding
+    back the overlap is safe, so a bug here costs latency, not the turn."""
+    try:
+        return backend.hold_from(text, kind="output", since=since)
+    except Exception:
+        log.exception("safety backend %s could not tell what to hold back", backend.name)
+        return None
 
 
 def _is_word(char: str) -> bool:

@@ -5,6 +5,9 @@ terms match whole words only (case-insensitive, any run of whitespace between
 the words of a phrase), so a term never matches inside a longer word (the
 Scunthorpe problem). Payment card numbers are confirmed with the Luhn check so
 that arbitrary digit runs (order ids, timestamps) are not reported.
+
+:meth:`RulesBackend.hold_from` tells exactly where, in a reply still
+streaming, any of these could yet match (see :mod:`region.safety.partial`).
 """
 
 from __future__ import annotations
@@ -13,11 +16,21 @@ import asyncio
 import bisect
 import itertools
 import re
-import unicodedata
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+import regex
 
 from region.safety import verdict as cat
 from region.safety.backend import SafetyBackend
+from region.safety.partial import (
+    Normalised,
+    engines_agree,
+    normalise,
+    partial_start,
+    proxied,
+    settled_end,
+    term_prefixes,
+)
 from region.safety.verdict import CheckKind, Verdict, require_categories
 
 # A small, conservative starting point per category; deployments extend it
@@ -73,8 +86,10 @@ _NATIONAL_IDS = (
 )
 OFFLOAD_CHARS = 16_384
 """Texts longer than this are classified on a worker thread."""
-_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"))
-
+_CONTEXT_CHARS = 16
+"""Released characters :meth:`RulesBackend.hold_from` reads before ``since``,
+for the rules' look-behinds (none looks back more than two characters)."""
+_CARD_DIGITS = range(13, 20)
 
 _DOUBLED = (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)  # Luhn: 2d, minus 9 when over 9
 
@@ -87,19 +102,18 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _run_has_card(run: str) -> bool:
-    """Whether a digit run, or a span of its whole separator-delimited groups
-    (a card may sit next to more digits, such as a CVV), is a card number.
+def _card_span(groups: Sequence[str]) -> int | None:
+    """The first group of the earliest span of whole ``groups`` (a card may sit
+    next to more digits, such as a CVV) that is a card number, if one is.
 
     Each span's Luhn sum comes from prefix sums in O(1), so a long run costs
     linear time, not quadratic.
     """
-    groups = _GROUP_SEP.split(run)
     digits = "".join(groups)
-    if 13 <= len(digits) <= 19 and luhn_valid(digits):
-        return True
+    if len(digits) in _CARD_DIGITS and luhn_valid(digits):
+        return 0
     if len(groups) == 1:
-        return False
+        return None
     # odd_doubled[i]: Luhn sum of digits[:i] doubling odd positions; the
     # right for a span whose last digit sits at an even position.
     odd_doubled, even_doubled = [0], [0]
@@ -109,18 +123,42 @@ def _run_has_card(run: str) -> bool:
         even_doubled.append(even_doubled[-1] + (value if position % 2 else doubled))
     offsets = list(itertools.accumulate((len(g) for g in groups), initial=0))
     for first, start in enumerate(offsets):
-        low = bisect.bisect_left(offsets, start + 13, first + 1)
-        high = bisect.bisect_right(offsets, start + 19, first + 1)
+        low = bisect.bisect_left(offsets, start + _CARD_DIGITS.start, first + 1)
+        high = bisect.bisect_right(offsets, start + _CARD_DIGITS.stop - 1, first + 1)
         for end in offsets[low:high]:
             sums = odd_doubled if (end - 1) % 2 == 0 else even_doubled
             if (sums[end] - sums[start]) % 10 == 0:
-                return True
-    return False
+                return first
+    return None
 
 
 def contains_card_number(text: str) -> bool:
     """Whether ``text`` holds a 13-19 digit, Luhn-valid payment card number."""
-    return any(_run_has_card(match.group()) for match in _DIGIT_RUN.finditer(text))
+    return any(_card_span(_GROUP_SEP.split(match.group())) is not None for match in _DIGIT_RUN.finditer(text))
+
+
+def card_hold(text: str, pos: int = 0) -> int:
+    """The earliest offset ``>= pos`` where a card number starts in ``text``
+    or could start, digits still to come completing it; ``len(text)`` when
+    none can.
+
+    Digits at the end (or followed by one space or dash) can grow into a card
+    from any group start with fewer digits after it than a card has: the
+    last digit to come can always make the Luhn sum right.
+    """
+    for run in _DIGIT_RUN.finditer(text, pos):
+        groups = _GROUP_SEP.split(run.group())
+        starts = list(itertools.accumulate((len(g) + 1 for g in groups), initial=run.start()))
+        first = _card_span(groups)
+        if first is not None:
+            return starts[first]
+        if run.end() == len(text) or (run.end() == len(text) - 1 and text[-1] in " -"):
+            remaining = sum(map(len, groups))
+            for start, group in zip(starts, groups, strict=False):
+                if remaining < _CARD_DIGITS.stop - 1:
+                    return start
+                remaining -= len(group)
+    return len(text)
 
 
 def _term_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
@@ -134,10 +172,12 @@ def _term_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)(?:" + "|".join(alternatives) + r")(?!\w)", re.IGNORECASE)
 
 
-def _normalise(text: str) -> str:
-    # Compatibility forms (full-width letters, ligatures) and invisible
-    # characters are classic ways around a deny list.
-    return unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
+def _partial(*patterns: re.Pattern[str]) -> regex.Pattern[str]:
+    """Any of ``patterns`` (flags alike, no numbered groups) in the engine
+    that matches partially: one search finds the earliest start of them all."""
+    (flags,) = {pattern.flags & re.IGNORECASE for pattern in patterns}
+    source = "|".join(f"(?:{pattern.pattern})" for pattern in patterns)
+    return regex.compile(source, regex.IGNORECASE if flags else 0)
 
 
 class RulesBackend(SafetyBackend):
@@ -170,11 +210,29 @@ class RulesBackend(SafetyBackend):
             if pattern is not None:
                 self._terms.append((category, pattern))
         self._patterns: list[tuple[str, re.Pattern[str]]] = [
-            (require_categories([category])[0], re.compile(regex, re.IGNORECASE))
-            for category, regexes in (patterns or {}).items()
-            for regex in regexes
+            (require_categories([category])[0], re.compile(source, re.IGNORECASE))
+            for category, sources in (patterns or {}).items()
+            for source in sources
         ]
         self._injection = [re.compile(p, re.IGNORECASE) for p in INJECTION_PATTERNS]
+        self._init_holds(terms)
+
+    def _init_holds(self, terms: Mapping[str, Sequence[str]]) -> None:
+        """What :meth:`hold_from` searches: blocking categories only, since a
+        report-only one never stops a reply."""
+        blocking = [t for category, listed in terms.items() if self._blocks(category) for t in listed]
+        self._whole_terms = _term_pattern(blocking)
+        self._term_prefixes = term_prefixes(blocking)
+        self._held_pii = _partial(_EMAIL, *_PHONES, *_NATIONAL_IDS) if self._blocks(cat.PII) else None
+        self._held_injection = _partial(*self._injection) if self._blocks(cat.PROMPT_INJECTION) else None
+        self._held_patterns: list[regex.Pattern[str]] | None
+        try:
+            self._held_patterns = [_partial(p) for c, p in self._patterns if self._blocks(c)]
+        except regex.error:
+            self._held_patterns = None  # re accepts what regex does not: cannot tell
+
+    def _blocks(self, category: str) -> bool:
+        return category not in self._report_only
 
     async def check(self, text: str, *, kind: CheckKind) -> Verdict:
         if len(text) > OFFLOAD_CHARS:
@@ -184,7 +242,7 @@ class RulesBackend(SafetyBackend):
 
     def classify(self, text: str, *, kind: CheckKind) -> Verdict:
         """The same decision as :meth:`check`, synchronously."""
-        normal = _normalise(text)
+        normal = normalise(text)
         findings: dict[str, str] = {}
         for category, pattern in self._terms:
             if pattern.search(normal):
@@ -211,3 +269,45 @@ class RulesBackend(SafetyBackend):
         if any(p.search(text) for p in _NATIONAL_IDS):
             return "national id number"
         return ""
+
+    def hold_from(self, text: str, *, kind: CheckKind, since: int = 0) -> int | None:
+        """Exact for the deny list, card numbers and the built-in patterns:
+        the earliest start of a whole-word, case- and whitespace-insensitive
+        term prefix at the end (in the normal form :meth:`classify` matches),
+        of a digit run that could still grow into a Luhn-valid card, or of a
+        partial PII (and, for input, injection) pattern match. ``None`` for
+        text that does not normalise character by character, and for a
+        configured pattern the partial matcher cannot read as ``re`` does.
+        """
+        if self._held_patterns is None:
+            return None
+        since = min(max(0, since), len(text))
+        # Configured patterns may look back any distance; the built-in ones
+        # need only a little context before since.
+        start = 0 if self._held_patterns else max(0, since - _CONTEXT_CHARS)
+        normal = Normalised.of(text[start:])
+        if normal is None:
+            return None
+        found = self._held_in(normal.text, normal.to_normal(since - start), kind)
+        if found is None:
+            return None
+        return max(since, min(start + normal.to_original(found), settled_end(text)))
+
+    def _held_in(self, seen: str, pos: int, kind: CheckKind) -> int | None:
+        """:meth:`hold_from` in normal form, from ``pos`` on."""
+        starts = [len(seen)]
+        for terms in (self._term_prefixes, self._whole_terms):
+            match = terms.search(seen, pos) if terms is not None else None
+            if match is not None:
+                starts.append(match.start())
+        if self._held_pii is not None:
+            starts.append(card_hold(seen, pos))
+        partial = [self._held_pii, self._held_injection if kind == "input" else None]
+        if any(partial):
+            stood_in = proxied(seen)
+            starts.extend(partial_start(p, stood_in, pos) for p in partial if p is not None)
+        if self._held_patterns:
+            if not engines_agree(seen):
+                return None
+            starts.extend(partial_start(p, seen, pos) for p in self._held_patterns)
+        return min(starts)

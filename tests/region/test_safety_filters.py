@@ -12,8 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmmesh.errors import PermissionDenied, Reason, Unavailable
+from region.filtered_output import FilteredOutput
 from region.safety import (
     InputFilter,
+    LlmJudgeBackend,
     OutputDecision,
     RulesBackend,
     SafetyBackend,
@@ -23,6 +25,7 @@ from region.safety import (
     build_filters,
 )
 from region.safety.verdict import CheckKind
+from tests.region.safety_texts import matches, rules, texts
 
 PHRASE = "forbidden phrase"
 # Words that hold the deny term "ass" inside them: never a match.
@@ -149,8 +152,17 @@ async def test_phrase_split_across_deltas_is_caught_before_release() -> None:
 
 
 @pytest.mark.asyncio
-async def test_clean_stream_releases_everything_and_holds_back_the_overlap() -> None:
+async def test_clean_stream_is_released_as_soon_as_it_is_checked() -> None:
     output = StreamingOutputFilter([RulesBackend()], window_chars=32, overlap_chars=8)
+    first = await output.feed("a" * 10 + " " + "b" * 30 + " ")
+    assert first == OutputDecision("a" * 10 + " " + "b" * 30 + " ")
+    assert output.held == ""
+    assert await output.finish() == OutputDecision("")
+
+
+@pytest.mark.asyncio
+async def test_a_backend_that_cannot_tell_holds_back_the_overlap() -> None:
+    output = StreamingOutputFilter([RulesBackend(), RecordingBackend()], window_chars=32, overlap_chars=8)
     first = await output.feed("a" * 10 + " " + "b" * 30 + " ")
     assert first.stopped is None
     assert first.release == ("a" * 10 + " " + "b" * 30 + " ")[:-8]
@@ -158,6 +170,72 @@ async def test_clean_stream_releases_everything_and_holds_back_the_overlap() -> 
     last = await output.finish()
     assert last == OutputDecision("b" * 7 + " ")
     assert output.held == ""
+
+
+@pytest.mark.asyncio
+async def test_the_judge_cannot_tell_what_to_hold_back() -> None:
+    judge = LlmJudgeBackend(_judge_never_called)
+    assert judge.hold_from("some text ", kind="output") is None
+
+
+@pytest.mark.asyncio
+async def test_the_first_clean_delta_is_released_at_once() -> None:
+    output = StreamingOutputFilter([RulesBackend()])
+    assert await output.feed("Sure, here it is: ") == OutputDecision("Sure, here it is: ")
+    mid_word = StreamingOutputFilter([RulesBackend()])
+    assert await mid_word.feed("Hello") == OutputDecision("")  # may become "Hellos"
+    assert await mid_word.feed(", world!") == OutputDecision("Hello, world!")
+    delivered = await FilteredOutput(StreamingOutputFilter([RulesBackend()])).feed("Yes! ", (7, 8))
+    assert (delivered.text, delivered.token_ids) == ("Yes! ", (7, 8))
+
+
+@pytest.mark.asyncio
+async def test_text_that_could_start_a_flagged_phrase_waits_for_what_follows() -> None:
+    output = StreamingOutputFilter([rules_with_phrase()])
+    assert await output.feed("it was a forbidden ") == OutputDecision("it was a ")
+    assert await output.feed("fruit. ") == OutputDecision("forbidden fruit. ")
+
+
+@pytest.mark.asyncio
+async def test_a_phrase_fed_a_character_at_a_time_is_caught_with_none_of_it_released() -> None:
+    head = "Here is the story: "
+    text = head + "the " + PHRASE.replace(" ", " \n ") + ", and more."
+    output = StreamingOutputFilter([rules_with_phrase()])
+    released, stopped = await stream(output, list(text))
+    assert stopped is not None
+    assert released == head + "the "
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("deltas", "flagged"),
+    [
+        (["pay ", "3782", " 822463", " 10005", " now"], True),  # a Luhn-valid Amex number
+        (["pay ", "3782", " 822463", " 10006", " now"], False),  # one digit off
+    ],
+)
+async def test_card_digits_are_held_while_they_could_still_form_a_card(
+    deltas: list[str], flagged: bool
+) -> None:
+    output = StreamingOutputFilter([RulesBackend()])
+    released = ""
+    for delta in deltas[:-1]:
+        decision = await output.feed(delta)
+        released += decision.release
+        assert decision.stopped is None
+        assert released == "pay "
+    last = await output.feed(deltas[-1])
+    assert (last.stopped is not None) == flagged
+    assert released + last.release == ("pay " if flagged else "pay 3782 822463 10006 ")
+
+
+@pytest.mark.asyncio
+async def test_digits_that_can_no_longer_form_a_card_are_released() -> None:
+    output = StreamingOutputFilter([RulesBackend()])
+    # Twenty digits in one group: too long for a card, however the run goes on.
+    assert await output.feed("ref 12345678901234567890 ") == OutputDecision("ref 12345678901234567890 ")
+    assert await output.feed("then 4111 ") == OutputDecision("then ")
+    assert await output.feed("apples") == OutputDecision("4111 ")  # the run ended
 
 
 @pytest.mark.asyncio
@@ -170,7 +248,7 @@ async def test_a_window_never_ends_inside_an_unfinished_word() -> None:
         StreamingOutputFilter([rules_with_phrase()], 32, 8), ["a long ", "ass", " story"]
     )
     assert stopped is not None
-    assert released == ""
+    assert released == "a long "
 
 
 @pytest.mark.asyncio
@@ -228,6 +306,30 @@ def test_a_phrase_within_the_overlap_is_always_caught_before_release(
     assert stopped is not None
     assert len(released) <= len(head)
     assert text.startswith(released)
+
+
+@given(
+    text=texts(max_pieces=30),
+    cuts=st.lists(st.integers(0, 10_000), max_size=60),
+    window=st.integers(64, 200),
+    data=st.data(),
+)
+def test_no_part_of_a_match_is_released_however_the_deltas_split_it(
+    text: str, cuts: list[int], window: int, data: st.DataObject
+) -> None:
+    overlap = data.draw(st.integers(40, window - 1))
+    min_check = data.draw(st.integers(1, window - overlap))
+    output = StreamingOutputFilter([rules()], window, overlap, min_check_chars=min_check)
+    released, stopped = asyncio.run(stream(output, split_at(text, cuts)))
+    assert text.startswith(released)
+    # The windows see whole any match of up to the overlap: it must stop the
+    # reply, and none of it may have gone out before.
+    seen_whole = [start for start, end in matches(text) if end - start <= overlap]
+    if seen_whole:
+        assert stopped is not None
+        assert len(released) <= min(seen_whole)
+    elif stopped is None:
+        assert released == text
 
 
 @pytest.mark.asyncio

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from region.safety import OPENAI_CATEGORIES, RulesBackend, luhn_valid
 from region.safety.config import parse_categories, parse_term_lists
-from region.safety.rules import OFFLOAD_CHARS
+from region.safety.rules import OFFLOAD_CHARS, card_hold
 from region.safety.verdict import Verdict
+from tests.region.safety_texts import matches, rules, texts
 
 RULES = RulesBackend()
 TEST_CARDS = ("4111111111111111", "5555555555554444", "378282246310005", "6011111111111117", "4222222222222")
@@ -202,3 +203,107 @@ async def test_long_texts_are_checked_whole() -> None:
     assert len(text) > OFFLOAD_CHARS
     verdict = await RULES.check(text, kind="input")
     assert verdict.categories == ("pii",)
+
+
+# ----------------------------------------------------------------- hold_from
+
+
+def held(text: str, backend: RulesBackend = RULES, *, since: int = 0) -> str:
+    """What ``hold_from`` holds back of ``text``."""
+    offset = backend.hold_from(text, kind="output", since=since)
+    assert offset is not None
+    return text[offset:]
+
+
+@pytest.mark.parametrize(
+    ("text", "rest"),
+    [
+        ("Sure, here it is: ", ""),
+        ("I think you are worth", "you are worth"),  # "you are worthless"
+        ("I think YOU \t are\nworthl", "YOU \t are\nworthl"),
+        ("I know where you", "I know where you"),
+        ("they will disem\u00adbo", "disem\u00adbo"),  # invisible characters are dropped
+        ("so \uff59\uff4f\uff55 \uff41\uff52\uff45 w", "\uff59\uff4f\uff55 \uff41\uff52\uff45 w"),
+        ("a skilled killer ", ""),  # whole words only
+        ("you are worthless", "you are worthless"),  # a whole match, not yet followed by a word edge
+    ],
+)
+def test_hold_from_holds_what_could_still_become_a_deny_listed_term(text: str, rest: str) -> None:
+    assert held(text) == rest
+
+
+def test_hold_from_holds_partial_personal_data() -> None:
+    assert held("write to jane@example.c") == "jane@example.c"
+    assert held("that is it.") == "it."  # could go on as it.support@example.com
+    assert held("call (555) 12") == "(555) 12"
+    assert held("SSN 66") == "66"
+    assert held("NI JG 10 ") == "JG 10 "
+    assert held("that is it, ") == ""
+
+
+def test_hold_from_skips_report_only_categories() -> None:
+    backend = RulesBackend(report_only=["pii"])
+    assert held("write to jane@example.co, ", backend) == ""
+    assert held("pay 4111 1111 ", backend) == ""
+    assert held("you are worth", backend) == "you are worth"
+
+
+@pytest.mark.parametrize(
+    ("text", "rest"),
+    [
+        ("pay 4111 1111 ", "4111 1111 "),  # may grow into a card
+        ("pay 4111-1111-", "4111-1111-"),
+        ("pay 4111 1111, ", ""),  # the run ended
+        ("pay 4111 1111  ", ""),  # two spaces end a run
+        ("ref 12345678901234567890 ", ""),  # a group too long for any card
+        ("ref 123456789012345678", "123456789012345678"),  # a 19th digit could make it one
+        ("ref 1234567890123456789 ", ""),
+        ("ref 1234567890123456789 1 ", "1 "),  # only the last group can still start one
+        ("pay 4111 1111 1111 1111 and", "4111 1111 1111 1111 and"),  # a whole card
+    ],
+)
+def test_card_hold(text: str, rest: str) -> None:
+    assert text[card_hold(text) :] == rest
+
+
+def test_hold_from_holds_a_last_character_a_mark_could_still_change() -> None:
+    # "caf" could become "cafe" then "café"; a base letter or symbol at the very
+    # end could combine with a mark still to come.
+    assert held("a caf\u00e9") == "caf\u00e9"
+    assert held("ok \u3002") == "\u3002"
+    assert held("ok!") == ""
+
+
+def test_hold_from_cannot_tell_for_text_that_does_not_normalise_per_character() -> None:
+    assert RULES.hold_from("cafe\u0301 ", kind="output") is None
+
+
+def test_hold_from_reads_since_as_released() -> None:
+    assert held("you are worth and you are worth", since=10) == "you are worth"
+    assert held("abc you", since=7) == ""
+    assert RULES.hold_from("abc", kind="output", since=2) == 2  # never before since
+
+
+def test_hold_from_on_input_holds_injection_markers() -> None:
+    assert RULES.hold_from("now ignore all prev", kind="input") == 4
+    assert RULES.hold_from("now ignore all prev", kind="output") == len("now ignore all ")
+
+
+def test_hold_from_cannot_tell_when_configured_patterns_and_engines_differ() -> None:
+    backend = RulesBackend(patterns={"illicit": [r"\bcrack(?:ed)?\s+keys?\b"]}, builtin=False)
+    assert backend.hold_from("get crac", kind="output") == 4
+    assert backend.hold_from("get cracked k", kind="output") == 4
+    assert backend.hold_from("\u0915\u093e get crac", kind="output") is None  # a combining vowel sign
+
+
+@given(text=texts(), data=st.data())
+def test_hold_from_is_never_later_than_a_match_still_to_come(text: str, data: st.DataObject) -> None:
+    backend = rules()
+    cut = data.draw(st.integers(0, len(text)))
+    since = data.draw(st.integers(0, cut))
+    offset = backend.hold_from(text[:cut], kind="output", since=since)
+    assert offset is not None
+    assert since <= offset <= cut
+    for start, _ in matches(text, since):
+        if start < cut:
+            assert offset <= start
