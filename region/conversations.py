@@ -17,7 +17,7 @@ from datetime import datetime
 
 from google.protobuf import timestamp_pb2
 
-from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.errors import InvalidArgument, NotFound, Reason
 from llmmesh.ids import ConversationId
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -25,6 +25,7 @@ from llmmesh.v1 import chat_service_pb2, common_pb2
 from region.model_policy import require_allowed
 from region.policy_cache import PolicyCache
 from region.settings import RegionSettings
+from region.zone_store.paging import encode_position
 from region.zone_store.rows import ConversationRow, MessageRow, Role
 from region.zone_store.store import ZoneStore, utc_now
 
@@ -104,7 +105,11 @@ class ConversationService:
         """A page of the caller's live conversations, newest first."""
         caller = self._policy.authenticate(secret)
         size = page_size(request.page_size, CONVERSATIONS_PAGE)
-        page = await self._store.list_conversations(caller.tenant_id, size, request.page_token)
+        token = request.page_token
+        if request.after_id:
+            _one_cursor(request.page_token)
+            token = encode_position(await self._after(caller.tenant_id, request.after_id))
+        page = await self._store.list_conversations(caller.tenant_id, size, token)
         return chat_service_pb2.ListConversationsResponse(
             conversations=[conversation_proto(row) for row in page.items],
             next_page_token=page.next_page_token,
@@ -136,6 +141,9 @@ class ConversationService:
         conversation_id = self._conversation_id(request.conversation_id)
         size = page_size(request.page_size, MESSAGES_PAGE)
         after = decode_message_position(request.page_token, conversation_id) if request.page_token else 0
+        if request.after_id:
+            _one_cursor(request.page_token)
+            after = await self._message_seq(caller.tenant_id, conversation_id, request.after_id)
         rows = await self._store.message_page(
             caller.tenant_id, conversation_id, after_seq=after, limit=size + 1
         )
@@ -144,6 +152,32 @@ class ConversationService:
         return chat_service_pb2.ListMessagesResponse(
             messages=[message_proto(row) for row in page], next_page_token=token
         )
+
+    async def _after(self, tenant_id: str, after_id: str) -> ConversationRow:
+        """The live conversation a page named by id starts after; INVALID_ARGUMENT (``after_id``)
+        when there is none (a deleted one included: its place in the order is gone)."""
+        try:
+            return await self._store.get_conversation(tenant_id, after_id)
+        except NotFound as err:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"after_id {after_id!r} names no conversation of yours",
+                metadata={"param": "after_id"},
+            ) from err
+
+    async def _message_seq(self, tenant_id: str, conversation_id: str, after_id: str) -> int:
+        """The position of message ``after_id`` in the conversation; INVALID_ARGUMENT (``after_id``)
+        when it is not one of its messages."""
+        # The whole conversation is what each turn reads too; a page by id costs no more.
+        rows = await self._store.messages(tenant_id, conversation_id)
+        seq = next((row.seq for row in rows if row.id == after_id), None)
+        if seq is None:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"after_id {after_id!r} is not a message of conversation {conversation_id!r}",
+                metadata={"param": "after_id"},
+            )
+        return seq
 
     def _conversation_id(self, text: str) -> str:
         """``text`` when it is a conversation id of this zone; INVALID_ARGUMENT otherwise.
@@ -170,6 +204,13 @@ class ConversationService:
                 metadata={"param": "conversation_id", "zone": parsed.zone},
             )
         return text
+
+
+def _one_cursor(page_token: str) -> None:
+    if page_token:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST, "give page_token or after_id, not both", metadata={"param": "after_id"}
+        )
 
 
 def page_size(requested: int, bounds: tuple[int, int]) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
@@ -43,6 +43,7 @@ from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.model_policy import require_allowed, turn_cost
 from region.policy_cache import Caller, PolicyCache
+from region.ratelimit import Reservation
 from region.router import KvAffinityRouter
 from region.safety import SafetyFilters
 from region.settings import RegionSettings
@@ -116,6 +117,24 @@ def _now() -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.GetCurrentTime()
     return ts
+
+
+def rate_limit_status(reservation: Reservation) -> chat_service_pb2.RateLimitStatus:
+    """The key's limits as a turn's admission left them, for the edge's ``x-ratelimit-*`` headers."""
+    return chat_service_pb2.RateLimitStatus(
+        limit_requests=reservation.limit_requests,
+        remaining_requests=reservation.remaining_requests,
+        reset_requests=_duration(reservation.reset_requests_s),
+        limit_tokens=reservation.limit_tokens,
+        remaining_tokens=reservation.remaining_tokens,
+        reset_tokens=_duration(reservation.reset_tokens_s),
+    )
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    span = duration_pb2.Duration()
+    span.FromNanoseconds(round(seconds * 1e9))
+    return span
 
 
 class ChatGateway:
@@ -304,7 +323,9 @@ class ChatGateway:
                     start=engine_service_pb2.GenerateStart(
                         request_id=prepared.request_id,
                         model=prepared.model.name,
-                        messages=prepared.messages,
+                        # The prompt as the router tokenized it (a pod's own
+                        # tokens), so the pod does not render it again.
+                        prompt_token_ids=prepared.token_ids,
                         sampling=start.sampling,
                         priority=engine_priority(turn.caller.tier),
                         resume_output_token_ids=start.continuation.emitted_token_ids,
@@ -326,6 +347,7 @@ class ChatGateway:
                             model=prepared.model.name,
                             conversation_id=prepared.conversation_id or "",
                             create_time=self._now(),
+                            rate_limit=rate_limit_status(turn.admitted.reservation),
                         )
                     )
                 elif kind == "delta":

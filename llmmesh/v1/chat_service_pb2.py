@@ -22,67 +22,70 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xde\x01\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\"\x8c\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xa8\x01\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x02\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"A\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"U\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xfd\x04\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xde\x01\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\"\x8c\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xd9\x01\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\nrate_limit\x18\x08 \x01(\x0b\x32\x1b.llmmesh.v1.RateLimitStatus\"\xd9\x01\n\x0fRateLimitStatus\x12\x16\n\x0elimit_requests\x18\x01 \x01(\x03\x12\x1a\n\x12remaining_requests\x18\x02 \x01(\x03\x12\x31\n\x0ereset_requests\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x03\x12\x18\n\x10remaining_tokens\x18\x05 \x01(\x03\x12/\n\x0creset_tokens\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\">\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x02\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"S\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x03 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"g\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x04 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xfd\x04\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.chat_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAFETYSTAGE']._serialized_start=2928
-  _globals['_SAFETYSTAGE']._serialized_end=3020
-  _globals['_CHATREQUEST']._serialized_start=103
-  _globals['_CHATREQUEST']._serialized_end=208
-  _globals['_CHATSTART']._serialized_start=211
-  _globals['_CHATSTART']._serialized_end=433
-  _globals['_CONTINUATION']._serialized_start=436
-  _globals['_CONTINUATION']._serialized_end=576
-  _globals['_CHATCANCEL']._serialized_start=578
-  _globals['_CHATCANCEL']._serialized_end=606
-  _globals['_CHATRESPONSE']._serialized_start=609
-  _globals['_CHATRESPONSE']._serialized_end=889
-  _globals['_CHATSTARTED']._serialized_start=892
-  _globals['_CHATSTARTED']._serialized_end=1060
-  _globals['_CHATDELTA']._serialized_start=1062
-  _globals['_CHATDELTA']._serialized_end=1124
-  _globals['_SAFETYVERDICT']._serialized_start=1126
-  _globals['_SAFETYVERDICT']._serialized_end=1235
-  _globals['_CHATUSAGE']._serialized_start=1237
-  _globals['_CHATUSAGE']._serialized_end=1305
-  _globals['_CHATFINISHED']._serialized_start=1307
-  _globals['_CHATFINISHED']._serialized_end=1383
-  _globals['_CONVERSATION']._serialized_start=1386
-  _globals['_CONVERSATION']._serialized_end=1666
-  _globals['_STOREDMESSAGE']._serialized_start=1669
-  _globals['_STOREDMESSAGE']._serialized_end=1970
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=1972
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=2052
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=2054
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=2130
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=2132
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=2181
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=2183
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2256
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2258
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2323
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2325
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2426
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2428
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2480
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2482
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2558
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=2560
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=2645
-  _globals['_LISTMESSAGESRESPONSE']._serialized_start=2647
-  _globals['_LISTMESSAGESRESPONSE']._serialized_end=2739
-  _globals['_GETREGIONINFOREQUEST']._serialized_start=2741
-  _globals['_GETREGIONINFOREQUEST']._serialized_end=2763
-  _globals['_GETREGIONINFORESPONSE']._serialized_start=2766
-  _globals['_GETREGIONINFORESPONSE']._serialized_end=2926
-  _globals['_CHATSERVICE']._serialized_start=3023
-  _globals['_CHATSERVICE']._serialized_end=3660
+  _globals['_SAFETYSTAGE']._serialized_start=3265
+  _globals['_SAFETYSTAGE']._serialized_end=3357
+  _globals['_CHATREQUEST']._serialized_start=135
+  _globals['_CHATREQUEST']._serialized_end=240
+  _globals['_CHATSTART']._serialized_start=243
+  _globals['_CHATSTART']._serialized_end=465
+  _globals['_CONTINUATION']._serialized_start=468
+  _globals['_CONTINUATION']._serialized_end=608
+  _globals['_CHATCANCEL']._serialized_start=610
+  _globals['_CHATCANCEL']._serialized_end=638
+  _globals['_CHATRESPONSE']._serialized_start=641
+  _globals['_CHATRESPONSE']._serialized_end=921
+  _globals['_CHATSTARTED']._serialized_start=924
+  _globals['_CHATSTARTED']._serialized_end=1141
+  _globals['_RATELIMITSTATUS']._serialized_start=1144
+  _globals['_RATELIMITSTATUS']._serialized_end=1361
+  _globals['_CHATDELTA']._serialized_start=1363
+  _globals['_CHATDELTA']._serialized_end=1425
+  _globals['_SAFETYVERDICT']._serialized_start=1427
+  _globals['_SAFETYVERDICT']._serialized_end=1536
+  _globals['_CHATUSAGE']._serialized_start=1538
+  _globals['_CHATUSAGE']._serialized_end=1606
+  _globals['_CHATFINISHED']._serialized_start=1608
+  _globals['_CHATFINISHED']._serialized_end=1684
+  _globals['_CONVERSATION']._serialized_start=1687
+  _globals['_CONVERSATION']._serialized_end=1967
+  _globals['_STOREDMESSAGE']._serialized_start=1970
+  _globals['_STOREDMESSAGE']._serialized_end=2271
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=2273
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=2353
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=2355
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=2431
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=2433
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=2482
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=2484
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2557
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=2559
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=2642
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=2644
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2745
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2747
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2799
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2801
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2877
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=2879
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=2982
+  _globals['_LISTMESSAGESRESPONSE']._serialized_start=2984
+  _globals['_LISTMESSAGESRESPONSE']._serialized_end=3076
+  _globals['_GETREGIONINFOREQUEST']._serialized_start=3078
+  _globals['_GETREGIONINFOREQUEST']._serialized_end=3100
+  _globals['_GETREGIONINFORESPONSE']._serialized_start=3103
+  _globals['_GETREGIONINFORESPONSE']._serialized_end=3263
+  _globals['_CHATSERVICE']._serialized_start=3360
+  _globals['_CHATSERVICE']._serialized_end=3997
 # @@protoc_insertion_point(module_scope)

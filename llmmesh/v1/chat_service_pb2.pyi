@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -262,6 +263,7 @@ class ChatStarted(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's id."""
     region: _builtins.str
@@ -278,6 +280,10 @@ class ChatStarted(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the turn was accepted."""
 
+    @_builtins.property
+    def rate_limit(self) -> Global___RateLimitStatus:
+        """The caller's API key's rate limits as its admission left them."""
+
     def __init__(
         self,
         *,
@@ -288,14 +294,65 @@ class ChatStarted(_message.Message):
         model: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        rate_limit: Global___RateLimitStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "pod_id", b"pod_id", "region", b"region", "request_id", b"request_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatStarted: _TypeAlias = ChatStarted  # noqa: Y015
+
+@_typing.final
+class RateLimitStatus(_message.Message):
+    """An API key's request (RPM) and token (TPM) limits right after a turn was
+    admitted: what OpenAI's x-ratelimit-* headers report.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_REQUESTS_FIELD_NUMBER: _builtins.int
+    REMAINING_REQUESTS_FIELD_NUMBER: _builtins.int
+    RESET_REQUESTS_FIELD_NUMBER: _builtins.int
+    LIMIT_TOKENS_FIELD_NUMBER: _builtins.int
+    REMAINING_TOKENS_FIELD_NUMBER: _builtins.int
+    RESET_TOKENS_FIELD_NUMBER: _builtins.int
+    limit_requests: _builtins.int
+    """Requests the key may make per window; 0 means unlimited."""
+    remaining_requests: _builtins.int
+    """Requests left in the window, this one counted."""
+    limit_tokens: _builtins.int
+    """Tokens the key may use per window; 0 means unlimited."""
+    remaining_tokens: _builtins.int
+    """Tokens left in the window, this turn's reservation (prompt plus the
+    most output it may produce) counted.
+    """
+    @_builtins.property
+    def reset_requests(self) -> _duration_pb2.Duration:
+        """Time until the window holds none of the requests it counts now."""
+
+    @_builtins.property
+    def reset_tokens(self) -> _duration_pb2.Duration:
+        """Time until the window holds none of the tokens it counts now."""
+
+    def __init__(
+        self,
+        *,
+        limit_requests: _builtins.int = ...,
+        remaining_requests: _builtins.int = ...,
+        reset_requests: _duration_pb2.Duration | None = ...,
+        limit_tokens: _builtins.int = ...,
+        remaining_tokens: _builtins.int = ...,
+        reset_tokens: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reset_requests", b"reset_requests", "reset_tokens", b"reset_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_requests", b"limit_requests", "limit_tokens", b"limit_tokens", "remaining_requests", b"remaining_requests", "remaining_tokens", b"remaining_tokens", "reset_requests", b"reset_requests", "reset_tokens", b"reset_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RateLimitStatus: _TypeAlias = RateLimitStatus  # noqa: Y015
 
 @_typing.final
 class ChatDelta(_message.Message):
@@ -657,19 +714,25 @@ class ListConversationsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Most items to return; 0 means 20, at most 100."""
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
+    after_id: _builtins.str
+    """Start after this conversation (an id from an earlier page) instead of at
+    page_token, for clients that page by ids; it must still be live.
+    """
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        after_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -758,22 +821,28 @@ class ListMessagesRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation."""
     page_size: _builtins.int
     """Most items to return; 0 means 50, at most 500."""
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
+    after_id: _builtins.str
+    """Start after this message of the conversation (an id from an earlier
+    page) instead of at page_token, for clients that page by ids.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        after_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
