@@ -17,10 +17,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from edge import metrics
 from edge.completions import CompletionsHandler, authenticate
+from edge.conversations import ConversationsHandler
 from edge.errors import OpenAIError, from_mesh_error
 from edge.health import path_health
 from edge.mesh_client import MeshClient
+from edge.openapi import openapi_document
 from edge.settings import EdgeSettings
+from edge.stream_routes import StreamRoutes
 from llmmesh.errors import MeshError
 from llmmesh.v1 import common_pb2, model_registry_service_pb2
 
@@ -50,6 +53,8 @@ def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
 def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     """The edge application over a mesh client."""
     completions = CompletionsHandler(settings, mesh)
+    conversations = ConversationsHandler(settings, mesh, completions)
+    streams = StreamRoutes(mesh, completions.streams)
 
     async def list_models(request: Request) -> Response:
         await authenticate(request, mesh)
@@ -79,6 +84,9 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
         ok = await mesh.global_serving()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document())
+
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
@@ -94,7 +102,9 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         status = exc.status_code if exc.status_code in (404, 405) else 400
-        return OpenAIError(status, f"{request.method} {request.url.path}: {exc.detail}", code=code).response()
+        error = OpenAIError(status, f"{request.method} {request.url.path}: {exc.detail}", code=code)
+        # A 405 keeps its Allow header.
+        return error.response(dict(exc.headers or {}))
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -102,17 +112,23 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await completions.streams.start()
         yield
+        await completions.streams.close()
         await mesh.close()
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", completions.handle, methods=["POST"]),
+            Route("/v1/streams/{stream_id}", streams.resume, methods=["GET"]),
+            Route("/v1/streams/{stream_id}/cancel", streams.cancel, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/usage", usage, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+            *conversations.routes(),
         ],
         exception_handlers={
             OpenAIError: on_openai_error,

@@ -1,9 +1,23 @@
 """OpenAI ``chat.completion.chunk`` and ``chat.completion`` objects, and
-their SSE framing. Every SSE event carries an ``id:`` so a client can resume."""
+their SSE framing.
+
+Every SSE event of a stream carries ``id: N``, its position, so a client can
+resume after it: the role chunk is 0, a content chunk has its delta's
+sequence number, then come the finish chunk and, with ``include_usage``, the
+usage chunk. ``data: [DONE]`` has no id: it is the end marker, not an event.
+
+A reply the region's output filter blocked ends as OpenAI ends one: a finish
+chunk with ``finish_reason: "content_filter"``, then ``[DONE]``. Its choice
+also names the flagged categories as Azure OpenAI does,
+``"content_filter_results": {"violence": {"filtered": true}}``, a field the
+OpenAI SDKs keep as an extra without failing.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from llmmesh.v1 import common_pb2
 
@@ -32,8 +46,21 @@ def sse_event(event_id: int, payload: dict[str, object]) -> bytes:
     return f"id: {event_id}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+def sse_data(payload: dict[str, object]) -> bytes:
+    """An event without ``id:``: a client's Last-Event-ID stays where it was."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class SseEvent(NamedTuple):
+    """One framed SSE event and its id."""
+
+    event_id: int
+    frame: bytes
+
+
 class ChunkStream:
-    """Builds the chunks of one streamed completion (constant id and created)."""
+    """Builds the events of one streamed completion: constant id and created,
+    strictly increasing event ids."""
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
         self.completion_id = completion_id
@@ -55,9 +82,9 @@ class ChunkStream:
             chunk["usage"] = None
         return chunk
 
-    def role(self) -> bytes:
-        """The first chunk: the assistant role and empty content."""
-        return sse_event(
+    def role(self) -> SseEvent:
+        """The first chunk (id 0): the assistant role and empty content."""
+        return self._event(
             0,
             self._chunk(
                 [
@@ -71,39 +98,42 @@ class ChunkStream:
             ),
         )
 
-    def content(self, sequence: int, text: str) -> bytes:
-        self.last_id = max(self.last_id, sequence)
-        return sse_event(
-            sequence,
+    def _event(self, event_id: int, payload: dict[str, object]) -> SseEvent:
+        self.last_id = event_id
+        return SseEvent(event_id, sse_event(event_id, payload))
+
+    def content(self, sequence: int, text: str) -> SseEvent:
+        """A content chunk; its id is the delta's sequence number (kept
+        above the previous id should a region ever repeat one)."""
+        return self._event(
+            max(sequence, self.last_id + 1),
             self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]),
         )
 
-    def finish(self, reason: common_pb2.FinishReason.ValueType) -> bytes:
-        self.last_id += 1
-        return sse_event(
-            self.last_id,
-            self._chunk(
-                [
-                    {
-                        "index": 0,
-                        "delta": {},
-                        "logprobs": None,
-                        "finish_reason": FINISH_REASONS.get(reason, "stop"),
-                    }
-                ]
-            ),
-        )
+    def finish(
+        self, reason: common_pb2.FinishReason.ValueType, filtered_categories: Sequence[str] = ()
+    ) -> SseEvent:
+        """The last choice chunk: an empty delta and the finish reason, and
+        the categories that blocked the reply when a filter did."""
+        choice: dict[str, object] = {
+            "index": 0,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": FINISH_REASONS.get(reason, "stop"),
+        }
+        if filtered_categories:
+            choice["content_filter_results"] = {c: {"filtered": True} for c in filtered_categories}
+        return self._event(self.last_id + 1, self._chunk([choice]))
 
-    def usage(self, usage: common_pb2.TokenUsage) -> bytes:
+    def usage(self, usage: common_pb2.TokenUsage) -> SseEvent:
         """The final chunk of ``include_usage``: empty choices, the usage."""
-        self.last_id += 1
         chunk = self._chunk([])
         chunk["usage"] = usage_object(usage)
-        return sse_event(self.last_id, chunk)
+        return self._event(self.last_id + 1, chunk)
 
-    def error(self, body: dict[str, object]) -> bytes:
-        self.last_id += 1
-        return sse_event(self.last_id, body)
+    def error(self, body: dict[str, object]) -> SseEvent:
+        """An error object as an event: the stream's last, never followed by ``[DONE]``."""
+        return self._event(self.last_id + 1, body)
 
 
 def completion_object(

@@ -1,27 +1,34 @@
 """``POST /v1/chat/completions``: an OpenAI request becomes a ChatService
 turn on the tenant's region, and its events become SSE chunks or one
-``chat.completion``."""
+``chat.completion``.
+
+A streamed turn goes through the stream log (:mod:`edge.streams`): the
+response follows it, and the client can resume it by its id. A client that
+disconnects cancels its turn, streamed or not, unless it asked for a
+resumable stream (``x-llmmesh-resumable: true``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from edge import metrics
-from edge.chunks import DONE, ChunkStream, completion_object
-from edge.errors import OpenAIError, from_mesh_error
+from edge.chunks import ChunkStream, completion_object
+from edge.errors import OpenAIError
 from edge.mesh_client import MeshClient, Principal
+from edge.ratelimit_headers import ratelimit_headers
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
+from edge.stream_log import StreamInfo
+from edge.streams import StreamHub, build_stream_log
 from edge.turns import OpenTurn, open_turn
 from llmmesh import apikeys
-from llmmesh.errors import MeshError
 from llmmesh.model_resolver import ModelResolver
+from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2
 
 
@@ -51,69 +58,106 @@ async def read_json(request: Request, limit: int) -> object:
         raise OpenAIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
+RESUMABLE_HEADER = "x-llmmesh-resumable"
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client has gone (the body must have been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class CompletionsHandler:
     """Serves chat completions through the mesh."""
 
-    def __init__(self, settings: EdgeSettings, mesh: MeshClient) -> None:
+    def __init__(self, settings: EdgeSettings, mesh: MeshClient, streams: StreamHub | None = None) -> None:
         self._settings = settings
         self._mesh = mesh
         self._models = ModelResolver(mesh.registry)
+        self.streams = streams if streams is not None else StreamHub(settings, build_stream_log(settings))
 
     async def handle(self, request: Request) -> Response:
-        arrived = time.monotonic()
         principal = await authenticate(request, self._mesh)
         req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
         model = await self._models.resolve(req.model, principal.tenant.tier)
-        completion_id = "chatcmpl-" + secrets.token_hex(12)
         start = chat_service_pb2.ChatStart(
-            request_id=completion_id,
             model=model.name,
             messages=req.to_messages(),
             sampling=req.to_sampling(),
             user=req.user or "",
         )
+        return await self.serve_turn(
+            request, principal, start, model.name, stream=req.stream, include_usage=req.include_usage()
+        )
+
+    async def serve_turn(
+        self,
+        request: Request,
+        principal: Principal,
+        start: chat_service_pb2.ChatStart,
+        model: str,
+        *,
+        stream: bool,
+        include_usage: bool,
+        prefer_region: str = "",
+    ) -> Response:
+        """Open ``start`` on the tenant's regions (``prefer_region`` first) and
+        answer it: an SSE stream of ``chat.completion.chunk`` events, or one
+        ``chat.completion``. The completion id is ``start.request_id`` (one
+        is chosen when it is empty); it is also the stream id for resuming.
+        Errors before the region accepts the turn raise (OpenAIError or
+        MeshError); later ones end the stream with an error event."""
+        arrived = time.monotonic()
+        if not start.request_id:
+            start.request_id = "chatcmpl-" + secrets.token_hex(12)
+        completion_id = start.request_id
         turn = await open_turn(
-            self._mesh, principal, start, model.name, self._settings.first_event_timeout_ms / 1000
+            self._mesh,
+            principal,
+            start,
+            model,
+            self._settings.first_event_timeout_ms / 1000,
+            prefer_region=prefer_region,
         )
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
+        headers.update(ratelimit_headers(turn.started))
         created = int(time.time())
-        if req.stream:
-            chunks = ChunkStream(completion_id, created, model.name, req.include_usage())
-            return StreamingResponse(
-                self._stream(turn, chunks, arrived),
-                media_type="text/event-stream",
-                headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        return await self._complete(turn, completion_id, created, model.name, headers)
-
-    async def _stream(self, turn: OpenTurn, chunks: ChunkStream, arrived: float) -> AsyncIterator[bytes]:
-        first_token = True
-        try:
-            yield chunks.role()
-            async for delta in turn.deltas():
-                if first_token:
-                    metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - arrived)
-                    first_token = False
-                metrics.OUTPUT_TOKENS.inc(len(delta.token_ids))
-                yield chunks.content(delta.sequence, delta.text)
-            yield chunks.finish(turn.reason)
-            if chunks.include_usage:
-                yield chunks.usage(turn.usage)
-            yield DONE
-        except MeshError as err:
-            error = from_mesh_error(err)
-            metrics.STREAM_ERRORS.labels(code=error.code or "unknown").inc()
-            # An error mid-stream ends the stream without [DONE], as OpenAI does.
-            yield chunks.error(error.body())
-        finally:
-            turn.close()
+        if not stream:
+            return await self._complete(request, turn, completion_id, created, model, headers)
+        detached = request.headers.get(RESUMABLE_HEADER, "").strip().lower() in ("true", "1")
+        info = StreamInfo(principal.key_id, principal.tenant.id, turn.started.region)
+        chunks = ChunkStream(completion_id, created, model, include_usage)
+        await self.streams.begin(turn, chunks, info, detached=detached, arrived=arrived)
+        return self.streams.response(completion_id, -1, headers, cancel_on_drop=not detached)
 
     async def _complete(
-        self, turn: OpenTurn, completion_id: str, created: int, model: str, headers: dict[str, str]
+        self,
+        request: Request,
+        turn: OpenTurn,
+        completion_id: str,
+        created: int,
+        model: str,
+        headers: dict[str, str],
     ) -> Response:
+        """The whole completion; a client that leaves first cancels the turn
+        (the region still reports, and bills, what it produced)."""
+
+        async def collect() -> str:
+            return "".join([delta.text async for delta in turn.deltas()])
+
+        text_task = asyncio.create_task(collect())
+        gone = asyncio.create_task(disconnected(request))
         try:
-            text = "".join([delta.text async for delta in turn.deltas()])
+            await asyncio.wait((text_task, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not text_task.done():
+                await turn.cancel("client disconnected")
+                await asyncio.wait((text_task,), timeout=self._settings.cancel_grace_ms / 1000)
+                if not text_task.done():
+                    turn.close()
+            text = await text_task
         finally:
+            await cancel_and_wait(gone)
+            await cancel_and_wait(text_task)
             turn.close()
         body = completion_object(completion_id, created, model, text, turn.reason, turn.usage)
         return JSONResponse(body, headers=headers)

@@ -4,8 +4,9 @@ channel per region."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
@@ -25,6 +26,10 @@ from llmmesh.v1 import (
     policy_service_pb2,
     policy_service_pb2_grpc,
 )
+
+T = TypeVar("T")
+Metadata: TypeAlias = tuple[tuple[str, str], ...]
+"""gRPC call metadata."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,42 @@ class MeshClient:
         except grpc.aio.AioRpcError:
             return False
         return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def zone_regions(
+        self, tenant_id: str, preferred_region: str = ""
+    ) -> list[geo_routing_service_pb2.RegionStatus]:
+        """The serving regions of the tenant's zone, best first, and
+        ``preferred_region`` (a conversation's home) first while it serves."""
+        try:
+            resp = await self.geo.Route(
+                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, preferred_region=preferred_region),
+                timeout=5.0,
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _global_error(err) from err
+        return list(resp.regions)
+
+    async def in_zone(
+        self,
+        principal: Principal,
+        call: Callable[[chat_service_pb2_grpc.ChatServiceStub, Metadata], Awaitable[T]],
+        *,
+        home_region: str = "",
+    ) -> T:
+        """Make one unary ChatService call as ``principal`` on the tenant's
+        zone: its home region first, the zone's next region only when one is
+        unreachable (the zone's regions share its store). Any other failure
+        is the answer, raised as MeshError."""
+        last_error: MeshError | None = None
+        for region in await self.zone_regions(principal.tenant.id, home_region):
+            stub = self.chat(region.report.chat_address)
+            try:
+                return await call(stub, (("authorization", f"Bearer {principal.secret}"),))
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise from_rpc_error(err) from err
+                last_error = from_rpc_error(err)
+        raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region of the zone is serving")
 
     def chat(self, address: str) -> chat_service_pb2_grpc.ChatServiceStub:
         """A ChatService stub for a region, reusing one channel per address."""

@@ -3,9 +3,10 @@ contract. Validation failures become 400s naming the offending ``param``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -18,6 +19,23 @@ from pydantic import (
 
 from edge.errors import OpenAIError
 from llmmesh.v1 import common_pb2
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def _encodable(text: str) -> str:
+    # JSON can carry a lone surrogate ("\udc80"); protobuf strings cannot.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid UTF-8 text") from exc
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_encodable)]
+"""A string the contract can carry."""
+Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 
 _ROLE: dict[str, common_pb2.ChatRole.ValueType] = {
     "system": common_pb2.CHAT_ROLE_SYSTEM,
@@ -42,7 +60,7 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
-    name: StrictStr | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -59,44 +77,27 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``."""
+class TurnOptions(BaseModel):
+    """What a request for a turn sets besides its messages: the output limit,
+    sampling and streaming. Chat completions and conversation messages share it."""
 
     model_config = ConfigDict(extra="allow")
-    model: StrictStr = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
-    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=4)] | None = None
-    seed: StrictInt | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
+    seed: Int64 | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
-    user: StrictStr | None = None
+    user: Text | None = None
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
-    def to_messages(self) -> list[common_pb2.ChatMessage]:
-        out = []
-        for i, m in enumerate(self.messages):
-            text = m.text()
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise OpenAIError(
-                    400,
-                    f"messages[{i}].content is not valid UTF-8 text",
-                    param=f"messages[{i}].content",
-                    code="invalid_value",
-                ) from exc
-            out.append(common_pb2.ChatMessage(role=_ROLE[m.role], content=text, name=m.name or ""))
-        return out
 
     def to_sampling(self) -> common_pb2.SamplingParams:
         sampling = common_pb2.SamplingParams()
@@ -117,6 +118,34 @@ class ChatCompletionRequest(BaseModel):
         return sampling
 
 
+class ChatCompletionRequest(TurnOptions):
+    """``POST /v1/chat/completions``."""
+
+    model: StrictStr = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+
+    def to_messages(self) -> list[common_pb2.ChatMessage]:
+        return chat_messages(self.messages)
+
+
+def chat_messages(messages: list[Message]) -> list[common_pb2.ChatMessage]:
+    """The contract's messages; a 400 names a content that is not valid UTF-8."""
+    out = []
+    for i, m in enumerate(messages):
+        text = m.text()
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise OpenAIError(
+                400,
+                f"messages[{i}].content is not valid UTF-8 text",
+                param=f"messages[{i}].content",
+                code="invalid_value",
+            ) from exc
+        out.append(common_pb2.ChatMessage(role=_ROLE[m.role], content=text, name=m.name or ""))
+    return out
+
+
 def _param(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -134,13 +163,25 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 def parse_chat_request(body: object) -> ChatCompletionRequest:
     """Validate a decoded JSON body, or raise a 400 OpenAIError."""
+    return parse_body(ChatCompletionRequest, body)
+
+
+def parse_body(model: type[Body], body: object) -> Body:
+    """Validate a decoded JSON body as ``model``, or raise a 400 OpenAIError naming the ``param``."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object", code="invalid_json")
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(tuple(first["loc"]))
+        if first["type"] == "extra_forbidden":
+            raise OpenAIError(
+                400,
+                f"unrecognized request argument supplied: '{param}'",
+                param=param,
+                code="unknown_parameter",
+            ) from exc
         if first["type"] == "missing":
             raise OpenAIError(
                 400, f"missing required parameter: '{param}'", param=param, code="missing_required_parameter"

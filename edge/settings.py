@@ -9,7 +9,8 @@ from llmmesh.config import setting
 
 @dataclass(frozen=True)
 class EdgeSettings:
-    """Where the edge listens and where the global plane is."""
+    """Where the edge listens, where the global plane is, and how long
+    streams stay resumable."""
 
     host: str = setting("127.0.0.1", "address the HTTP server listens on")
     port: int = setting(8080, "HTTP port; 0 picks a free one")
@@ -20,3 +21,29 @@ class EdgeSettings:
         30_000, "milliseconds to wait for a region to accept a turn before failing it"
     )
     max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted")
+    redis_url: str = setting(
+        "", "Redis of the shared stream log (resume and cancel on any edge); empty keeps it in-process"
+    )
+    stream_log_max_events: int = setting(
+        4096, "most SSE events the log holds per stream; the oldest go first"
+    )
+    stream_log_max_streams: int = setting(1024, "most finished streams the in-process log keeps")
+    stream_retention_s: float = setting(300.0, "seconds a stream stays resumable after its last event")
+    detached_timeout_ms: int = setting(
+        60_000, "a resumable stream (x-llmmesh-resumable) no reader follows for this long is cancelled"
+    )
+    cancel_grace_ms: int = setting(
+        5_000, "after a cancel, milliseconds to wait for the region's final usage before dropping the call"
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "stream_log_max_events",
+            "stream_log_max_streams",
+            "stream_retention_s",
+            "detached_timeout_ms",
+            "cancel_grace_ms",
+        ):
+            # Written so that NaN fails too.
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")

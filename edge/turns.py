@@ -34,11 +34,13 @@ class OpenTurn:
     started: chat_service_pb2.ChatStarted
     usage: common_pb2.TokenUsage = field(default_factory=common_pb2.TokenUsage)
     reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
+    # The output filter's verdict when it flagged the reply.
+    safety: chat_service_pb2.SafetyVerdict | None = None
 
     async def deltas(self) -> AsyncIterator[chat_service_pb2.ChatDelta]:
-        """The turn's output deltas; ``usage`` and ``reason`` are set once it
-        ends. A broken stream, an error event or a missing finish raises
-        MeshError."""
+        """The turn's output deltas; ``usage``, ``reason`` and ``safety`` are
+        set once it ends. A broken stream, an error event or a missing finish
+        raises MeshError."""
         while True:
             try:
                 event = await self.call.read()
@@ -52,6 +54,8 @@ class OpenTurn:
                 yield event.delta
             elif kind == "usage":
                 self.usage = event.usage.usage
+            elif kind == "safety" and event.safety.flagged:
+                self.safety = event.safety
             elif kind == "finished":
                 self.reason = event.finished.reason
             elif kind == "error":
@@ -79,9 +83,17 @@ async def open_turn(
     start: chat_service_pb2.ChatStart,
     model: str,
     timeout_s: float,
+    prefer_region: str = "",
 ) -> OpenTurn:
-    """Start the turn on the first region of the tenant's zone that accepts it."""
+    """Start the turn on the first region of the tenant's zone that accepts it.
+
+    ``prefer_region``, when it is one of the tenant's regions, is tried first
+    (a conversation's follow-up goes to its home region); the others keep
+    their order behind it.
+    """
     regions = await mesh.route(principal.tenant.id, model)
+    if prefer_region:
+        regions.sort(key=lambda r: r.report.region != prefer_region)
     last_error: MeshError | None = None
     for region in regions:
         address = region.report.chat_address

@@ -1,0 +1,298 @@
+"""The edge's OpenAPI 3.1 document, served at ``GET /openapi.json``: every
+operation, its parameters, request body and answers, errors included (as the
+OpenAI error object). The schemas are in :mod:`edge.openapi_components`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+
+from pydantic import BaseModel
+
+from edge.conversation_objects import (
+    ConversationMessageRequest,
+    ConversationObject,
+    CreateConversationRequest,
+    DeletedConversationObject,
+    ListObject,
+    MessageObject,
+)
+from edge.conversations import DEFAULT_LIMIT, MAX_LIMIT
+from edge.openapi_components import INT, STRING, Schema, component_schemas, ref
+from edge.schemas import ChatCompletionRequest
+from llmmesh import __version__
+
+
+def _error(description: str) -> Schema:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": ref("Error")}},
+        "headers": {
+            "retry-after": {
+                "description": "Seconds to wait before retrying (429 and 503).",
+                "schema": {"type": "string"},
+            }
+        },
+    }
+
+
+_ERRORS: dict[str, Schema] = {
+    "400": _error("The request is invalid; param names the culprit."),
+    "401": _error("No API key, or one that is not valid."),
+    "403": _error("The key may not do this, or no region of its zone serves."),
+    "404": _error("Nothing with that id is visible to the key."),
+    "409": _error("A conflicting request id."),
+    "429": _error("A rate limit or the monthly quota is reached."),
+    "503": _error("The mesh cannot serve now; retry after retry-after."),
+}
+
+_TURN_HEADERS: dict[str, Schema] = {
+    name: {"description": description, "schema": {"type": "string"}}
+    for name, description in (
+        ("x-request-id", "The completion id, also the stream id for resuming."),
+        ("x-llmmesh-region", "The region that served the turn."),
+        ("x-ratelimit-limit-requests", "Requests the key may make per minute (when limited)."),
+        ("x-ratelimit-remaining-requests", "Requests left in the window."),
+        ("x-ratelimit-reset-requests", 'Time until the request window is clear, e.g. "1s", "6m0s".'),
+        ("x-ratelimit-limit-tokens", "Tokens the key may use per minute (when limited)."),
+        ("x-ratelimit-remaining-tokens", "Tokens left in the window."),
+        ("x-ratelimit-reset-tokens", "Time until the token window is clear."),
+    )
+}
+
+# OpenAPI 3.1 has the schema of an event stream describe each of its events.
+_SSE: Schema = {
+    "description": "`chat.completion.chunk` events, each with an `id:`, ending in `data: [DONE]`.",
+    "schema": {
+        "type": "object",
+        "properties": {"data": STRING, "id": STRING, "event": STRING, "retry": INT},
+        "required": ["data"],
+    },
+}
+
+
+def _json(description: str, schema: Schema) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _turn_responses() -> dict[str, Schema]:
+    return {
+        "200": {
+            "description": "The reply: one `chat.completion`, or an SSE stream when `stream` is true.",
+            "headers": _TURN_HEADERS,
+            "content": {"application/json": {"schema": ref("ChatCompletion")}, "text/event-stream": _SSE},
+        },
+        **_ERRORS,
+    }
+
+
+def _operation(
+    summary: str,
+    responses: dict[str, Schema],
+    *,
+    body: tuple[Schema, Schema] | None = None,
+    parameters: list[Schema] | None = None,
+    public: bool = False,
+) -> Schema:
+    op: Schema = {"summary": summary, "responses": responses}
+    if body is not None:
+        schema, example = body
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema, "example": example}},
+        }
+    if parameters:
+        op["parameters"] = parameters
+    if public:
+        op["security"] = []
+    return op
+
+
+_CONVERSATION_ID: Schema = {
+    "name": "conversation_id",
+    "in": "path",
+    "required": True,
+    "description": 'A conversation id, "conv_<zone>_<home region>_<random>".',
+    "schema": {"type": "string", "pattern": "^conv_[a-z][a-z0-9]*_[a-z][a-z0-9-]*_[0-9a-f]+$"},
+    "example": "conv_us_us-east_0123456789abcdef01234567",
+}
+_CHAT_EXAMPLE: Schema = {
+    "model": "auto",
+    "messages": [{"role": "user", "content": "Hello!"}],
+    "max_tokens": 16,
+}
+_MESSAGE_EXAMPLE: Schema = {
+    "content": "Where should I go in May?",
+    "max_tokens": 16,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+_STREAM_ID: Schema = {
+    "name": "stream_id",
+    "in": "path",
+    "required": True,
+    "description": "The id of the chat completion that started the stream.",
+    "schema": STRING,
+}
+_PAGE = [
+    {
+        "name": "limit",
+        "in": "query",
+        "description": f"Items per page, {DEFAULT_LIMIT} unless given.",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "description": "Start after this item: the previous page's last_id.",
+        "schema": STRING,
+    },
+]
+
+
+def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
+    """Every operation; ``models`` holds the references to the pydantic models' schemas."""
+    conversation = _json("The conversation.", models[ConversationObject])
+    return {
+        "/v1/chat/completions": {
+            "post": _operation(
+                "Create a chat completion.",
+                _turn_responses(),
+                body=(models[ChatCompletionRequest], _CHAT_EXAMPLE),
+            )
+        },
+        "/v1/models": {
+            "get": _operation("List the models.", {"200": _json("The models.", ref("ModelList")), **_ERRORS})
+        },
+        "/v1/usage": {
+            "get": _operation(
+                "The key's tenant's billed usage in one month.",
+                {"200": _json("The usage.", ref("Usage")), **_ERRORS},
+                parameters=[
+                    {
+                        "name": "period",
+                        "in": "query",
+                        "description": 'The month, "YYYY-MM"; the current one when absent.',
+                        "schema": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"},
+                    }
+                ],
+            )
+        },
+        "/v1/conversations": {
+            "post": _operation(
+                "Create a conversation in the tenant's zone.",
+                {"200": conversation, **_ERRORS},
+                body=(
+                    models[CreateConversationRequest],
+                    {"title": "Trip", "system_prompt": "Answer briefly."},
+                ),
+            ),
+            "get": _operation(
+                "List the tenant's conversations, newest first.",
+                {"200": _json("A page.", models[ListObject[ConversationObject]]), **_ERRORS},
+                parameters=_PAGE,
+            ),
+        },
+        "/v1/conversations/{conversation_id}": {
+            "parameters": [_CONVERSATION_ID],
+            "get": _operation("Get a conversation.", {"200": conversation, **_ERRORS}),
+            "delete": _operation(
+                "Delete a conversation (soft: every later read answers 404).",
+                {"200": _json("Deleted.", models[DeletedConversationObject]), **_ERRORS},
+            ),
+        },
+        "/v1/conversations/{conversation_id}/messages": {
+            "parameters": [_CONVERSATION_ID],
+            "post": _operation(
+                "Send the next message; the reply is a chat completion, streamed when asked.",
+                _turn_responses(),
+                body=(models[ConversationMessageRequest], _MESSAGE_EXAMPLE),
+            ),
+            "get": _operation(
+                "List a conversation's messages, oldest first.",
+                {"200": _json("A page.", models[ListObject[MessageObject]]), **_ERRORS},
+                parameters=_PAGE,
+            ),
+        },
+        "/v1/streams/{stream_id}": {
+            "get": _operation(
+                "Resume a stream after the event named by Last-Event-ID or starting_after.",
+                {
+                    "200": {"description": "The stream's events.", "content": {"text/event-stream": _SSE}},
+                    **_ERRORS,
+                },
+                parameters=[
+                    _STREAM_ID,
+                    {
+                        "name": "starting_after",
+                        "in": "query",
+                        "description": "Replay the events after this event id.",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "description": "As starting_after; the SSE reconnection header.",
+                        "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                    },
+                ],
+            )
+        },
+        "/v1/streams/{stream_id}/cancel": {
+            "post": _operation(
+                "Stop a generation; the tokens produced are billed.",
+                {"200": _json("Stopped, or already over.", ref("StreamCancel")), **_ERRORS},
+                parameters=[_STREAM_ID],
+            )
+        },
+        "/healthz": {
+            "get": _operation(
+                "Whole-path health: the global plane and a region reaching a serving engine pod.",
+                {
+                    "200": _json("Healthy.", ref("PathHealth")),
+                    "503": _json("Unhealthy.", ref("PathHealth")),
+                },
+                public=True,
+            )
+        },
+        "/readyz": {
+            "get": _operation(
+                "Readiness: the global plane serves.",
+                {"200": _json("Ready.", ref("Readiness")), "503": _json("Not ready.", ref("Readiness"))},
+                public=True,
+            )
+        },
+        "/metrics": {
+            "get": _operation(
+                "Prometheus metrics.",
+                {"200": {"description": "Text exposition.", "content": {"text/plain": {"schema": STRING}}}},
+                public=True,
+            )
+        },
+        "/openapi.json": {
+            "get": _operation(
+                "This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})}, public=True
+            )
+        },
+    }
+
+
+@cache
+def openapi_document() -> Schema:
+    """The document (built once; it depends only on the code)."""
+    schemas, model_refs = component_schemas()
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "llmmesh edge",
+            "version": __version__,
+            "description": "OpenAI-compatible chat completions, conversations and resumable streams.",
+        },
+        "paths": _paths(model_refs),
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"apiKey": []}],
+    }
