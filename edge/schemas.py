@@ -92,6 +92,9 @@ class TurnOptions(BaseModel):
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
     user: Text | None = None
+    # vLLM's extension (``extra_body`` in the openai SDK): generate exactly
+    # the output limit, for benchmarks and tests that need fixed lengths.
+    ignore_eos: StrictBool = False
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -115,6 +118,7 @@ class TurnOptions(BaseModel):
             sampling.seed = self.seed
         if self.stop is not None:
             sampling.stop.extend([self.stop] if isinstance(self.stop, str) else self.stop)
+        sampling.ignore_eos = self.ignore_eos
         return sampling
 
 

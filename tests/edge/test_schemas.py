@@ -77,3 +77,12 @@ def test_arbitrary_json_never_escapes_as_anything_but_a_400(body: object) -> Non
     except OpenAIError as err:
         status = err.status
     assert status in (200, 400)
+
+
+def test_ignore_eos_reaches_the_sampling_parameters() -> None:
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    assert parse_chat_request(body).to_sampling().ignore_eos is True
+    assert parse_chat_request({**body, "ignore_eos": False}).to_sampling().ignore_eos is False
+    with pytest.raises(OpenAIError) as err:
+        parse_chat_request({**body, "ignore_eos": "yes"})
+    assert err.value.param == "ignore_eos"
