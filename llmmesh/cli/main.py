@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser(
-        "up", help="run the embedded mesh: global plane, a region, its engine pod and the edge"
+        "up", help="run the embedded mesh: global plane, regions in zones, their engine pods and the edge"
     )
     add_up_arguments(up)
     up.set_defaults(func=_cmd_up)

@@ -1,115 +1,249 @@
-"""``llmmesh up``: the embedded mesh, every plane its own process on
-localhost, started in dependency order and stopped in reverse.
+"""``llmmesh up``: a whole mesh on this machine, every plane its own process,
+from a TOML topology (:mod:`llmmesh.mesh_config`; ``--config FILE``, else the
+built-in zones ``us`` and ``eu`` of two regions each).
 
-The addresses of every plane and the dev API key go to
-``$LLMMESH_HOME/mesh.json`` (default ``~/.llmmesh``), which the other
-commands read.
+Start order: the global plane (and a development tenant per zone), the
+engine pods, the regions (every region of a zone on the zone's store), the
+edge. ``$LLMMESH_HOME/mesh.json`` (default ``~/.llmmesh``) is written once
+geo-routing lists every region as serving, and removed on exit. It holds:
+
+- ``edge_url``, ``global_address``, ``api_key`` (the dev key of the dev
+  tenant's zone), ``engine_backend`` and ``regions``, a list of
+  ``{region, zone, address, engines: [{pod_id, backend, address,
+  metrics_url}]}`` whose first entry is the first region of that zone: what
+  single-region readers (``llmmesh chat``, ``llmmesh admin``) use;
+- ``zone`` (the dev tenant's), ``zones`` ``{zone: {store_url, regions:
+  {region: {chat_address, pods}}}}``, ``tenants`` ``{zone: {name, id}}``
+  and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
+  (``global``, ``edge``, each region and pod by name).
+
+A plane that exits is reported; the mesh goes on without it (a zone's other
+regions serve its tenants) unless it was the edge. Ctrl-C or SIGTERM stops
+every plane, the edge first and the global plane last.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import types
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import sqlalchemy as sa
+
+from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
+from llmmesh.cli.supervisor import MeshStartError, Plane, Supervisor
 from llmmesh.home import mesh_home
+from llmmesh.mesh_config import (
+    BACKENDS,
+    MeshConfig,
+    MeshConfigError,
+    RegionConfig,
+    default_mesh_config,
+    load_mesh_config,
+)
 
 STARTUP_TIMEOUT_S = 120.0
-STOP_GRACE_S = 15.0
-_PR_SET_PDEATHSIG = 1
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--engine",
-        choices=["sim", "vllm"],
-        default="sim",
-        help="engine backend of the pods; vllm serves llmmesh-tiny, built on first use",
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML topology to run (deploy/examples/); default: zones us (us-east, us-west) and "
+        "eu (eu-west, eu-central), one pod per region, SQLite per zone",
     )
     parser.add_argument(
-        "--edge-port", type=int, default=8080, help="HTTP port of the edge; 0 picks a free one"
+        "--engine",
+        choices=BACKENDS,
+        default=None,
+        help="engine backend of pods whose region names none (default: the config's, else sim); "
+        "vllm serves llmmesh-tiny, built on first use, and without --config runs one region per zone",
     )
-    parser.add_argument("--dev-key", default="sk-llmmesh-dev", help="API key of the development tenant")
-    parser.add_argument("--host", default="127.0.0.1", help="address every plane binds")
-    parser.add_argument("--region", default="us-east", help="name of the embedded region")
-    parser.add_argument("--zone", default="us", help="zone of the embedded region and the dev tenant")
+    parser.add_argument(
+        "--edge-port",
+        type=int,
+        default=None,
+        help="HTTP port of the edge (default: the config's, 8080); 0 picks one",
+    )
+    parser.add_argument(
+        "--dev-key",
+        default="sk-llmmesh-dev",
+        help="API key of the dev tenant; the dev tenant of every other zone gets KEY-<zone>",
+    )
+    parser.add_argument(
+        "--host", default=None, help="address every plane binds (default: the config's, 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--zone", default=None, help="zone of the dev tenant 'dev' (default: the config's first zone, us)"
+    )
 
 
-class MeshStartError(Exception):
-    """A plane failed to start."""
+def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
+    """The configuration to run, command-line values over it, and the dev tenant's zone."""
+    if args.config is not None:
+        config = load_mesh_config(args.config).with_overrides(backend=args.engine)
+    else:
+        config = default_mesh_config(args.engine or "sim")
+    config = config.with_overrides(edge_port=args.edge_port, host=args.host)
+    zone = config.zone(args.zone).name if args.zone else config.zones[0].name
+    return config, zone
 
 
-def _die_with_parent() -> None:
-    # A child outliving a SIGKILLed supervisor would hold its port forever.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+class MeshLauncher:
+    """Starts the planes of one configuration in order, printing progress."""
 
+    def __init__(self, sup: Supervisor, config: MeshConfig, primary_zone: str, dev_key: str) -> None:
+        self.sup = sup
+        self.config = config
+        self.primary_zone = primary_zone
+        self.tenants = dev_tenants([z.name for z in config.zones], primary_zone, dev_key)
+        self.dev_key = dev_key
+        self.tenant_ids: dict[str, str] = {}
+        self.began = time.monotonic()
+        self.global_plane: Plane | None = None
+        self.pods: dict[str, Plane] = {}
+        self.regions: dict[str, Plane] = {}
+        self.edge: Plane | None = None
 
-@dataclass
-class Plane:
-    """One child process of the mesh."""
+    def progress(self, text: str) -> None:
+        print(f"llmmesh up: [{time.monotonic() - self.began:5.1f} s] {text}", file=sys.stderr, flush=True)
 
-    name: str
-    process: subprocess.Popen[bytes]
-    ready_file: Path
-    info: dict[str, object]
+    def start(self) -> None:
+        config, host = self.config, self.config.host
+        self.progress("starting the global plane")
+        flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
+        flags += ["--dev-zone", self.primary_zone]
+        env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
+        glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env)
+        self.progress(f"global plane serving on {glob.address()}")
+        if self.tenants:
+            self.tenant_ids = asyncio.run(ensure_dev_tenants(glob.address(), self.tenants))
+            self.progress("dev tenants: " + ", ".join(f"{t.name} (zone {t.zone})" for t in self.tenants))
+        self._start_pods()
+        self._start_regions()
+        self.progress("starting the edge")
+        flags = ["--host", host, "--port", str(config.edge_port), "--global-address", glob.address()]
+        self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env())
+        self.progress(f"edge serving on {self.edge.info['url']}")
+        names = [r.name for r in config.regions()]
+        asyncio.run(wait_regions_serving(glob.address(), names, STARTUP_TIMEOUT_S, self._check))
+        self.progress(f"geo-routing lists all {len(names)} regions as serving")
+        if not _wait_healthy(str(self.edge.info["url"]), 15.0):
+            raise MeshStartError("the edge's /healthz does not answer 200")
 
-    def alive(self) -> bool:
-        return self.process.poll() is None
+    def _check(self) -> None:
+        if self.sup.stopping:
+            raise MeshStartError("interrupted")
+        for plane in self.sup.newly_exited():
+            raise MeshStartError(f"{plane.name} exited with status {plane.process.returncode} during startup")
 
+    def _start_pods(self) -> None:
+        pods = [(region, pod_id) for region in self.config.regions() for pod_id in region.pod_ids()]
+        self.progress(f"starting {len(pods)} engine pods")
+        for region, pod_id in pods:
+            backend = self.config.backend_of(region)
+            flags = ["--host", self.config.host, "--port", "0", "--backend", backend, "--pod-id", pod_id]
+            plane = self.pods[pod_id] = self.sup.launch(f"engine pod {pod_id}", "engine", *flags)
+            # vLLM pods start one at a time: each takes both cores for a while,
+            # and the first builds the model the others load.
+            if backend == "vllm":
+                self.sup.wait_ready([plane])
+        self.sup.wait_ready(list(self.pods.values()))
+        self.progress(f"{len(pods)} engine pods serving")
 
-class Supervisor:
-    """Starts planes as child processes and stops them all."""
+    def _start_regions(self) -> None:
+        # The first region of a zone creates its store's tables: the others start after it.
+        waves: list[list[RegionConfig]] = []
+        for zone in self.config.zones:
+            for index, region in enumerate(zone.regions):
+                if index == len(waves):
+                    waves.append([])
+                waves[index].append(region)
+        for wave in waves:
+            self.progress("starting region " + ", ".join(r.name for r in wave))
+            planes = [self._launch_region(region) for region in wave]
+            self.sup.wait_ready(planes)
+        self.progress(f"{len(self.regions)} regions serving")
 
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.planes: list[Plane] = []
-        self.stopping = False
-
-    def start(self, name: str, command: str, *flags: str) -> Plane:
-        """Start ``llmmesh COMMAND FLAGS`` and wait until it reports ready."""
-        ready = self.run_dir / f"{name}.ready.json"
-        argv = [sys.executable, "-m", "llmmesh", command, *flags, "--ready-file", str(ready)]
-        process = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
-        plane = Plane(name, process, ready, {})
-        self.planes.append(plane)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not ready.exists():
-            if self.stopping:
-                raise MeshStartError("interrupted")
-            if not plane.alive():
-                raise MeshStartError(f"{name} exited with status {process.returncode} during startup")
-            if time.monotonic() > deadline:
-                raise MeshStartError(f"{name} did not become ready within {STARTUP_TIMEOUT_S:.0f} s")
-            time.sleep(0.05)
-        plane.info = json.loads(ready.read_text())
+    def _launch_region(self, region: RegionConfig) -> Plane:
+        assert self.global_plane is not None
+        store = self.config.zone(region.zone).store_database_url(mesh_home())
+        engines = ",".join(self.pods[pod_id].address() for pod_id in region.pod_ids())
+        flags = ["--host", self.config.host, "--port", str(region.port), "--region", region.name]
+        flags += ["--zone", region.zone, "--global-address", self.global_plane.address()]
+        flags += ["--engine-addresses", engines]
+        if region.location:
+            flags += ["--location", region.location]
+        env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env()}
+        plane = self.regions[region.name] = self.sup.launch(
+            f"region {region.name}", "region", *flags, env=env
+        )
         return plane
 
-    def first_exited(self) -> Plane | None:
-        return next((p for p in self.planes if not p.alive()), None)
+    def _redis_env(self) -> dict[str, str]:
+        # URLs go by environment, not flags: they may hold a password, and flags show in `ps`.
+        return {"LLMMESH_REDIS_URL": self.config.redis_url} if self.config.redis_url else {}
 
-    def stop_all(self) -> None:
-        """SIGTERM in reverse start order, then SIGKILL whatever outlives the grace."""
-        for plane in reversed(self.planes):
-            if plane.alive():
-                plane.process.send_signal(signal.SIGTERM)
-                try:
-                    plane.process.wait(STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    print(f"llmmesh up: {plane.name} did not stop in time; killing it", file=sys.stderr)
-                    plane.process.kill()
-                    plane.process.wait()
+    def mesh_file(self) -> dict[str, object]:
+        """What ``mesh.json`` says; see the module docstring."""
+        assert self.global_plane is not None and self.edge is not None
+        config = self.config
+        ordered = sorted(config.regions(), key=lambda r: r.zone != self.primary_zone)
+        keys = {t.zone: t.key for t in self.tenants}
+        pids = {"global": self.global_plane.pid, "edge": self.edge.pid}
+        pids |= {name: p.pid for name, p in self.regions.items()} | {
+            name: p.pid for name, p in self.pods.items()
+        }
+        return {
+            "pid": os.getpid(),
+            "edge_url": self.edge.info["url"],
+            "api_key": keys.get(self.primary_zone, ""),
+            "global_address": self.global_plane.address(),
+            "engine_backend": config.backend,
+            "zone": self.primary_zone,
+            "regions": [self._region_entry(region) for region in ordered],
+            "zones": {
+                zone.name: {
+                    "store_url": _shown_url(zone.store_database_url(mesh_home())),
+                    "regions": {
+                        r.name: {"chat_address": self.regions[r.name].address(), "pods": r.pod_ids()}
+                        for r in zone.regions
+                    },
+                }
+                for zone in config.zones
+            },
+            "tenants": {t.zone: {"name": t.name, "id": self.tenant_ids[t.zone]} for t in self.tenants},
+            "keys": keys,
+            "pids": pids,
+        }
+
+    def _region_entry(self, region: RegionConfig) -> dict[str, object]:
+        engines = [
+            {
+                "pod_id": pod_id,
+                "backend": self.config.backend_of(region),
+                "address": self.pods[pod_id].address(),
+                "metrics_url": self.pods[pod_id].info["metrics_url"],
+            }
+            for pod_id in region.pod_ids()
+        ]
+        address = self.regions[region.name].address()
+        return {"region": region.name, "zone": region.zone, "address": address, "engines": engines}
+
+
+def _shown_url(url: str) -> str:
+    return sa.make_url(url).render_as_string(hide_password=True)
 
 
 def _wait_healthy(url: str, timeout_s: float) -> bool:
@@ -125,85 +259,33 @@ def _wait_healthy(url: str, timeout_s: float) -> bool:
     return False
 
 
-def _start_mesh(sup: Supervisor, args: argparse.Namespace) -> dict[str, object]:
-    host = args.host
-    glob = sup.start(
-        "global", "global", "--host", host, "--port", "0", "--dev-key", args.dev_key, "--dev-zone", args.zone
-    )
-    pod_id = f"{args.region}-pod-0"
-    engine = sup.start(
-        "engine", "engine", "--host", host, "--port", "0", "--backend", args.engine, "--pod-id", pod_id
-    )
-    region = sup.start(
-        "region",
-        "region",
-        "--host", host,
-        "--port", "0",
-        "--region", args.region,
-        "--zone", args.zone,
-        "--global-address", str(glob.info["address"]),
-        "--engine-addresses", str(engine.info["address"]),
-    )  # fmt: skip
-    edge = sup.start(
-        "edge",
-        "edge",
-        "--host",
-        host,
-        "--port",
-        str(args.edge_port),
-        "--global-address",
-        str(glob.info["address"]),
-    )
-    return {
-        "pid": os.getpid(),
-        "edge_url": edge.info["url"],
-        "api_key": args.dev_key,
-        "global_address": glob.info["address"],
-        "engine_backend": args.engine,
-        "regions": [
-            {
-                "region": args.region,
-                "zone": args.zone,
-                "address": region.info["address"],
-                "engines": [
-                    {
-                        "pod_id": pod_id,
-                        "address": engine.info["address"],
-                        "metrics_url": engine.info["metrics_url"],
-                    }
-                ],
-            }
-        ],
-    }
-
-
 def run_up(args: argparse.Namespace) -> int:
-    """Run the mesh until Ctrl-C or SIGTERM; nothing is left running after."""
+    """Run the mesh until Ctrl-C or SIGTERM; nothing is left running after.
+    Exit status 2 for a configuration that cannot run, 1 when the mesh fails."""
+    try:
+        config, zone = mesh_config_of(args)
+    except MeshConfigError as err:
+        print(f"llmmesh up: {err}", file=sys.stderr)
+        return 2
     home = mesh_home()
     home.mkdir(parents=True, exist_ok=True)
     mesh_file = home / "mesh.json"
     with tempfile.TemporaryDirectory(prefix="llmmesh-up-") as run_dir:
-        sup = Supervisor(Path(run_dir))
+        sup = Supervisor(Path(run_dir), STARTUP_TIMEOUT_S)
 
         def on_signal(signum: int, frame: types.FrameType | None) -> None:
             sup.stopping = True
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        launcher = MeshLauncher(sup, config, zone, args.dev_key)
         status = 0
         try:
-            mesh = _start_mesh(sup, args)
+            launcher.start()
+            mesh = launcher.mesh_file()
             mesh_file.write_text(json.dumps(mesh, indent=2) + "\n")
-            healthy = _wait_healthy(str(mesh["edge_url"]), 15.0)
-            _print_summary(mesh, mesh_file, healthy)
-            while not sup.stopping:
-                exited = sup.first_exited()
-                if exited is not None:
-                    code = exited.process.returncode
-                    print(f"llmmesh up: {exited.name} exited with status {code}; stopping", file=sys.stderr)
-                    status = 1
-                    break
-                time.sleep(0.2)
+            _print_summary(launcher, mesh, mesh_file)
+            status = _supervise(sup)
         except MeshStartError as err:
             if not sup.stopping:
                 print(f"llmmesh up: {err}", file=sys.stderr)
@@ -215,6 +297,24 @@ def run_up(args: argparse.Namespace) -> int:
     return status
 
 
+def _supervise(sup: Supervisor) -> int:
+    """Report planes that exit until a stop is asked for (0) or the edge exits (1)."""
+    while not sup.stopping:
+        for plane in sup.newly_exited():
+            code = plane.process.returncode
+            if plane.kind == "edge":
+                print(f"llmmesh up: the edge exited with status {code}; stopping", file=sys.stderr)
+                return 1
+            print(
+                f"llmmesh up: {plane.name} (pid {plane.pid}) exited with status {code}; "
+                "the mesh goes on without it",
+                file=sys.stderr,
+                flush=True,
+            )
+        time.sleep(0.2)
+    return 0
+
+
 def _remove_if_ours(mesh_file: Path) -> None:
     try:
         if json.loads(mesh_file.read_text()).get("pid") == os.getpid():
@@ -223,23 +323,22 @@ def _remove_if_ours(mesh_file: Path) -> None:
         pass
 
 
-def _print_summary(mesh: dict[str, object], mesh_file: Path, healthy: bool) -> None:
-    regions = mesh["regions"]
-    assert isinstance(regions, list)
-    lines = [
-        "llmmesh is up" + ("" if healthy else " (but /healthz does not answer 200 yet)"),
-        f"  global plane   {mesh['global_address']}",
-    ]
-    for region in regions:
+def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path) -> None:
+    lines = ["llmmesh is up", f"  global plane   {mesh['global_address']}"]
+    zones: dict[str, Any] = mesh["zones"]
+    for region in mesh["regions"]:
         lines.append(f"  region         {region['region']} (zone {region['zone']})  {region['address']}")
         for pod in region["engines"]:
-            lines.append(f"  engine pod     {pod['pod_id']} ({mesh['engine_backend']})  {pod['address']}")
+            lines.append(f"  engine pod     {pod['pod_id']} ({pod['backend']})  {pod['address']}")
             lines.append(f"  pod metrics    {pod['metrics_url']}")
+    for zone, detail in zones.items():
+        lines.append(f"  zone store     {zone}  {detail['store_url']}")
+    lines += [f"  edge           {mesh['edge_url']}", f"  OpenAI base    {mesh['edge_url']}/v1"]
+    for tenant in launcher.tenants:
+        lines.append(f"  dev API key    {tenant.key}  (tenant {tenant.name}, zone {tenant.zone})")
     lines += [
-        f"  edge           {mesh['edge_url']}",
-        f"  OpenAI base    {mesh['edge_url']}/v1",
-        f"  dev API key    {mesh['api_key']}",
         f"  written to     {mesh_file}",
+        f"  started in     {time.monotonic() - launcher.began:.1f} s",
         "Press Ctrl-C to stop.",
     ]
     print("\n".join(lines), flush=True)

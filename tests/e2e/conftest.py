@@ -1,4 +1,5 @@
-"""Fixtures that start the mesh as real processes."""
+"""Fixtures that start the mesh as real processes, and readers of what the
+running mesh holds: its zone stores' request logs and its pods' counters."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+import sqlalchemy as sa
 
-STARTUP_TIMEOUT_S = 120.0
+from llmmesh.sqlstore import create_store_engine
+from region.zone_store import schema
+
+# Ten processes (global plane, four pods, four regions, edge) on two shared cores.
+STARTUP_TIMEOUT_S = 240.0
 
 
 @dataclass
@@ -36,6 +43,44 @@ class RunningMesh:
     def api_key(self) -> str:
         return str(self.info["api_key"])
 
+    def key(self, zone: str) -> str:
+        """The API key of the dev tenant pinned to ``zone``."""
+        keys = self.info["keys"]
+        assert isinstance(keys, dict)
+        return str(keys[zone])
+
+    def tenant_id(self, zone: str) -> str:
+        """The id of the dev tenant pinned to ``zone``."""
+        tenants = self.info["tenants"]
+        assert isinstance(tenants, dict)
+        return str(tenants[zone]["id"])
+
+    def zone_of(self) -> dict[str, str]:
+        """Every region's zone."""
+        regions = self.info["regions"]
+        assert isinstance(regions, list)
+        return {str(r["region"]): str(r["zone"]) for r in regions}
+
+    def regions_in(self, zone: str) -> set[str]:
+        return {region for region, of in self.zone_of().items() if of == zone}
+
+    def store_url(self, zone: str) -> str:
+        zones = self.info["zones"]
+        assert isinstance(zones, dict)
+        return str(zones[zone]["store_url"])
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids by plane: "global", "edge", each region and each pod."""
+        pids = self.info["pids"]
+        assert isinstance(pids, dict)
+        return {str(plane): int(pid) for plane, pid in pids.items()}
+
+    def pod_metrics_urls(self, zone: str) -> list[str]:
+        regions = self.info["regions"]
+        assert isinstance(regions, list)
+        return [str(pod["metrics_url"]) for r in regions if r["zone"] == zone for pod in r["engines"]]
+
 
 def child_pids(pid: int) -> list[int]:
     """Direct children of ``pid``, from /proc."""
@@ -56,6 +101,50 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def served_requests(store_url: str) -> dict[str, set[str]]:
+    """A zone store's request log: the request ids of the turns its usage outbox
+    holds, by the region that ran them."""
+    served: dict[str, set[str]] = {}
+    engine = create_store_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            outbox = schema.usage_outbox
+            for request_id, region in conn.execute(sa.select(outbox.c.request_id, outbox.c.home_region)):
+                served.setdefault(region, set()).add(request_id)
+    finally:
+        engine.dispose()
+    return served
+
+
+def tenant_rows(store_url: str, tenant_id: str) -> dict[str, list[dict[str, object]]]:
+    """Every row of ``tenant_id`` in a zone store, by table."""
+    engine = create_store_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            return {
+                table.name: [
+                    dict(row._mapping)
+                    for row in conn.execute(table.select().where(table.c.tenant_id == tenant_id))
+                ]
+                for table in schema.ZONE_TABLES
+            }
+    finally:
+        engine.dispose()
+
+
+def pod_counters(metrics_urls: list[str]) -> tuple[float, float]:
+    """Requests finished and prompt tokens processed, summed over the pods at ``metrics_urls``."""
+    finished = prompt = 0.0
+    for url in metrics_urls:
+        for line in httpx.get(url, timeout=10).text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith("vllm:request_success_total"):
+                finished += float(value)
+            elif name.startswith("vllm:prompt_tokens_total"):
+                prompt += float(value)
+    return finished, prompt
 
 
 def start_up(home: Path, *flags: str) -> RunningMesh:

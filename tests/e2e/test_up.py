@@ -29,9 +29,12 @@ def test_mesh_json_names_every_plane(mesh: RunningMesh) -> None:
     info = mesh.info
     assert info["api_key"] == "sk-llmmesh-e2e"
     assert str(info["edge_url"]).startswith("http://127.0.0.1:")
+    assert str(info["global_address"]).startswith("127.0.0.1:")
     regions = info["regions"]
-    assert isinstance(regions, list) and regions[0]["zone"] == "us"
-    assert regions[0]["engines"][0]["address"]
+    # The single-region readers (llmmesh chat) take the first: the dev zone's first region.
+    assert isinstance(regions, list) and (regions[0]["region"], regions[0]["zone"]) == ("us-east", "us")
+    assert [r["region"] for r in regions] == ["us-east", "us-west", "eu-west", "eu-central"]
+    assert all(r["address"] and len(r["engines"]) == 1 and r["engines"][0]["address"] for r in regions)
 
 
 def test_healthz_covers_the_whole_path(mesh: RunningMesh) -> None:
@@ -39,7 +42,8 @@ def test_healthz_covers_the_whole_path(mesh: RunningMesh) -> None:
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["global_plane"] is True
-    assert body["regions"]["us-east"]["healthy_engine_pods"] == 1
+    assert set(body["regions"]) == {"us-east", "us-west", "eu-west", "eu-central"}
+    assert all(r["healthy_engine_pods"] == 1 and r["serving"] for r in body["regions"].values())
 
 
 def test_openai_sdk_streams_a_reply(mesh: RunningMesh) -> None:
@@ -63,7 +67,7 @@ def test_openai_sdk_streams_a_reply(mesh: RunningMesh) -> None:
 
 def test_openai_sdk_non_streaming_has_usage(mesh: RunningMesh) -> None:
     raw = client(mesh).chat.completions.with_raw_response.create(model="auto", messages=HELLO, max_tokens=8)
-    assert raw.headers["x-llmmesh-region"] == "us-east"
+    assert raw.headers["x-llmmesh-region"] in ("us-east", "us-west")
     completion = raw.parse()
     assert raw.headers["x-request-id"] == completion.id
     assert completion.object == "chat.completion"
@@ -166,7 +170,9 @@ def test_sigterm_stops_every_process(tmp_path_factory: pytest.TempPathFactory) -
     home = tmp_path_factory.mktemp("llmmesh-stop")
     running = start_up(home, "--edge-port", "0", "--dev-key", "sk-stop")
     children = child_pids(running.process.pid)
-    assert len(children) == 4, children
+    # The global plane, four engine pods, four regions and the edge.
+    assert len(children) == 10, children
+    assert set(children) == set(running.pids.values())
     status, out = stop_up(running)
     assert status == 0, out
     assert not [pid for pid in children if pid_alive(pid)]
