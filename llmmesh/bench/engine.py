@@ -33,7 +33,7 @@ from engine.settings import EngineSettings
 from engine.tiny_model import resolve_model_dir
 from engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.grpc_client import EngineGrpcClient
-from llmmesh.bench.loadgen import LevelRun, StreamingClient, quarter_reporter, run_closed_loop
+from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.openai_client import OpenAIChatClient
 from llmmesh.bench.plan import EngineBenchPlan
 from llmmesh.bench.processes import ChildProcess, StartupError, free_port
@@ -190,22 +190,7 @@ class EngineBench:
         requests: Sequence[ChatRequest],
         concurrency: int,
     ) -> LevelRun:
-        self._progress(f"{name}: {len(requests)} requests, {concurrency} at a time")
-        run = await run_closed_loop(
-            client,
-            requests,
-            concurrency,
-            quarter_reporter(lambda done, total: self._progress(f"{name}: {done}/{total} requests done")),
-        )
-        metrics = summarize(run.records, run.wall_s)
-        errors = [record.error for record in run.records if record.error]
-        if errors:
-            self._progress(f"{name}: {len(errors)} failed, first: {errors[0]}")
-        self._progress(
-            f"{name}: {metrics.output_tok_s:.1f} output tok/s, ttft p50 {_ms(metrics.ttft_p50_s)} "
-            f"p90 {_ms(metrics.ttft_p90_s)}, itl p50 {_ms(metrics.itl_p50_s)} in {run.wall_s:.1f} s"
-        )
-        return run
+        return await measure_level(name, client, requests, concurrency, self._progress)
 
     @contextlib.asynccontextmanager
     async def _start_pod(self) -> AsyncIterator[StreamingClient]:
@@ -259,7 +244,3 @@ class EngineBench:
             self._progress(f"{name}: stopping")
             if not child.stop():
                 self._progress(f"{name}: some of its processes outlived SIGKILL")
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f} ms"

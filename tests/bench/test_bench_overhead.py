@@ -1,0 +1,359 @@
+"""``llmmesh bench overhead``: the plan and its flags, the edge's token
+counter, the arrival delay, the report, and one small run of the real mesh
+end to end. No assertion on timing: timing claims live in the benchmark's
+output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from engine.sim.tokenizer import SimTokenizer
+from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
+from llmmesh.bench.overhead_plan import OverheadBenchPlan, SimTiming, overhead_plan_from_args
+from llmmesh.bench.overhead_report import OverheadReport, PathMetrics, Targets, key
+from llmmesh.bench.overhead_sse import SseChatClient
+from llmmesh.bench.stats import RequestRecord
+from llmmesh.bench.workload import ChatRequest, ChatWorkload
+from llmmesh.cli.main import build_parser
+
+METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "output_tok_s", "errors")
+
+# ---------------------------------------------------------------- plan
+
+
+def _plan(*flags: str) -> OverheadBenchPlan:
+    return overhead_plan_from_args(build_parser().parse_args(["bench", "overhead", *flags]))
+
+
+def test_default_plan_measures_the_targets_level_on_the_product_path() -> None:
+    plan = _plan()
+    assert plan == OverheadBenchPlan()
+    assert plan.levels == (1, 16, 64) and plan.safety
+    assert [plan.requests_at(level) for level in plan.levels] == [32, 128, 512]
+    assert plan.max_num_seqs == 64 and plan.warmup == 128
+    assert plan.jitter_s == plan.timing.inter_token_s == 0.015
+
+
+def test_flags_win_over_quick() -> None:
+    plan = _plan(
+        "--quick",
+        "--levels",
+        "1,3",
+        "--requests-per-level",
+        "5",
+        "--max-tokens",
+        "7",
+        "--warmup",
+        "0",
+        "--safety",
+        "off",
+        "--step-ms",
+        "10",
+        "--prefill-ms",
+        "0",
+        "--arrival-jitter-ms",
+        "0",
+    )
+    assert (plan.levels, plan.requests_at(3), plan.max_tokens, plan.warmup) == ((1, 3), 5, 7, 0)
+    assert not plan.safety
+    assert plan.timing == SimTiming(inter_token_s=0.01, prefill_s=0.0)
+    assert plan.jitter_s == 0.0
+    assert plan.round_sizes(3) == [3, 2]
+    quick = _plan("--quick")
+    assert quick.levels == (1, 2) and quick.requests_at(2) == 4 and quick.max_tokens == 16
+
+
+def test_timing_is_pinned_by_flags_with_no_batch_slowdown() -> None:
+    flags = SimTiming(0.012, 0.03).engine_flags()
+    pinned = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert pinned == {
+        "--sim-inter-token-s": "0.012",
+        "--sim-batch-load-factor": "0",
+        "--sim-prefill-overhead-s": "0.03",
+        "--sim-prefill-per-token-s": "0",
+    }
+
+
+def test_impossible_plans_are_refused() -> None:
+    with pytest.raises(ValueError, match="rounds"):
+        OverheadBenchPlan(requests_per_level=1, rounds=2)
+    with pytest.raises(ValueError, match="levels"):
+        OverheadBenchPlan(levels=(0,))
+    with pytest.raises(ValueError, match="decode step"):
+        SimTiming(inter_token_s=0.0)
+    with pytest.raises(SystemExit):
+        _plan("--safety", "maybe")
+
+
+# ---------------------------------------------------------------- clients
+
+
+def _content(text: str) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": text}}], "usage": None}
+
+
+def test_edge_chunks_are_counted_in_the_simulators_tokens() -> None:
+    counter = SimChunkCounter()
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    assert counter.tokens_in(role) == 0
+    assert counter.tokens_in(_content(" the")) == 1
+    # A chunk the output filter released whole: several tokens at once.
+    text = " of, and. The water"
+    assert counter.tokens_in(_content(text)) == len(SimTokenizer().encode(text)) == 6
+    # The usage chunk settles what the text did not count, never less.
+    assert counter.tokens_in({"choices": [], "usage": {"completion_tokens": 9}}) == 2
+    assert counter.counted == 9
+    assert SimChunkCounter().tokens_in({"choices": [], "usage": {"completion_tokens": 0}}) == 0
+
+
+class _Logged:
+    """A client that logs each request it is asked to send."""
+
+    def __init__(self, log: list[tuple[str, object]]) -> None:
+        self.log = log
+        self.closed = False
+
+    async def generate(self, request: ChatRequest) -> RequestRecord:
+        self.log.append(("send", request.request_id))
+        record = RequestRecord(sent_at=time.perf_counter())
+        record.add_tokens(time.perf_counter(), 1)
+        record.finish(time.perf_counter())
+        return record
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.asyncio
+async def test_each_request_waits_its_seeded_delay_before_it_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple[str, object]] = []
+
+    async def sleep(delay: float) -> None:
+        log.append(("sleep", delay))
+
+    monkeypatch.setattr("llmmesh.bench.overhead_clients.asyncio.sleep", sleep)
+    requests = ChatWorkload().requests("t", 3, 1)
+    inner = _Logged(log)
+    jittered = ArrivalJitter(inner, 0.015, "seed")
+    records = [await jittered.generate(request) for request in requests]
+    assert all(record.ok for record in records)
+    assert [kind for kind, _ in log] == ["sleep", "send"] * 3
+    delays = [value for kind, value in log if kind == "sleep"]
+    assert all(isinstance(delay, float) and 0.0 <= delay < 0.015 for delay in delays)
+    # Another system's client with the same seed draws the same delays.
+    log.clear()
+    await ArrivalJitter(inner, 0.015, "seed").generate(requests[0])
+    assert log[0] == ("sleep", delays[0])
+    await jittered.close()
+    assert inner.closed
+
+
+class _SseServer:
+    """A tiny HTTP/1.1 server answering every POST with ``reply(n)``, the
+    n-th reply's raw bytes (head and body); closes the connection after a
+    reply when ``close_after`` says so."""
+
+    def __init__(self, reply: Callable[[int], bytes], close_after: bool = False) -> None:
+        self.reply = reply
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                self.requests.append(head + await reader.readexactly(length))
+                writer.write(self.reply(len(self.requests)))
+                await writer.drain()
+                if self.close_after:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+
+def _chunked(body: bytes, pieces: int) -> bytes:
+    """``body`` as a chunked HTTP 200 response cut into ``pieces`` chunks."""
+    step = -(-len(body) // pieces)
+    chunks = [body[i : i + step] for i in range(0, len(body), step)]
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + framed
+
+
+def _sse(*payloads: object) -> bytes:
+    return b"".join(
+        b"id: %d\ndata: %s\n\n" % (index, json.dumps(p).encode() if not isinstance(p, bytes) else p)
+        for index, p in enumerate(payloads)
+    )
+
+
+STREAM = _sse(
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+    _content(" the"),
+    _content(" of, and"),
+    {"choices": [], "usage": {"completion_tokens": 5}},
+    b"[DONE]",
+)
+
+
+@contextlib.asynccontextmanager
+async def _serving(server: _SseServer) -> AsyncIterator[SseChatClient]:
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    client = SseChatClient(f"http://127.0.0.1:{port}", "m", "sk-test", 10.0, SimChunkCounter)
+    try:
+        yield client
+    finally:
+        await client.close()
+        listener.close()
+        await listener.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_sse_client_reads_events_across_chunks_and_keeps_the_connection() -> None:
+    server = _SseServer(lambda n: _chunked(STREAM, pieces=7))
+    request = ChatWorkload().requests("t", 1, 5)[0]
+    async with _serving(server) as client:
+        first = await client.generate(request)
+        second = await client.generate(request)
+    for record in (first, second):
+        assert record.ok, record.error
+        assert [count for _, count in record.chunks] == [1, 3, 1]
+    assert server.connections == 1
+    sent = server.requests[0]
+    assert sent.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"Authorization: Bearer sk-test" in sent
+    body = json.loads(sent.split(b"\r\n\r\n", 1)[1])
+    assert body["max_tokens"] == 5 and body["stream"] is True
+
+
+@pytest.mark.asyncio
+async def test_sse_client_reconnects_when_the_server_closed_a_kept_connection() -> None:
+    server = _SseServer(lambda n: _chunked(STREAM, pieces=2), close_after=True)
+    request = ChatWorkload().requests("t", 1, 5)[0]
+    async with _serving(server) as client:
+        records = [await client.generate(request) for _ in range(3)]
+    assert all(record.ok for record in records)
+    assert server.connections == 3
+
+
+@pytest.mark.asyncio
+async def test_sse_client_records_http_errors_and_error_events() -> None:
+    error = b'{"error": {"message": "bad key", "code": "invalid_api_key"}}'
+    refused = b"HTTP/1.1 401 Unauthorized\r\ncontent-length: %d\r\n\r\n%s" % (len(error), error)
+    broken = _chunked(_sse(_content(" the"), {"error": {"message": "region lost"}}), pieces=1)
+    replies = {1: refused, 2: broken}
+    server = _SseServer(lambda n: replies[n])
+    request = ChatWorkload().requests("t", 1, 5)[0]
+    async with _serving(server) as client:
+        unauthorized = await client.generate(request)
+        cut = await client.generate(request)
+    assert (
+        unauthorized.error is not None
+        and "HTTP 401" in unauthorized.error
+        and "bad key" in unauthorized.error
+    )
+    assert cut.error is not None and "region lost" in cut.error
+    assert cut.output_tokens == 1
+
+
+# ---------------------------------------------------------------- report
+
+
+def _records(ttft_s: float, gap_s: float, tokens: int, count: int) -> list[RequestRecord]:
+    records = []
+    for index in range(count):
+        record = RequestRecord(sent_at=float(index))
+        for token in range(tokens):
+            record.add_tokens(index + ttft_s + token * gap_s, 1)
+        record.finish(index + ttft_s + tokens * gap_s)
+        records.append(record)
+    return records
+
+
+def _report(levels: tuple[int, ...]) -> OverheadReport:
+    results = {}
+    for level in levels:
+        results[key("direct", level)] = PathMetrics.of(_records(0.040, 0.015, 4, 10), 2.0)
+        results[key("mesh", level)] = PathMetrics.of(_records(0.042, 0.016, 4, 10), 2.5)
+    return OverheadReport("llmmesh-tiny", levels, results, {"engine": {}}, "test", {"c1": 0})
+
+
+def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
+    report = _report((1, 16))
+    body = json.loads(report.to_json())
+    assert body["scenario"] == "overhead"
+    assert set(body["results"]) == {"direct/c1", "mesh/c1", "direct/c16", "mesh/c16"}
+    mesh, direct = body["results"]["mesh/c16"], body["results"]["direct/c16"]
+    assert set(METRICS) <= set(mesh)
+    ratios = body["ratios"]["c16"]
+    assert ratios["added_ttft_p50_ms"] == pytest.approx((mesh["ttft_p50_s"] - direct["ttft_p50_s"]) * 1000)
+    assert ratios["added_ttft_p99_ms"] == pytest.approx(2.0)
+    assert ratios["output_tok_s_ratio"] == pytest.approx(mesh["output_tok_s"] / direct["output_tok_s"])
+    assert body["targets"]["concurrency"] == 16
+    # +2 ms at p50 and p99, 80% of direct's throughput.
+    assert body["targets_met"] == {
+        "added_ttft_p50": True,
+        "added_ttft_p99": True,
+        "output_tok_s": True,
+        "all": True,
+    }
+    strict = Targets(added_ttft_p50_ms_max=1.0)
+    assert strict.met(report.deltas()["c16"])["all"] is False
+    assert "what the mesh adds" in report.to_table()
+
+
+def test_report_without_the_targets_level_has_no_verdict() -> None:
+    body = json.loads(_report((1, 2)).to_json())
+    assert set(body["targets_met"].values()) == {None}
+    with pytest.raises(ValueError, match="no result"):
+        OverheadReport("m", (4,), {}, {}, "test")
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_small_overhead_run_through_the_real_mesh(tmp_path: Path) -> None:
+    llmmesh = Path(sys.executable).parent / "llmmesh"
+    flags = ["--levels", "1,2", "--requests-per-level", "4", "--max-tokens", "8", "--warmup", "2"]
+    done = subprocess.run(
+        [str(llmmesh), "bench", "overhead", "--json", *flags, "--log-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "llmmesh bench:" in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["scenario"] == "overhead"
+    assert report["setup"]["region"]["safety_backends"] == "rules"
+    assert set(report["results"]) == {"direct/c1", "mesh/c1", "direct/c2", "mesh/c2"}
+    for figures in report["results"].values():
+        assert figures["requests"] == 4 and figures["errors"] == 0
+        assert figures["output_tokens"] > 0 and figures["ttft_p50_s"] is not None
+    for level in ("c1", "c2"):
+        mesh, direct = report["results"][f"mesh/{level}"], report["results"][f"direct/{level}"]
+        assert mesh["output_tokens"] == direct["output_tokens"]
+        ratios = report["ratios"][level]
+        assert ratios["length_mismatches"] == 0
+        added = (mesh["ttft_p50_s"] - direct["ttft_p50_s"]) * 1000
+        assert ratios["added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+        share = mesh["output_tok_s"] / direct["output_tok_s"]
+        assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
+    # The targets are at concurrency 16, which this run leaves out.
+    assert set(report["targets_met"].values()) == {None}
