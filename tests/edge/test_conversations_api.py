@@ -4,32 +4,17 @@ history, paging by id, soft delete, and isolation between tenants and zones."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import common_pb2, policy_service_pb2, policy_service_pb2_grpc
-from tests.stack import DEV_KEY, Stack, running_stack
+from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-@pytest_asyncio.fixture
-async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    assert stack.edge is not None
-    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as client:
-        yield client
 
 
 async def new_tenant(stack: Stack, name: str, *, rpm_limit: int = 0, tpm_limit: int = 0) -> str:

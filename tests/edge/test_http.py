@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from decimal import Decimal
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from globalplane.region_directory import RegionHealth
-from tests.stack import DEV_KEY, Stack, running_stack, wait_until
+from tests.stack import DEV_KEY, Stack, wait_until
 
 pytestmark = pytest.mark.asyncio
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 10}
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-@pytest_asyncio.fixture
-async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    assert stack.edge is not None
-    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as client:
-        yield client
 
 
 def sse_events(text: str) -> list[tuple[int | None, str]]:

@@ -5,18 +5,16 @@ and conversation messages."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from edge.ratelimit_headers import ratelimit_headers, reset_text
 from llmmesh.v1 import chat_service_pb2
 from region.gateway import rate_limit_status
 from region.ratelimit import Reservation
 from tests.edge.test_conversations_api import new_tenant
-from tests.stack import DEV_KEY, Stack, running_stack
+from tests.stack import DEV_KEY, Stack
 
 RPM, TPM = 50, 40_000
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
@@ -72,19 +70,6 @@ def test_an_unlimited_figure_sends_no_headers() -> None:
         "x-ratelimit-reset-tokens",
     }
     assert ratelimit_headers(chat_service_pb2.ChatStarted()) == {}
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-@pytest_asyncio.fixture
-async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    assert stack.edge is not None
-    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as client:
-        yield client
 
 
 def figures(resp: httpx.Response) -> tuple[int, int]:
