@@ -5,7 +5,10 @@ turn on the tenant's region, and its events become SSE chunks or one
 A streamed turn goes through the stream log (:mod:`edge.streams`): the
 response follows it, and the client can resume it by its id. A client that
 disconnects cancels its turn, streamed or not, unless it asked for a
-resumable stream (``x-llmmesh-resumable: true``)."""
+resumable stream (``x-llmmesh-resumable: true``). Streamed or not, a turn
+whose region fails mid-generation goes on in another region of the zone
+(:mod:`edge.failover`); ``x-llmmesh-region`` names the region that accepted
+it (of a whole completion, the one that finished it)."""
 
 from __future__ import annotations
 
@@ -19,13 +22,14 @@ from starlette.responses import JSONResponse, Response
 
 from edge.chunks import ChunkStream, completion_object
 from edge.errors import OpenAIError
+from edge.failover import FailoverPolicy, FailoverTurn
 from edge.mesh_client import MeshClient, Principal
 from edge.ratelimit_headers import ratelimit_headers
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.stream_log import StreamInfo
 from edge.streams import StreamHub, build_stream_log
-from edge.turns import OpenTurn, open_turn
+from edge.turns import open_turn
 from llmmesh import apikeys
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.tasks import cancel_and_wait
@@ -75,6 +79,11 @@ class CompletionsHandler:
         self._mesh = mesh
         self._models = ModelResolver(mesh.registry)
         self.streams = streams if streams is not None else StreamHub(settings, build_stream_log(settings))
+        self._failover = FailoverPolicy(
+            first_event_timeout_s=settings.first_event_timeout_ms / 1000,
+            stall_timeout_s=settings.stall_timeout_ms / 1000,
+            deadline_s=settings.failover_deadline_ms / 1000,
+        )
 
     async def handle(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
@@ -111,7 +120,7 @@ class CompletionsHandler:
         if not start.request_id:
             start.request_id = "chatcmpl-" + secrets.token_hex(12)
         completion_id = start.request_id
-        turn = await open_turn(
+        opened = await open_turn(
             self._mesh,
             principal,
             start,
@@ -119,6 +128,7 @@ class CompletionsHandler:
             self._settings.first_event_timeout_ms / 1000,
             prefer_region=prefer_region,
         )
+        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover)
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
         headers.update(ratelimit_headers(turn.started))
         created = int(time.time())
@@ -133,7 +143,7 @@ class CompletionsHandler:
     async def _complete(
         self,
         request: Request,
-        turn: OpenTurn,
+        turn: FailoverTurn,
         completion_id: str,
         created: int,
         model: str,
@@ -160,4 +170,4 @@ class CompletionsHandler:
             await cancel_and_wait(text_task)
             turn.close()
         body = completion_object(completion_id, created, model, text, turn.reason, turn.usage)
-        return JSONResponse(body, headers=headers)
+        return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

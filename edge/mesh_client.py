@@ -1,5 +1,13 @@
 """The edge's gRPC clients: the global plane (keys, routing, models) and a
-channel per region."""
+channel per region.
+
+Region channels ping every ``region_keepalive_ms`` and give up on a peer that
+does not answer within as long (gRPC's ping timeout, not only its keepalive
+timeout, or an unanswered ping waits a minute), so a token stream over a cut
+link fails (UNAVAILABLE) within about twice that and can fail over; a killed
+region's reset connection fails at once. They also retry connecting at least every
+second, so a region that comes back is reached as soon as it is routed to.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import (
     billing_service_pb2,
@@ -41,6 +49,19 @@ class Principal:
     key_id: str
 
 
+def region_channel_options(keepalive_ms: int) -> list[tuple[str, int]]:
+    """The mesh's channel options with a fast keepalive and reconnect."""
+    overrides = {
+        "grpc.keepalive_time_ms": keepalive_ms,
+        "grpc.keepalive_timeout_ms": keepalive_ms,
+        "grpc.http2.ping_timeout_ms": keepalive_ms,
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.max_reconnect_backoff_ms": 1_000,
+    }
+    kept = [(name, value) for name, value in CHANNEL_OPTIONS if name not in overrides]
+    return kept + list(overrides.items())
+
+
 def _global_error(err: grpc.aio.AioRpcError) -> MeshError:
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unavailable(
@@ -53,7 +74,12 @@ class MeshClient:
     """Talks to the global plane and opens region channels on demand."""
 
     def __init__(
-        self, global_address: str, auth_cache_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+        self,
+        global_address: str,
+        auth_cache_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        region_keepalive_ms: int = 1_000,
     ) -> None:
         self._global = open_channel(global_address)
         self.policy = policy_service_pb2_grpc.PolicyServiceStub(self._global)
@@ -65,6 +91,7 @@ class MeshClient:
         self._auth_cache: dict[str, tuple[float, Principal]] = {}
         self._auth_cache_s = auth_cache_s
         self._clock = clock
+        self._region_options = region_channel_options(region_keepalive_ms)
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
@@ -168,7 +195,9 @@ class MeshClient:
         """A ChatService stub for a region, reusing one channel per address."""
         channel = self._regions.get(address)
         if channel is None:
-            channel = self._regions[address] = open_channel(address)
+            channel = self._regions[address] = grpc.aio.insecure_channel(
+                address, options=self._region_options
+            )
         return chat_service_pb2_grpc.ChatServiceStub(channel)
 
     async def close(self) -> None:

@@ -25,3 +25,9 @@ STREAM_ERRORS = Counter(
     ["code"],
     registry=REGISTRY,
 )
+FAILOVERS = Counter(
+    "llmmesh_edge_failovers",
+    "Mid-stream failovers: 'continued' in another region of the zone, or 'failed' for want of one",
+    ["outcome"],
+    registry=REGISTRY,
+)

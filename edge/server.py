@@ -55,7 +55,11 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
     sock.listen(1024)
     sock.setblocking(False)
     port = sock.getsockname()[1]
-    mesh = MeshClient(settings.global_address, auth_cache_s=settings.auth_cache_ms / 1000)
+    mesh = MeshClient(
+        settings.global_address,
+        auth_cache_s=settings.auth_cache_ms / 1000,
+        region_keepalive_ms=settings.region_keepalive_ms,
+    )
     app = RequestCounter(build_app(settings, mesh))
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, access_log=False

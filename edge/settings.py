@@ -35,6 +35,15 @@ class EdgeSettings:
     cancel_grace_ms: int = setting(
         5_000, "after a cancel, milliseconds to wait for the region's final usage before dropping the call"
     )
+    stall_timeout_ms: int = setting(
+        3_000, "a generating region stream silent this long (after its first token) counts as broken"
+    )
+    failover_deadline_ms: int = setting(
+        30_000, "longest a broken stream may take to go on in another region before it ends with an error"
+    )
+    region_keepalive_ms: int = setting(
+        1_000, "keepalive ping interval and timeout on region channels: how soon a cut link is noticed"
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -43,6 +52,9 @@ class EdgeSettings:
             "stream_retention_s",
             "detached_timeout_ms",
             "cancel_grace_ms",
+            "stall_timeout_ms",
+            "failover_deadline_ms",
+            "region_keepalive_ms",
         ):
             # Written so that NaN fails too.
             if not getattr(self, name) > 0:

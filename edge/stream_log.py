@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 CancelListener = Callable[[str], None]
 """Called with a stream id when some edge asks for that stream's cancellation."""
@@ -32,8 +32,8 @@ CancelListener = Callable[[str], None]
 
 @dataclass(frozen=True)
 class StreamInfo:
-    """Who started a stream, and where it runs: only ``key_id`` may resume
-    or cancel it."""
+    """Who started a stream, and where it runs (the region serving it now:
+    another after a failover): only ``key_id`` may resume or cancel it."""
 
     key_id: str
     tenant_id: str
@@ -103,6 +103,10 @@ class StreamLog(ABC):
     @abstractmethod
     async def append(self, stream_id: str, entry: LogEntry) -> None:
         """Add the next entry; never waits for readers."""
+
+    @abstractmethod
+    async def set_region(self, stream_id: str, region: str) -> None:
+        """Name the region serving the stream now (after a failover)."""
 
     @abstractmethod
     async def info(self, stream_id: str) -> StreamInfo | None:
@@ -209,6 +213,11 @@ class InProcessStreamLog(StreamLog):
             self._forget_old()
         woken, stream.wakeup = stream.wakeup, asyncio.Event()
         woken.set()
+
+    async def set_region(self, stream_id: str, region: str) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            stream.info = replace(stream.info, region=region)
 
     async def info(self, stream_id: str) -> StreamInfo | None:
         stream = self._get(stream_id)

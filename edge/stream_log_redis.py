@@ -183,6 +183,15 @@ class RedisStreamLog(StreamLog):
 
         await self._pipelined(build)
 
+    async def set_region(self, stream_id: str, region: str) -> None:
+        info_key = self._key(stream_id, "info")
+
+        def build(pipe: Pipeline) -> None:
+            pipe.hset(info_key, "region", region)
+            pipe.pexpire(info_key, self._retention_ms)
+
+        await self._pipelined(build)
+
     async def info(self, stream_id: str) -> StreamInfo | None:
         info_key = self._key(stream_id, "info")
         key_id, tenant_id, region = await self._run(

@@ -15,6 +15,10 @@ arrive, so the stream still ends with its finish chunk, its usage and
 the turn within ``cancel_grace_ms`` of the cancel has its call dropped
 (which aborts and bills as well).
 
+A region that fails mid-stream is replaced by a zone peer continuing the
+turn (:mod:`edge.failover`): the log goes on with the next event id, and
+its metadata names the region serving now, which a resume reports.
+
 A stream started with ``x-llmmesh-resumable: true`` is detached: the
 starting client's disconnect does not cancel it, so the client can resume
 it; it is cancelled once no reader has followed it for
@@ -36,9 +40,9 @@ from starlette.types import Receive, Scope, Send
 from edge import metrics
 from edge.chunks import DONE, ChunkStream, SseEvent, sse_data
 from edge.errors import OpenAIError, from_mesh_error
+from edge.failover import FailoverTurn
 from edge.settings import EdgeSettings
 from edge.stream_log import EventsGone, InProcessStreamLog, LogEntry, StreamInfo, StreamLog, StreamLogError
-from edge.turns import OpenTurn
 from llmmesh.errors import MeshError
 from llmmesh.tasks import cancel_and_wait, wait_event
 
@@ -167,7 +171,7 @@ class StreamHub:
 
     async def begin(
         self,
-        turn: OpenTurn,
+        turn: FailoverTurn,
         chunks: ChunkStream,
         info: StreamInfo,
         *,
@@ -223,9 +227,10 @@ class StreamHub:
             production.request_cancel(reason)
 
     async def _produce(
-        self, production: _Production, turn: OpenTurn, chunks: ChunkStream, arrived: float
+        self, production: _Production, turn: FailoverTurn, chunks: ChunkStream, arrived: float
     ) -> None:
         stream_id = production.stream_id
+        region = turn.region
         watcher = asyncio.create_task(self._watch(production, turn), name=f"watch-{stream_id}")
         appender = _Appender(self.log, stream_id)
         try:
@@ -236,7 +241,12 @@ class StreamHub:
                     metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - arrived)
                     first_token = False
                 metrics.OUTPUT_TOKENS.inc(len(delta.token_ids))
+                if turn.region != region:
+                    region = turn.region
+                    await self.log.set_region(stream_id, region)
                 await appender.event(chunks.content(delta.sequence, delta.text))
+            if turn.region != region:
+                await self.log.set_region(stream_id, turn.region)
             blocked = turn.safety.categories if turn.safety is not None and turn.safety.blocked else ()
             await appender.event(chunks.finish(turn.reason, list(blocked)))
             if chunks.include_usage:
@@ -279,7 +289,7 @@ class StreamHub:
         except StreamLogError as err:
             log.error("stream %s: could not log its error: %s", appender.stream_id, err)
 
-    async def _watch(self, production: _Production, turn: OpenTurn) -> None:
+    async def _watch(self, production: _Production, turn: FailoverTurn) -> None:
         """Cancel the turn when asked, or when a detached stream has gone
         unread for ``detached_timeout_ms``; drop the call if the region has
         not ended it ``cancel_grace_ms`` later."""

@@ -31,7 +31,9 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # The edge pings its regions every second to notice a cut link mid-stream
+    # (edge.mesh_client); pings more often than this count as abuse.
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
     # Channels ping while idle too; without this the server counts those
     # pings as abuse and ends idle channels with GOAWAY "too_many_pings".
     ("grpc.keepalive_permit_without_calls", 1),

@@ -7,6 +7,11 @@ tokens must stay together for the client (a continuation after failover
 resumes from the token ids delivered), so deltas are held whole and go out
 merged once all of their text is released. Text the filter released in the middle of a
 delta waits for the rest of that delta.
+
+A continuation's filter is first seeded with the tail of the text the client
+already has (:meth:`FilteredOutput.seed`), so a flagged phrase that began
+before the break is caught when its rest arrives; the seed itself is never
+delivered again.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from region.safety import OutputDecision, StreamingOutputFilter, Verdict
+
+SEED_CHARS = 1024
+"""How much of a continuation's delivered text seeds its filter: far more than a filter's overlap."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,20 @@ class FilteredOutput:
     def held_tokens(self) -> int:
         """Tokens received and not (yet) delivered."""
         return sum(len(ids) for _, ids in self._held)
+
+    async def seed(self, delivered: str) -> None:
+        """Let the filter see the end of text delivered before (a
+        continuation's), as context for what follows; none of it is released
+        again. Starts at a word edge, so no rule sees a word's tail alone."""
+        if self._filter is None or not delivered:
+            return
+        tail = delivered[-SEED_CHARS:]
+        if len(tail) < len(delivered):
+            cut = next((i for i, char in enumerate(tail) if not (char.isalnum() or char == "_")), len(tail))
+            tail = tail[cut:]
+        # Released seed text is not a held delta: count it off first.
+        self._cleared -= len(tail)
+        self._take(await self._filter.feed(tail))
 
     async def feed(self, text: str, token_ids: tuple[int, ...]) -> Release:
         """Take the next engine delta; raises Unavailable when the filter fails."""

@@ -9,6 +9,17 @@ RPM/TPM limits, the tenant's monthly quota, a slot from the weighted fair
 queue), placement by the KV-affinity router, and the engine stream, whose
 output passes the streaming safety filter. Whatever was delivered is
 recorded with its usage in one zone-store transaction, then billed.
+
+A turn may be the continuation of one whose region failed mid-stream
+(``ChatStart.continuation``): its prompt is the original turn's (a
+conversation's history leaves out what the original turn stored), the pod
+resumes after the tokens the client already has, the output filter is
+seeded with their text (a flagged phrase spanning the break is still
+caught), deltas are numbered on from the client's last one, and the usage
+it reports is the whole turn's: the original prompt once, and all the
+output the client received. It is recorded by
+:meth:`ZoneStore.record_continuation`, which bills the turn once whichever
+region records first.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from region.settings import RegionSettings
 from region.tokenizer_client import TokenizerClient
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AssistantMessage, Role
+from region.zone_store.rows import AssistantMessage, ContinuedTurn, Role
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -68,7 +79,9 @@ class _PodFailedEarly(Exception):
 @dataclass
 class TurnMeter:
     """Token counts of one turn as they accrue. ``output_tokens`` counts
-    what was delivered to the caller, which is what is billed."""
+    what was delivered to the caller, which is what is billed;
+    ``carried_tokens`` and ``carried_text`` are what a continued turn's
+    client had before (another region delivered them)."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
@@ -78,13 +91,25 @@ class TurnMeter:
     # The reply as delivered, for the zone store.
     text_parts: list[str] = field(default_factory=list)
     sequence: int = 0
+    carried_tokens: int = 0
+    carried_text: str = ""
+
+    def prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Take the engine's prompt counts; a pod prefills a continuation's
+        carried tokens after the prompt, and those are output, not input."""
+        self.input_tokens = max(0, prompt_tokens - self.carried_tokens)
+        self.cached_input_tokens = min(cached_tokens, self.input_tokens)
 
     def usage(self) -> common_pb2.TokenUsage:
+        """The whole turn's usage, as its client sees it."""
         return common_pb2.TokenUsage(
             input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
+            output_tokens=self.carried_tokens + self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
         )
+
+    def reply_text(self) -> str:
+        return self.carried_text + "".join(self.text_parts)
 
 
 @dataclass(frozen=True)
@@ -100,6 +125,10 @@ class PreparedTurn:
     conversation_id: str | None
     # The new user text stored with the reply, for conversation turns.
     user_text: str | None
+    # The original request id of a continued turn (None for a turn of its
+    # own) and the region that began it.
+    continues: str | None = None
+    original_region: str = ""
 
 
 @dataclass
@@ -201,6 +230,9 @@ class ChatGateway:
             caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
         )
         turn = _Turn(caller, prepared, admitted)
+        if start.HasField("continuation"):
+            turn.meter.carried_tokens = len(start.continuation.emitted_token_ids)
+            turn.meter.carried_text = start.continuation.emitted_text
         try:
             async for event in self._place_and_stream(turn, start, cancel):
                 yield event
@@ -224,6 +256,7 @@ class ChatGateway:
         messages: Sequence[common_pb2.ChatMessage] = start.messages
         conversation_id: str | None = None
         user_text: str | None = None
+        continues = start.continuation.original_request_id if start.HasField("continuation") else ""
         if start.conversation_id:
             conversation = await self._store.get_conversation(caller.tenant_id, start.conversation_id)
             conversation_id = conversation.id
@@ -236,10 +269,14 @@ class ChatGateway:
                     )
                 ]
             new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
+            # A continuation's prompt is its original turn's, without what that turn stored.
             history = [
                 common_pb2.ChatMessage(role=CHAT_ROLES[row.role], content=row.content)
                 for row in stored
-                if row.role in CHAT_ROLES and row.role != Role.SYSTEM and row.content
+                if row.role in CHAT_ROLES
+                and row.role != Role.SYSTEM
+                and row.content
+                and not (continues and row.request_id == continues)
             ]
             user_text = "\n\n".join(m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER)
             if window:
@@ -277,7 +314,15 @@ class ChatGateway:
         room = window - len(token_ids) if window else requested or self._settings.default_output_tokens
         max_output = requested or min(self._settings.default_output_tokens, room)
         return PreparedTurn(
-            request_id, model, tuple(messages), token_ids, max_output, conversation_id, user_text
+            request_id,
+            model,
+            tuple(messages),
+            token_ids,
+            max_output,
+            conversation_id,
+            user_text,
+            continues or None,
+            start.continuation.original_region,
         )
 
     async def _place_and_stream(
@@ -312,6 +357,7 @@ class ChatGateway:
         prepared, meter = turn.prepared, turn.meter
         base_sequence = start.continuation.last_sequence if start.HasField("continuation") else 0
         output = FilteredOutput(self._safety.new_output_filter() if self._safety is not None else None)
+        await output.seed(meter.carried_text)
         # Counted before the first await: the router reads it for the next turn.
         pod.in_flight += 1
         call = pod.stub.Generate()
@@ -336,8 +382,7 @@ class ChatGateway:
                 kind = resp.WhichOneof("event")
                 if kind == "started":
                     produced = meter.started = True
-                    meter.input_tokens = resp.started.prompt_tokens
-                    meter.cached_input_tokens = resp.started.cached_prompt_tokens
+                    meter.prompt(resp.started.prompt_tokens, resp.started.cached_prompt_tokens)
                     yield chat_service_pb2.ChatResponse(
                         started=chat_service_pb2.ChatStarted(
                             request_id=prepared.request_id,
@@ -359,8 +404,10 @@ class ChatGateway:
                 elif kind == "finished":
                     finished = resp.finished
                     if finished.HasField("usage"):
-                        meter.input_tokens = finished.usage.input_tokens or meter.input_tokens
-                        meter.cached_input_tokens = finished.usage.cached_input_tokens
+                        meter.prompt(
+                            finished.usage.input_tokens or meter.input_tokens + meter.carried_tokens,
+                            finished.usage.cached_input_tokens,
+                        )
                     release = await output.finish()
                     if release:
                         yield self._deliver(meter, base_sequence, release.text, release.token_ids)
@@ -446,9 +493,10 @@ class ChatGateway:
         record = self._start_record(turn)
         message_id = await asyncio.shield(record)
         meter, model = turn.meter, turn.prepared.model
-        cost = turn_cost(model, meter.input_tokens, meter.output_tokens)
+        usage = meter.usage()
+        cost = turn_cost(model, usage.input_tokens, usage.output_tokens)
         yield chat_service_pb2.ChatResponse(
-            usage=chat_service_pb2.ChatUsage(usage=meter.usage(), cost_usd=format_usd(cost))
+            usage=chat_service_pb2.ChatUsage(usage=usage, cost_usd=format_usd(cost))
         )
         yield chat_service_pb2.ChatResponse(
             finished=chat_service_pb2.ChatFinished(reason=reason, message_id=message_id)
@@ -494,41 +542,68 @@ class ChatGateway:
             if meter.started:
                 message_id = await self._write_record(caller, prepared, meter)
         finally:
-            await admitted.settle(meter.input_tokens + meter.output_tokens)
+            # A continuation's prompt was counted where the turn began.
+            prompt = 0 if meter.carried_tokens or prepared.continues is not None else meter.input_tokens
+            await admitted.settle(prompt + meter.output_tokens)
             admitted.release_quota()
         return message_id
 
     async def _write_record(self, caller: Caller, prepared: PreparedTurn, meter: TurnMeter) -> str:
         model = prepared.model
         reason = meter.reason or common_pb2.FINISH_REASON_CANCELLED
-        usage = billing_service_pb2.UsageRecord(
-            request_id=prepared.request_id,
-            tenant_id=caller.tenant_id,
-            model=model.name,
-            region=self._settings.region,
-            usage=meter.usage(),
-            finish_reason=reason,
-            end_time=self._now(),
-        )
+        whole = meter.usage()
+
+        def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
+            continued = request_id != prepared.request_id
+            return billing_service_pb2.UsageRecord(
+                request_id=request_id,
+                tenant_id=caller.tenant_id,
+                model=model.name,
+                region=(prepared.original_region or self._settings.region)
+                if continued
+                else self._settings.region,
+                usage=common_pb2.TokenUsage(
+                    input_tokens=input_tokens,
+                    output_tokens=output_tokens,
+                    cached_input_tokens=min(meter.cached_input_tokens, input_tokens),
+                ),
+                finish_reason=reason,
+                end_time=self._now(),
+            ).SerializeToString()
+
         assistant = AssistantMessage(
-            content="".join(meter.text_parts),
+            content=meter.reply_text(),
             model=model.name,
             finish_reason=common_pb2.FinishReason.Name(reason),
-            input_tokens=meter.input_tokens,
-            output_tokens=meter.output_tokens,
-            cached_input_tokens=meter.cached_input_tokens,
-            cost_usd=turn_cost(model, meter.input_tokens, meter.output_tokens),
+            input_tokens=whole.input_tokens,
+            output_tokens=whole.output_tokens,
+            cached_input_tokens=whole.cached_input_tokens,
+            cost_usd=turn_cost(model, whole.input_tokens, whole.output_tokens),
         )
         try:
-            record = await self._store.record_turn(
-                caller.tenant_id,
-                prepared.conversation_id,
-                prepared.request_id,
-                prepared.user_text,
-                assistant,
-                usage.SerializeToString(),
-                tokens=meter.input_tokens + meter.output_tokens,
-            )
+            if prepared.continues is None:
+                record = await self._store.record_turn(
+                    caller.tenant_id,
+                    prepared.conversation_id,
+                    prepared.request_id,
+                    prepared.user_text,
+                    assistant,
+                    encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
+                    tokens=meter.input_tokens + meter.output_tokens,
+                )
+            else:
+                record = await self._store.record_continuation(
+                    caller.tenant_id,
+                    prepared.conversation_id,
+                    prepared.request_id,
+                    prepared.user_text,
+                    ContinuedTurn(
+                        prepared.continues, meter.input_tokens, meter.carried_tokens, meter.carried_text
+                    ),
+                    assistant,
+                    meter.output_tokens,
+                    encode,
+                )
         except Exception:
             # The stream is over; all that is left is to say so loudly.
             log.exception("turn %s: its usage could not be recorded", prepared.request_id)

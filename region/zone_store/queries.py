@@ -19,6 +19,10 @@ from region.zone_store.rows import AssistantMessage, ConversationRow, MessageRow
 
 _C = schema.conversations
 _M = schema.messages
+_O = schema.usage_outbox
+
+ATTEMPT_SEPARATOR = "-r"
+"""A continuation's request id is its turn's original one, this, and the attempt's number (``…-r2``)."""
 
 
 def append_message(
@@ -54,6 +58,35 @@ def append_message(
     values = asdict(message) | {"role": str(role), "tenant_id": conversation.tenant_id}
     conn.execute(sa.insert(_M).values(**values, home_region=conversation.home_region))
     return message
+
+
+def replace_reply(conn: Connection, message_id: str, reply: AssistantMessage) -> None:
+    """Make a stored assistant message the whole reply (a continuation completes a partial one)."""
+    conn.execute(
+        sa.update(_M)
+        .where(_M.c.id == message_id)
+        .values(
+            content=reply.content,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            cached_input_tokens=reply.cached_input_tokens,
+            cost_usd=reply.cost_usd,
+            model=reply.model,
+            finish_reason=reply.finish_reason,
+        )
+    )
+
+
+def turn_tokens(conn: Connection, tenant_id: str, original_request_id: str, but: str) -> int:
+    """Tokens already recorded for a turn, by its original request id and its
+    continuations' (``<id>-r<n>``), leaving out request id ``but``."""
+    attempts = _O.c.request_id.startswith(original_request_id + ATTEMPT_SEPARATOR, autoescape=True)
+    query = sa.select(sa.func.coalesce(sa.func.sum(_O.c.tokens), 0)).where(
+        _O.c.tenant_id == tenant_id,
+        sa.or_(_O.c.request_id == original_request_id, attempts),
+        _O.c.request_id != but,
+    )
+    return int(conn.execute(query).scalar_one())
 
 
 def touch(conn: Connection, conversation_id: str, now: datetime) -> None:

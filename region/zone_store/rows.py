@@ -77,6 +77,22 @@ class AssistantMessage:
 
 
 @dataclass(frozen=True)
+class ContinuedTurn:
+    """The part of a turn that another region delivered before it failed,
+    as the region continuing the turn records it.
+
+    ``request_id`` is the original turn's; ``input_tokens`` its prompt
+    (billed once, with the original request id); ``output_tokens`` and
+    ``text`` what the client had received when the stream broke.
+    """
+
+    request_id: str
+    input_tokens: int
+    output_tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
 class TurnRecord:
     """What :meth:`ZoneStore.record_turn` left in the store.
 

@@ -11,6 +11,10 @@ user message, the assistant message and the usage row either all land or
 none does. The usage row's primary key, the request id, is claimed first,
 so a repeated turn (a retry, a replayed stream) changes nothing; concurrent
 turns on one conversation take its row lock and get consecutive ``seq``.
+
+A turn continued in another region of the zone after its region failed
+mid-stream is recorded by :meth:`ZoneStore.record_continuation`, billed once
+whichever region writes first.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ from region.zone_store.queries import (
     message_of,
     message_of_request,
     messages_of_request,
+    replace_reply,
     touch,
+    turn_tokens,
 )
 from region.zone_store.rows import (
     AssistantMessage,
+    ContinuedTurn,
     ConversationPage,
     ConversationRow,
     MessageRow,
@@ -50,6 +57,8 @@ from region.zone_store.rows import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+UsageEncoder = Callable[[str, int, int], bytes]
+"""Serializes the ``UsageRecord`` of (request id, input tokens, output tokens) for the outbox."""
 
 _C = schema.conversations
 _M = schema.messages
@@ -315,6 +324,114 @@ class ZoneStore(SqlStore):
             return TurnRecord(request_id, False, tuple(stored))
 
         return await self.transaction(record)
+
+    async def record_continuation(
+        self,
+        tenant_id: str,
+        conversation_id: str | None,
+        request_id: str,
+        user_message: str | None,
+        continued: ContinuedTurn,
+        reply: AssistantMessage,
+        output_tokens: int,
+        encode_usage: UsageEncoder,
+    ) -> TurnRecord:
+        """Record a continuation (request ``request_id``, which generated
+        ``output_tokens``) of turn ``continued.request_id`` in one transaction.
+
+        Billing: the turn as a whole is billed its input once and the output
+        its client received, whichever region records first. When the
+        original request id has no usage row (its region died first), one is
+        written for it here with the turn's input and the output delivered
+        before the break, and this request's row has input 0 and its own
+        output. When the original region recorded (it survived a partition),
+        this request's row has what the turn's rows (the original's and its
+        other continuations', ``<id>-r<n>``) do not cover yet, so nothing is
+        billed twice; the original region's write coming later is a no-op,
+        its request id being taken. ``encode_usage`` makes each usage row.
+
+        Content, for a conversation: the turn's user message once, and one
+        assistant message under the original request id holding ``reply``,
+        the whole reply (the original region's partial message, if it wrote
+        one, is completed in place). A request id recorded before makes this
+        a no-op (``duplicate``).
+        """
+        _require_tenant(tenant_id)
+        for rid in (request_id, continued.request_id):
+            if not rid or len(rid) > _MAX_REQUEST_ID:
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST,
+                    f"request_id must have 1 to {_MAX_REQUEST_ID} characters",
+                    metadata={"param": "request_id"},
+                )
+        original = continued.request_id
+        now = self._clock()
+
+        def row(rid: str, input_tokens: int, output: int) -> dict[str, Any]:
+            return {
+                "request_id": rid,
+                "tenant_id": tenant_id,
+                "home_region": self.region,
+                "usage": encode_usage(rid, input_tokens, output),
+                "tokens": input_tokens + output,
+                "created_at": now,
+                "attempts": 0,
+                "shipped_at": None,
+            }
+
+        def record(conn: Connection) -> TurnRecord:
+            if not insert_new_rows(conn, _O, [row(request_id, 0, output_tokens)]):
+                return self._recorded_before(conn, tenant_id, request_id, original)
+            whole = continued.input_tokens + continued.output_tokens
+            if not insert_new_rows(
+                conn, _O, [row(original, continued.input_tokens, continued.output_tokens)]
+            ):
+                owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == original)).scalar()
+                if owner != tenant_id:
+                    raise _duplicate(original)
+                # What the turn's rows so far leave of the output delivered until now.
+                share = max(0, whole + output_tokens - turn_tokens(conn, tenant_id, original, request_id))
+                if share != output_tokens:
+                    conn.execute(
+                        sa.update(_O)
+                        .where(_O.c.request_id == request_id)
+                        .values(usage=encode_usage(request_id, 0, share), tokens=share)
+                    )
+            if conversation_id is None:
+                return TurnRecord(request_id, False, ())
+            conversation = self._find_live(conn, tenant_id, conversation_id, lock=True)
+            if conversation is None:
+                log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
+                return TurnRecord(request_id, False, ())
+            stored: list[MessageRow] = []
+            asked = message_of_request(conn, original, Role.USER)
+            if asked is not None and asked.conversation_id != conversation.id:
+                raise _duplicate(original)
+            if asked is None and user_message is not None:
+                asked = append_message(conn, conversation, Role.USER, user_message, original, now)
+            if asked is not None:
+                stored.append(asked)
+            partial = message_of_request(conn, original, Role.ASSISTANT)
+            if partial is None:
+                stored.append(
+                    append_message(conn, conversation, Role.ASSISTANT, reply.content, original, now, reply)
+                )
+            elif partial.conversation_id != conversation.id:
+                raise _duplicate(original)
+            else:
+                replace_reply(conn, partial.id, reply)
+                stored.append(message_of_request(conn, original, Role.ASSISTANT) or partial)
+            touch(conn, conversation.id, now)
+            return TurnRecord(request_id, False, tuple(stored))
+
+        return await self.transaction(record)
+
+    @staticmethod
+    def _recorded_before(conn: Connection, tenant_id: str, request_id: str, original: str) -> TurnRecord:
+        owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
+        if owner != tenant_id:
+            raise _duplicate(request_id)
+        return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, original))
 
     # ------------------------------------------------------------ usage outbox
 

@@ -1,0 +1,340 @@
+"""Recording a turn continued in another region after its own failed
+mid-stream: billed once (input once, all the output delivered) and stored
+once (one user message, one whole assistant message), whichever region
+records first; and the continuing region's output filter sees the text
+delivered before the break.
+
+The store's rules run on two stores of one zone (two regions of it), on
+SQLite and PostgreSQL; the gateway's on a real in-process region.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+
+from globalplane.tiers import TenantTier
+from llmmesh.errors import AlreadyExists
+from llmmesh.grpcserver import open_channel
+from llmmesh.sqlstore import create_store_engine
+from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region.zone_store import AssistantMessage, Role, ZoneStore
+from region.zone_store import schema as zs
+from region.zone_store.rows import ContinuedTurn
+from tests.stack import Stack, running_stack
+
+pytestmark = pytest.mark.asyncio
+
+T = "tenant-a"
+PROMPT, DELIVERED, REST = 12, 5, 8
+USER_TEXT = "Where do rivers go?"
+BEFORE, AFTER = "Rivers run down to", " the sea, mostly."
+
+
+def encoder(region: str, original: str, original_region: str) -> Callable[[str, int, int], bytes]:
+    def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
+        return billing_service_pb2.UsageRecord(
+            request_id=request_id,
+            tenant_id=T,
+            model="m",
+            region=original_region if request_id == original else region,
+            usage=common_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens),
+        ).SerializeToString()
+
+    return encode
+
+
+def reply(content: str, output_tokens: int) -> AssistantMessage:
+    return AssistantMessage(
+        content=content,
+        model="m",
+        finish_reason="FINISH_REASON_STOP",
+        input_tokens=PROMPT,
+        output_tokens=output_tokens,
+        cost_usd=Decimal("0.001"),
+    )
+
+
+@pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])
+def zone_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return f"sqlite:///{tmp_path / 'us.db'}"
+    url: str = request.getfixturevalue("postgres_schema_url")
+    return url
+
+
+@pytest.fixture
+def regions(zone_url: str) -> Iterator[tuple[ZoneStore, ZoneStore]]:
+    """The zone store as us-east (the region that failed) and us-west (the one continuing) use it."""
+    stores = []
+    for region in ("us-east", "us-west"):
+        store = ZoneStore(create_store_engine(zone_url), "us", region)
+        store.create_schema()
+        stores.append(store)
+    yield stores[0], stores[1]
+    for store in stores:
+        store.dispose()
+
+
+def usage_rows(store: ZoneStore) -> dict[str, tuple[str, int, int, str]]:
+    """request id -> (home region, input, output, billed region) of every usage row."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(zs.usage_outbox)).all()
+    out = {}
+    for row in rows:
+        record = billing_service_pb2.UsageRecord.FromString(row.usage)
+        assert row.tokens == record.usage.input_tokens + record.usage.output_tokens
+        out[row.request_id] = (
+            row.home_region,
+            record.usage.input_tokens,
+            record.usage.output_tokens,
+            record.region,
+        )
+    return out
+
+
+@pytest.mark.parametrize("first", ["failed region", "continuing region"])
+async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
+    regions: tuple[ZoneStore, ZoneStore], first: str
+) -> None:
+    east, west = regions
+    conversation = await east.create_conversation(T, "m")
+    # The failed region had generated one token more than its client got.
+    partial = reply(BEFORE + " the", DELIVERED + 1)
+
+    async def failed_region_records() -> bool:
+        turn = await east.record_turn(
+            T,
+            conversation.id,
+            "req-x",
+            USER_TEXT,
+            partial,
+            encoder("us-east", "req-x", "us-east")("req-x", PROMPT, DELIVERED + 1),
+            tokens=PROMPT + DELIVERED + 1,
+        )
+        return turn.duplicate
+
+    async def continuing_region_records() -> bool:
+        turn = await west.record_continuation(
+            T,
+            conversation.id,
+            "req-x-r2",
+            USER_TEXT,
+            ContinuedTurn("req-x", PROMPT, DELIVERED, BEFORE),
+            reply(BEFORE + AFTER, DELIVERED + REST),
+            REST,
+            encoder("us-west", "req-x", "us-east"),
+        )
+        assert [m.role for m in turn.messages] == [Role.USER, Role.ASSISTANT]
+        return turn.duplicate
+
+    if first == "failed region":
+        assert not await failed_region_records()
+        assert not await continuing_region_records()
+    else:
+        assert not await continuing_region_records()
+        assert await failed_region_records()  # late: a no-op
+    # A repeated continuation changes nothing either.
+    assert await continuing_region_records()
+
+    rows = usage_rows(west)
+    assert set(rows) == {"req-x", "req-x-r2"}
+    assert sum(i + o for _, i, o, _ in rows.values()) == PROMPT + DELIVERED + REST
+    assert sum(i for _, i, _, _ in rows.values()) == PROMPT
+    assert rows["req-x-r2"][:2] == ("us-west", 0)
+    if first == "continuing region":
+        # The failed region never recorded: the continuing one bills its part for it.
+        assert rows["req-x"] == ("us-west", PROMPT, DELIVERED, "us-east")
+        assert rows["req-x-r2"] == ("us-west", 0, REST, "us-west")
+    else:
+        # What the failed region billed beyond the client's tokens is not billed again.
+        assert rows["req-x"] == ("us-east", PROMPT, DELIVERED + 1, "us-east")
+        assert rows["req-x-r2"] == ("us-west", 0, REST - 1, "us-west")
+    assert await west.tenant_tokens(T, since=conversation.created_at) == PROMPT + DELIVERED + REST
+
+    stored = await west.messages(T, conversation.id)
+    assert [(m.role, m.content) for m in stored] == [(Role.USER, USER_TEXT), (Role.ASSISTANT, BEFORE + AFTER)]
+    assert [m.request_id for m in stored] == ["req-x", "req-x"]
+    assert (stored[1].input_tokens, stored[1].output_tokens) == (PROMPT, DELIVERED + REST)
+
+
+async def test_a_continuation_of_another_tenants_request_id_is_refused(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    other = billing_service_pb2.UsageRecord(request_id="req-y", tenant_id="tenant-b").SerializeToString()
+    await east.record_turn("tenant-b", None, "req-y", None, reply("x", 1), other)
+    with pytest.raises(AlreadyExists, match="already used"):
+        await west.record_continuation(
+            T,
+            None,
+            "req-y-r2",
+            None,
+            ContinuedTurn("req-y", PROMPT, 1, "x"),
+            reply("xy", 2),
+            1,
+            encoder("us-west", "req-y", "us-east"),
+        )
+    assert set(usage_rows(west)) == {"req-y"}
+
+
+# ---------------------------------------------------------------- through the gateway
+
+UNFILTERED_FAST: dict[str, Any] = {
+    "context_window": 512,
+    "sim_inter_token_s": 0.0005,
+    "sim_prefill_per_token_s": 0.000001,
+    "sim_prefill_overhead_s": 0.0001,
+}
+USER = common_pb2.CHAT_ROLE_USER
+SAMPLING = common_pb2.SamplingParams(max_tokens=40, temperature=1.0, seed=5)
+
+
+def start(
+    request_id: str = "", conversation_id: str = "", continuation: chat_service_pb2.Continuation | None = None
+) -> chat_service_pb2.ChatStart:
+    message = chat_service_pb2.ChatStart(
+        request_id=request_id,
+        model="auto",
+        messages=[common_pb2.ChatMessage(role=USER, content=USER_TEXT)],
+        sampling=SAMPLING,
+        conversation_id=conversation_id,
+    )
+    if continuation is not None:
+        message.continuation.CopyFrom(continuation)
+    return message
+
+
+async def run(
+    address: str, secret: str, message: chat_service_pb2.ChatStart, *, cancel_after: int | None = None
+) -> list[chat_service_pb2.ChatResponse]:
+    """The turn's events; with ``cancel_after``, cancelled after that many deltas."""
+    async with open_channel(address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(
+            metadata=(("authorization", f"Bearer {secret}"),)
+        )
+        await call.write(chat_service_pb2.ChatRequest(start=message))
+        events: list[chat_service_pb2.ChatResponse] = []
+        deltas = 0
+        while (event := await call.read()) is not grpc.aio.EOF:
+            assert isinstance(event, chat_service_pb2.ChatResponse)
+            events.append(event)
+            deltas += event.HasField("delta")
+            if deltas == cancel_after and event.HasField("delta"):
+                await call.write(
+                    chat_service_pb2.ChatRequest(cancel=chat_service_pb2.ChatCancel(reason="cut"))
+                )
+        return events
+
+
+def deltas(events: list[chat_service_pb2.ChatResponse]) -> list[chat_service_pb2.ChatDelta]:
+    return [e.delta for e in events if e.HasField("delta")]
+
+
+def usage(events: list[chat_service_pb2.ChatResponse]) -> common_pb2.TokenUsage:
+    return next(e.usage.usage for e in events if e.HasField("usage"))
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack(region_overrides={"safety_backends": "none"}, **UNFILTERED_FAST) as running:
+        yield running
+
+
+async def new_tenant(stack: Stack) -> tuple[str, str]:
+    book = stack.global_plane.tenants
+    tenant = await book.create_tenant(f"t-{uuid.uuid4().hex[:10]}", "us", TenantTier.PRO)
+    _, secret = await book.create_api_key(tenant.id)
+    await stack.region.policy.refresh()
+    return tenant.id, secret
+
+
+async def settle(stack: Stack) -> None:
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.flush(timeout_s=10), "usage not delivered"
+
+
+@pytest.mark.parametrize("failed_region_recorded", [False, True])
+async def test_a_conversation_turn_continued_by_the_gateway_is_whole_and_billed_once(
+    stack: Stack, failed_region_recorded: bool
+) -> None:
+    tenant_id, secret = await new_tenant(stack)
+    address = stack.region.address
+    whole = await run(address, secret, start())
+    text = "".join(d.text for d in deltas(whole))
+    prompt, output = usage(whole).input_tokens, usage(whole).output_tokens
+    assert output > 6
+    conversation = await stack.region.store.create_conversation(tenant_id, "llmmesh-tiny")
+
+    if failed_region_recorded:
+        # The original turn ran here, was cut after two deltas, and recorded what it delivered.
+        cut = await run(address, secret, start("req-x", conversation.id), cancel_after=2)
+        delivered = deltas(cut)
+        await stack.region.gateway.drain()
+    else:
+        delivered = deltas(whole)[:2]
+    token_ids = [t for d in delivered for t in d.token_ids]
+    continuation = chat_service_pb2.Continuation(
+        original_request_id="req-x",
+        original_region="us-west",
+        emitted_token_ids=token_ids,
+        emitted_text="".join(d.text for d in delivered),
+        last_sequence=delivered[-1].sequence,
+    )
+    rest = await run(address, secret, start("req-x-r2", conversation.id, continuation))
+    rest_deltas = deltas(rest)
+    assert rest_deltas[0].sequence == delivered[-1].sequence + 1
+    assert continuation.emitted_text + "".join(d.text for d in rest_deltas) == text
+    # The usage reported is the whole turn's: the prompt once, all the output.
+    assert (usage(rest).input_tokens, usage(rest).output_tokens) == (prompt, output)
+
+    stored = await stack.region.store.messages(tenant_id, conversation.id)
+    assert [(m.role, m.content) for m in stored] == [(Role.USER, USER_TEXT), (Role.ASSISTANT, text)]
+    assert stored[1].id == rest[-1].finished.message_id
+    assert (stored[1].input_tokens, stored[1].output_tokens) == (prompt, output)
+
+    await settle(stack)
+    billed = await stack.global_plane.ledger.usage(tenant_id, "")
+    # The reference turn, plus the continued one once.
+    assert (billed.input_tokens, billed.output_tokens) == (2 * prompt, 2 * output)
+
+
+async def test_a_flagged_phrase_spanning_the_break_is_caught() -> None:
+    async with running_stack(region_overrides={"safety_backends": "none"}, **UNFILTERED_FAST) as probe:
+        _, secret = await new_tenant(probe)
+        whole = deltas(await run(probe.region.address, secret, start()))
+    # Unfiltered, each delta is one token: find two words in a row that occur once.
+    texts = [d.text for d in whole]
+    reply_text = "".join(texts).lower()
+    cut = next(
+        i
+        for i in range(2, len(texts) - 1)
+        if all(t.startswith(" ") and t.strip().isalpha() and len(t.strip()) > 3 for t in texts[i - 1 : i + 1])
+        and reply_text.count((texts[i - 1] + texts[i]).lower()) == 1
+    )
+    phrase = (texts[cut - 1] + texts[cut]).strip()
+    overrides = {"safety_backends": "rules", "safety_deny_terms": f"violence={phrase}"}
+    async with running_stack(region_overrides=overrides, **UNFILTERED_FAST) as stack:
+        _, secret = await new_tenant(stack)
+        delivered = whole[:cut]
+        continuation = chat_service_pb2.Continuation(
+            original_request_id=f"req-{uuid.uuid4().hex[:8]}",
+            original_region="us-west",
+            emitted_token_ids=[t for d in delivered for t in d.token_ids],
+            emitted_text="".join(texts[:cut]),
+            last_sequence=delivered[-1].sequence,
+        )
+        events = await run(stack.region.address, secret, start(continuation=continuation))
+    assert events[-1].finished.reason == common_pb2.FINISH_REASON_CONTENT_FILTER
+    verdicts = [e.safety for e in events if e.HasField("safety")]
+    assert verdicts and verdicts[0].blocked and list(verdicts[0].categories) == ["violence"]
+    assert texts[cut].strip() not in "".join(d.text for d in deltas(events)).split()
