@@ -145,6 +145,7 @@ class FailoverTurn:
         """The turn opened as a continuation on the next region of the zone."""
         failed = lost.region
         self._failed.add(failed)
+        self._mesh.forget_region(failed)
         loop = asyncio.get_running_loop()
         if self._deadline is None:
             self._deadline = loop.time() + self._policy.deadline_s

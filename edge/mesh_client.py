@@ -7,6 +7,14 @@ timeout, or an unanswered ping waits a minute), so a token stream over a cut
 link fails (UNAVAILABLE) within about twice that and can fail over; a killed
 region's reset connection fails at once. They also retry connecting at least every
 second, so a region that comes back is reached as soon as it is routed to.
+
+Keys and routes are remembered: a key for ``auth_cache_s``, a tenant's route
+for ``route_cache_s`` (:class:`edge.route_cache.RouteCache`), so a turn does
+not ask the global plane twice. While the global plane is unreachable, the
+last answers younger than ``outage_grace_s`` are still used (bounded
+staleness, as the regions serve on their cached policy snapshot): the mesh
+keeps serving known keys through a global-plane outage, and a key revoked
+during one stays usable at the edge for at most that long.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
 from llmmesh.pages import collect_pages
@@ -62,6 +71,9 @@ def region_channel_options(keepalive_ms: int) -> list[tuple[str, int]]:
     return kept + list(overrides.items())
 
 
+_Regions: TypeAlias = list[geo_routing_service_pb2.RegionStatus]
+
+
 def _global_error(err: grpc.aio.AioRpcError) -> MeshError:
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unavailable(
@@ -80,6 +92,8 @@ class MeshClient:
         clock: Callable[[], float] = time.monotonic,
         *,
         region_keepalive_ms: int = 1_000,
+        route_cache_s: float = 1.0,
+        outage_grace_s: float = 300.0,
     ) -> None:
         self._global = open_channel(global_address)
         self.policy = policy_service_pb2_grpc.PolicyServiceStub(self._global)
@@ -92,6 +106,10 @@ class MeshClient:
         self._auth_cache_s = auth_cache_s
         self._clock = clock
         self._region_options = region_channel_options(region_keepalive_ms)
+        self._routes = RouteCache(ttl_s=route_cache_s, clock=clock)
+        self._outage_grace_s = outage_grace_s
+        # The last answer of each route call, kept for global-plane outages.
+        self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
@@ -103,20 +121,52 @@ class MeshClient:
                 policy_service_pb2.AuthenticateKeyRequest(secret=secret), timeout=5.0
             )
         except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
+            error = _global_error(err)
+            if hit is not None and self._usable_in_outage(error, hit[0]):
+                return hit[1]
+            raise error from err
         principal = Principal(secret=secret, tenant=resp.tenant, key_id=resp.key_id)
         self._auth_cache[secret] = (self._clock(), principal)
         return principal
 
     async def route(self, tenant_id: str, model: str) -> list[geo_routing_service_pb2.RegionStatus]:
         """The tenant's serving regions, best first; raises when there are none."""
-        try:
-            resp = await self.geo.Route(
-                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, model=model), timeout=5.0
+
+        async def fetch() -> list[geo_routing_service_pb2.RegionStatus]:
+            return await self._ask_route(
+                (tenant_id, model, ""),
+                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, model=model),
             )
+
+        return list(await self._routes.route(tenant_id, model, fetch))
+
+    def forget_region(self, region: str) -> None:
+        """A region refused or dropped a turn: ask geo-routing afresh for the
+        routes through it."""
+        self._routes.invalidate_region(region)
+
+    async def _ask_route(
+        self, key: tuple[str, str, str], request: geo_routing_service_pb2.RouteRequest
+    ) -> list[geo_routing_service_pb2.RegionStatus]:
+        """``Route``; while the global plane is unreachable, the last answer to
+        the same question if it is younger than the outage grace."""
+        try:
+            resp = await self.geo.Route(request, timeout=5.0)
         except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
-        return list(resp.regions)
+            error = _global_error(err)
+            last = self._last_routes.get(key)
+            if last is not None and self._usable_in_outage(error, last[0]):
+                return last[1]
+            raise error from err
+        regions = list(resp.regions)
+        self._last_routes[key] = (self._clock(), regions)
+        return regions
+
+    def _usable_in_outage(self, error: MeshError, answered_at: float) -> bool:
+        return (
+            error.reason == Reason.GLOBAL_PLANE_UNAVAILABLE
+            and self._clock() - answered_at < self._outage_grace_s
+        )
 
     async def list_models(self) -> list[model_registry_service_pb2.Model]:
         async def fetch(token: str) -> tuple[Sequence[model_registry_service_pb2.Model], str]:
@@ -160,14 +210,10 @@ class MeshClient:
     ) -> list[geo_routing_service_pb2.RegionStatus]:
         """The serving regions of the tenant's zone, best first, and
         ``preferred_region`` (a conversation's home) first while it serves."""
-        try:
-            resp = await self.geo.Route(
-                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, preferred_region=preferred_region),
-                timeout=5.0,
-            )
-        except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
-        return list(resp.regions)
+        return await self._ask_route(
+            (tenant_id, "", preferred_region),
+            geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, preferred_region=preferred_region),
+        )
 
     async def in_zone(
         self,

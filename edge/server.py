@@ -59,6 +59,8 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
         settings.global_address,
         auth_cache_s=settings.auth_cache_ms / 1000,
         region_keepalive_ms=settings.region_keepalive_ms,
+        route_cache_s=settings.route_cache_ms / 1000,
+        outage_grace_s=settings.global_outage_grace_s,
     )
     app = RequestCounter(build_app(settings, mesh))
     config = uvicorn.Config(

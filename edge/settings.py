@@ -44,6 +44,13 @@ class EdgeSettings:
     region_keepalive_ms: int = setting(
         1_000, "keepalive ping interval and timeout on region channels: how soon a cut link is noticed"
     )
+    route_cache_ms: int = setting(
+        1_000, "milliseconds a tenant's route (its zone's regions, best first) is reused without asking"
+    )
+    global_outage_grace_s: float = setting(
+        300.0,
+        "while the global plane is unreachable, keys and routes it answered this recently are still used",
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -55,6 +62,8 @@ class EdgeSettings:
             "stall_timeout_ms",
             "failover_deadline_ms",
             "region_keepalive_ms",
+            "route_cache_ms",
+            "global_outage_grace_s",
         ):
             # Written so that NaN fails too.
             if not getattr(self, name) > 0:

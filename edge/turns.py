@@ -163,6 +163,7 @@ async def open_turn(
                 first = await call.read()
         except TimeoutError:
             call.cancel()
+            mesh.forget_region(region.report.region)
             last_error = Unavailable(
                 Reason.REGION_UNAVAILABLE,
                 f"region {region.report.region} did not accept the turn in time",
@@ -174,10 +175,12 @@ async def open_turn(
                 log.warning(
                     "region %s unreachable (%s); trying the next", region.report.region, err.details()
                 )
+                mesh.forget_region(region.report.region)
                 last_error = from_rpc_error(err)
                 continue
             raise from_rpc_error(err) from err
         if first is grpc.aio.EOF:
+            mesh.forget_region(region.report.region)
             last_error = Unavailable(
                 Reason.REGION_UNAVAILABLE, "the region closed the stream", retry_after_s=1.0
             )

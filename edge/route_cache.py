@@ -1,0 +1,138 @@
+"""Routes the edge remembers for a moment instead of asking geo-routing on every turn.
+
+A route is a tenant's serving regions for a model, best first, as
+``GeoRoutingService.Route`` answers. It changes only as often as regions
+report in (about a second), and a turn that reaches a region which no longer
+serves fails over to the next one anyway, so an answer a second old is as
+good as a fresh one. :class:`RouteCache` keeps each (tenant, model) route for
+``ttl_s`` and forgets it earlier when told: all routes through a region that
+failed (:meth:`RouteCache.invalidate_region`), or a tenant's routes
+(:meth:`RouteCache.invalidate_tenant`). Concurrent misses of one key share one
+``Route`` call. Errors are never remembered: a tenant whose zone has no
+region now is asked again on its next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from llmmesh.v1 import geo_routing_service_pb2
+
+Route = tuple[geo_routing_service_pb2.RegionStatus, ...]
+"""A tenant's regions for a model, best first."""
+FetchRoute = Callable[[], Awaitable[Sequence[geo_routing_service_pb2.RegionStatus]]]
+"""Asks geo-routing for the route of one (tenant, model)."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    route: Route
+    expires: float
+    regions: frozenset[str]
+
+
+class RouteCache:
+    """Routes by (tenant id, model) for ``ttl_s`` seconds, at most ``capacity``
+    of them (the least recently used go first). Not thread-safe: one event loop."""
+
+    def __init__(
+        self, ttl_s: float = 1.0, capacity: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if ttl_s < 0:
+            raise ValueError("ttl_s must be >= 0")
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self._ttl_s = ttl_s
+        self._capacity = capacity
+        self._clock = clock
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._fetching: dict[tuple[str, str], asyncio.Task[Route]] = {}
+        # Bumped by every invalidation: a fetch that began before one may
+        # carry what it invalidated, so its answer is returned but not kept.
+        self._epoch = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, tenant_id: str, model: str) -> Route | None:
+        """The remembered route, or None when there is none younger than ``ttl_s``."""
+        key = (tenant_id, model)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if self._clock() >= entry.expires:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry.route
+
+    def put(self, tenant_id: str, model: str, route: Sequence[geo_routing_service_pb2.RegionStatus]) -> Route:
+        """Remember ``route`` for ``ttl_s``; returns it as kept (a tuple)."""
+        kept = tuple(route)
+        key = (tenant_id, model)
+        regions = frozenset(status.report.region for status in kept)
+        self._entries[key] = _Entry(kept, self._clock() + self._ttl_s, regions)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+        return kept
+
+    async def route(self, tenant_id: str, model: str, fetch: FetchRoute) -> Route:
+        """The remembered route, or ``fetch``'s answer, then remembered.
+
+        Concurrent misses of one key await one ``fetch``; its error reaches
+        each of them and nothing is remembered. A caller cancelled while
+        waiting does not cancel the fetch the others wait for.
+        """
+        cached = self.get(tenant_id, model)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        self.misses += 1
+        key = (tenant_id, model)
+        task = self._fetching.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(key, fetch, self._epoch))
+            self._fetching[key] = task
+            task.add_done_callback(lambda done: self._fetched(key, done))
+        return await asyncio.shield(task)
+
+    async def _fetch(self, key: tuple[str, str], fetch: FetchRoute, epoch: int) -> Route:
+        route = tuple(await fetch())
+        if epoch == self._epoch:
+            self.put(*key, route)
+        return route
+
+    def _fetched(self, key: tuple[str, str], task: asyncio.Task[Route]) -> None:
+        if self._fetching.get(key) is task:
+            del self._fetching[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here, so a fetch nobody awaits any more is not reported as lost
+
+    def invalidate(self, tenant_id: str, model: str) -> None:
+        """Forget one route."""
+        self._epoch += 1
+        self._entries.pop((tenant_id, model), None)
+
+    def invalidate_tenant(self, tenant_id: str) -> None:
+        """Forget every route of ``tenant_id`` (say, after its policy changed)."""
+        self._epoch += 1
+        for key in [key for key in self._entries if key[0] == tenant_id]:
+            del self._entries[key]
+
+    def invalidate_region(self, region: str) -> None:
+        """Forget every route through ``region`` (say, after it refused or dropped a turn)."""
+        self._epoch += 1
+        for key in [key for key, entry in self._entries.items() if region in entry.regions]:
+            del self._entries[key]
+
+    def clear(self) -> None:
+        """Forget every route."""
+        self._epoch += 1
+        self._entries.clear()

@@ -1,0 +1,108 @@
+"""The edge's memory of keys and routes: reused for a moment, and kept in use
+(for a bounded time) while the global plane is unreachable."""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+import pytest
+
+from edge.mesh_client import MeshClient
+from llmmesh.errors import MeshError, Reason
+from llmmesh.v1 import geo_routing_service_pb2, policy_service_pb2
+
+pytestmark = pytest.mark.asyncio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def unreachable() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "connection refused"
+    )
+
+
+class FakeGlobal:
+    """Answers AuthenticateKey and Route until ``down`` is set."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.calls = 0
+
+    async def AuthenticateKey(
+        self, request: policy_service_pb2.AuthenticateKeyRequest, **options: float
+    ) -> policy_service_pb2.AuthenticateKeyResponse:
+        self.calls += 1
+        if self.down:
+            raise unreachable()
+        return policy_service_pb2.AuthenticateKeyResponse(
+            tenant=policy_service_pb2.Tenant(id="t1", name="acme"), key_id="k1"
+        )
+
+    async def Route(
+        self, request: geo_routing_service_pb2.RouteRequest, **options: float
+    ) -> geo_routing_service_pb2.RouteResponse:
+        self.calls += 1
+        if self.down:
+            raise unreachable()
+        status = geo_routing_service_pb2.RegionStatus()
+        status.report.region = "us-east"
+        return geo_routing_service_pb2.RouteResponse(regions=[status])
+
+
+async def client(clock: Clock) -> tuple[MeshClient, FakeGlobal]:
+    mesh = MeshClient("127.0.0.1:1", auth_cache_s=5.0, clock=clock, route_cache_s=1.0, outage_grace_s=60.0)
+    fake = FakeGlobal()
+    mesh.policy = fake  # type: ignore[assignment]
+    mesh.geo = fake  # type: ignore[assignment]
+    return mesh, fake
+
+
+async def test_a_route_is_reused_for_its_ttl_and_forgotten_with_a_failed_region() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    try:
+        await mesh.route("t1", "m")
+        await mesh.route("t1", "m")
+        assert fake.calls == 1
+        mesh.forget_region("us-east")
+        await mesh.route("t1", "m")
+        assert fake.calls == 2
+        clock.now += 1.5
+        await mesh.route("t1", "m")
+        assert fake.calls == 3
+    finally:
+        await mesh.close()
+
+
+async def test_keys_and_routes_outlive_a_global_plane_outage_for_the_grace_only() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    try:
+        principal = await mesh.authenticate("sk-1")
+        assert [r.report.region for r in await mesh.route("t1", "m")] == ["us-east"]
+        fake.down = True
+        clock.now += 30  # past the key and route caches, inside the grace
+        assert (await mesh.authenticate("sk-1")).tenant.id == principal.tenant.id
+        assert [r.report.region for r in await mesh.route("t1", "m")] == ["us-east"]
+        # A key never seen is not let in on an outage.
+        with pytest.raises(MeshError) as err:
+            await mesh.authenticate("sk-unknown")
+        assert err.value.reason == Reason.GLOBAL_PLANE_UNAVAILABLE
+        clock.now += 31  # past the grace
+        with pytest.raises(MeshError) as err:
+            await mesh.authenticate("sk-1")
+        assert err.value.reason == Reason.GLOBAL_PLANE_UNAVAILABLE
+        with pytest.raises(MeshError):
+            await mesh.route("t1", "m")
+        # Back: fresh answers again.
+        fake.down = False
+        assert (await mesh.authenticate("sk-1")).key_id == "k1"
+    finally:
+        await mesh.close()
