@@ -91,6 +91,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from llmmesh.cli.drill import run_drill_command
+
+    return run_drill_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from edge.settings import EdgeSettings
     from engine.settings import EngineSettings
@@ -98,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.bench import add_bench_arguments
     from llmmesh.cli.chat import add_chat_arguments
+    from llmmesh.cli.drill import add_drill_arguments
     from llmmesh.cli.model import add_model_arguments
     from llmmesh.cli.up import add_up_arguments
     from region.settings import RegionSettings
@@ -133,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    drill = sub.add_parser(
+        "drill",
+        help="disrupt a region, pod, the global plane or Redis under streaming traffic and report what "
+        "clients saw; the last line is one JSON object",
+    )
+    add_drill_arguments(drill)
+    drill.set_defaults(func=_cmd_drill)
 
     planes: list[tuple[str, str, type[Any], Callable[[argparse.Namespace], int]]] = [
         ("global", "run the global control plane", GlobalSettings, _cmd_global),

@@ -17,9 +17,22 @@ geo-routing lists every region as serving, and removed on exit. It holds:
   and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
   (``global``, ``edge``, each region and pod by name).
 
-A plane that exits is reported; the mesh goes on without it (a zone's other
-regions serve its tenants) unless it was the edge. Ctrl-C or SIGTERM stops
-every plane, the edge first and the global plane last.
+With ``--redis embedded`` it also holds ``redis_url`` and ``pids.redis``:
+a ``redis-server`` child the regions and the edge share.
+
+A plane that exits on its own is reported and restarted with the same
+command line, environment and ports (:class:`~llmmesh.cli.supervisor.RestartPolicy`:
+0.5 s, then doubling up to 10 s, given up after 10 restarts in a row), and
+``mesh.json`` is rewritten (atomically) with its new pid. That holds for
+every plane: a region or pod comes back on its address; the global plane
+comes back on its store (tenants, keys and usage persist; regions report in
+again within a heartbeat); the edge comes back on its port (streams in
+flight on it end: its stream log lives in it, unless Redis holds it); an
+embedded Redis comes back empty. A stopped process (SIGSTOP) has not exited
+and is left alone. With ``--restart never`` a plane that exits stays down:
+the mesh goes on without it (a zone's other regions serve its tenants)
+unless it was the edge. Ctrl-C or SIGTERM stops every plane, the edge first
+and the global plane (then Redis) last.
 """
 
 from __future__ import annotations
@@ -35,13 +48,15 @@ import time
 import types
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from llmmesh.cli.embedded_redis import start_embedded_redis
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
-from llmmesh.cli.supervisor import MeshStartError, Plane, Supervisor
+from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
 from llmmesh.home import mesh_home
 from llmmesh.mesh_config import (
     BACKENDS,
@@ -87,6 +102,19 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--zone", default=None, help="zone of the dev tenant 'dev' (default: the config's first zone, us)"
     )
+    parser.add_argument(
+        "--restart",
+        choices=("on-failure", "never"),
+        default="on-failure",
+        help="restart a plane that exits on its own, on the same ports (default), or leave it down",
+    )
+    parser.add_argument(
+        "--redis",
+        choices=("embedded",),
+        default=None,
+        help="embedded: run a redis-server of the mesh's own for the regions and the edge "
+        "(in place of the config's redis_url)",
+    )
 
 
 def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
@@ -103,9 +131,14 @@ def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
 class MeshLauncher:
     """Starts the planes of one configuration in order, printing progress."""
 
-    def __init__(self, sup: Supervisor, config: MeshConfig, primary_zone: str, dev_key: str) -> None:
+    def __init__(
+        self, sup: Supervisor, config: MeshConfig, primary_zone: str, dev_key: str, embedded_redis: bool
+    ) -> None:
         self.sup = sup
         self.config = config
+        self.embedded_redis = embedded_redis
+        self.redis: Plane | None = None
+        self.redis_url = config.redis_url
         self.primary_zone = primary_zone
         self.tenants = dev_tenants([z.name for z in config.zones], primary_zone, dev_key)
         self.dev_key = dev_key
@@ -121,6 +154,10 @@ class MeshLauncher:
 
     def start(self) -> None:
         config, host = self.config, self.config.host
+        if self.embedded_redis:
+            self.progress("starting redis-server")
+            self.redis, self.redis_url = start_embedded_redis(self.sup, host, self.sup.run_dir)
+            self.progress(f"redis-server serving on {self.redis.address()}")
         self.progress("starting the global plane")
         flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
         flags += ["--dev-zone", self.primary_zone]
@@ -153,7 +190,8 @@ class MeshLauncher:
         self.progress(f"starting {len(pods)} engine pods")
         for region, pod_id in pods:
             backend = self.config.backend_of(region)
-            flags = ["--host", self.config.host, "--port", "0", "--backend", backend, "--pod-id", pod_id]
+            flags = ["--host", self.config.host, "--port", "0", "--metrics-port", "0"]
+            flags += ["--backend", backend, "--pod-id", pod_id]
             plane = self.pods[pod_id] = self.sup.launch(f"engine pod {pod_id}", "engine", *flags)
             # vLLM pods start one at a time: each takes both cores for a while,
             # and the first builds the model the others load.
@@ -193,7 +231,7 @@ class MeshLauncher:
 
     def _redis_env(self) -> dict[str, str]:
         # URLs go by environment, not flags: they may hold a password, and flags show in `ps`.
-        return {"LLMMESH_REDIS_URL": self.config.redis_url} if self.config.redis_url else {}
+        return {"LLMMESH_REDIS_URL": self.redis_url} if self.redis_url else {}
 
     def mesh_file(self) -> dict[str, object]:
         """What ``mesh.json`` says; see the module docstring."""
@@ -201,10 +239,15 @@ class MeshLauncher:
         config = self.config
         ordered = sorted(config.regions(), key=lambda r: r.zone != self.primary_zone)
         keys = {t.zone: t.key for t in self.tenants}
-        pids = {"global": self.global_plane.pid, "edge": self.edge.pid}
-        pids |= {name: p.pid for name, p in self.regions.items()} | {
-            name: p.pid for name, p in self.pods.items()
+        # A plane being restarted keeps its last ready pid until the new process serves.
+        pids = {"global": self.global_plane.ready_pid, "edge": self.edge.ready_pid}
+        pids |= {name: p.ready_pid for name, p in self.regions.items()} | {
+            name: p.ready_pid for name, p in self.pods.items()
         }
+        extra: dict[str, object] = {}
+        if self.redis is not None:
+            pids["redis"] = self.redis.ready_pid
+            extra["redis_url"] = self.redis_url
         return {
             "pid": os.getpid(),
             "edge_url": self.edge.info["url"],
@@ -226,6 +269,7 @@ class MeshLauncher:
             "tenants": {t.zone: {"name": t.name, "id": self.tenant_ids[t.zone]} for t in self.tenants},
             "keys": keys,
             "pids": pids,
+            **extra,
         }
 
     def _region_entry(self, region: RegionConfig) -> dict[str, object]:
@@ -271,21 +315,22 @@ def run_up(args: argparse.Namespace) -> int:
     home.mkdir(parents=True, exist_ok=True)
     mesh_file = home / "mesh.json"
     with tempfile.TemporaryDirectory(prefix="llmmesh-up-") as run_dir:
-        sup = Supervisor(Path(run_dir), STARTUP_TIMEOUT_S)
+        policy = RestartPolicy(enabled=args.restart == "on-failure")
+        sup = Supervisor(Path(run_dir), STARTUP_TIMEOUT_S, policy)
 
         def on_signal(signum: int, frame: types.FrameType | None) -> None:
             sup.stopping = True
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        launcher = MeshLauncher(sup, config, zone, args.dev_key)
+        launcher = MeshLauncher(sup, config, zone, args.dev_key, embedded_redis=args.redis == "embedded")
         status = 0
         try:
             launcher.start()
             mesh = launcher.mesh_file()
-            mesh_file.write_text(json.dumps(mesh, indent=2) + "\n")
+            write_mesh_file(mesh_file, mesh)
             _print_summary(launcher, mesh, mesh_file)
-            status = _supervise(sup)
+            status = _supervise(sup, lambda plane: write_mesh_file(mesh_file, launcher.mesh_file()))
         except MeshStartError as err:
             if not sup.stopping:
                 print(f"llmmesh up: {err}", file=sys.stderr)
@@ -297,22 +342,23 @@ def run_up(args: argparse.Namespace) -> int:
     return status
 
 
-def _supervise(sup: Supervisor) -> int:
-    """Report planes that exit until a stop is asked for (0) or the edge exits (1)."""
+def _supervise(sup: Supervisor, on_restarted: Callable[[Plane], None]) -> int:
+    """Report planes that exit and restart them (:meth:`Supervisor.tend`) until
+    a stop is asked for (0) or the edge is given up on (1)."""
     while not sup.stopping:
-        for plane in sup.newly_exited():
-            code = plane.process.returncode
+        for plane in sup.tend(on_restarted):
             if plane.kind == "edge":
-                print(f"llmmesh up: the edge exited with status {code}; stopping", file=sys.stderr)
+                print("llmmesh up: the edge is down; stopping", file=sys.stderr, flush=True)
                 return 1
-            print(
-                f"llmmesh up: {plane.name} (pid {plane.pid}) exited with status {code}; "
-                "the mesh goes on without it",
-                file=sys.stderr,
-                flush=True,
-            )
-        time.sleep(0.2)
+        time.sleep(0.1)
     return 0
+
+
+def write_mesh_file(path: Path, mesh: dict[str, object]) -> None:
+    """Write ``mesh.json`` atomically: a reader sees the old file or the new, never half of one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(mesh, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _remove_if_ours(mesh_file: Path) -> None:
@@ -333,6 +379,8 @@ def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path
             lines.append(f"  pod metrics    {pod['metrics_url']}")
     for zone, detail in zones.items():
         lines.append(f"  zone store     {zone}  {detail['store_url']}")
+    if "redis_url" in mesh:
+        lines.append(f"  redis          {mesh['redis_url']}  (embedded)")
     lines += [f"  edge           {mesh['edge_url']}", f"  OpenAI base    {mesh['edge_url']}/v1"]
     for tenant in launcher.tenants:
         lines.append(f"  dev API key    {tenant.key}  (tenant {tenant.name}, zone {tenant.zone})")

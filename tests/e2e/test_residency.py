@@ -167,7 +167,10 @@ def small_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh
         "[mesh]\nedge_port = 0\n"
         "[zones.us.regions.us-east]\n[zones.eu.regions.eu-west]\n[zones.eu.regions.eu-central]\n"
     )
-    running = start_up(home, "--config", str(config), "--dev-key", "sk-llmmesh-residency")
+    # Stopped regions stay down: llmmesh up would restart them.
+    running = start_up(
+        home, "--config", str(config), "--dev-key", "sk-llmmesh-residency", "--restart", "never"
+    )
     yield running
     if running.process.poll() is None:
         stop_up(running)

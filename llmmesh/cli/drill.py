@@ -1,0 +1,165 @@
+"""``llmmesh drill failover``: disrupt one part of a running mesh under steady
+streaming traffic, restore it, and report what the clients saw.
+
+The mesh is the one ``$LLMMESH_HOME/mesh.json`` describes (``llmmesh up``),
+or a deployed one named by ``--edge-url``, ``--api-key`` and
+``--global-address`` (disrupted by ``--disrupt-command``). Progress goes to
+stderr while it runs; the report goes to stdout, one JSON object on the
+last line with ``--json`` (:mod:`llmmesh.drill.report` defines every
+field), else one ``name: value`` line each. Exit status 0 when the drill
+ran (what it found is reported, not fatal), 1 when it could not (the mesh
+did not answer, a disruption failed), 2 for a drill that cannot run as
+asked, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from llmmesh.drill.plan import KINDS, MODES, DrillPlan
+from llmmesh.home import mesh_home
+
+DRILLS = ("failover",)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
+    return value
+
+
+def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = DrillPlan()
+    parser.add_argument("drill", choices=DRILLS, help="what to drill")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument(
+        "--kind", choices=KINDS, default=defaults.kind, help="what to disrupt (default region)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="kill: SIGKILL, restored by llmmesh up's restart; partition: SIGSTOP, then SIGCONT "
+        "(default: kill, partition for --kind global-plane so --outage-s holds)",
+    )
+    parser.add_argument(
+        "--region",
+        default="",
+        help="region to disrupt, or whose pod to (default: the one running most of the traffic's turns then)",
+    )
+    parser.add_argument(
+        "--pod", default="", help="pod to disrupt with --kind engine-pod (default: the region's first)"
+    )
+    parser.add_argument(
+        "--streams", type=_positive, default=defaults.streams, help="concurrent SSE streams (32)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=_positive, default=defaults.max_tokens, help="tokens of every turn (128)"
+    )
+    seconds = (
+        ("--disrupt-after-s", defaults.disrupt_after_s, "steady traffic before the disruption"),
+        ("--restore-after-s", defaults.restore_after_s, "how long a partition lasts"),
+        ("--outage-s", defaults.outage_s, "how long a global-plane partition lasts"),
+        ("--duration-s", defaults.duration_s, "traffic after the restore"),
+        ("--turn-timeout-s", defaults.turn_timeout_s, "longest a turn may take before it counts as lost"),
+        ("--restore-timeout-s", defaults.restore_timeout_s, "longest wait for a restart, and for the return"),
+        ("--usage-wait-s", defaults.usage_wait_s, "longest wait for billing to catch up"),
+    )
+    for flag, default, text in seconds:
+        parser.add_argument(flag, type=_seconds, default=default, help=f"{text} ({default:g})")
+    parser.add_argument("--edge-url", default=None, help="edge of a deployed mesh (default: from mesh.json)")
+    parser.add_argument("--api-key", default=None, help="key of the traffic's tenant (default: mesh.json's)")
+    parser.add_argument(
+        "--global-address", default=None, help="global plane host:port (default: from mesh.json)"
+    )
+    parser.add_argument(
+        "--disrupt-command", default="", help="shell command that disrupts a deployed mesh's part"
+    )
+    parser.add_argument("--restore-command", default="", help="shell command that restores it")
+
+
+def plan_from_args(args: argparse.Namespace) -> DrillPlan:
+    """The plan the flags ask for; ValueError for an impossible one."""
+    mode = args.mode or ("partition" if args.kind == "global-plane" else "kill")
+    return DrillPlan(
+        kind=args.kind,
+        mode=mode,
+        region=args.region,
+        pod=args.pod,
+        streams=args.streams,
+        max_tokens=args.max_tokens,
+        disrupt_after_s=args.disrupt_after_s,
+        restore_after_s=args.restore_after_s,
+        outage_s=args.outage_s,
+        duration_s=args.duration_s,
+        turn_timeout_s=max(args.turn_timeout_s, 1.0),
+        restore_timeout_s=max(args.restore_timeout_s, 1.0),
+        usage_wait_s=args.usage_wait_s,
+    )
+
+
+def _progress(line: str) -> None:
+    print(f"llmmesh drill: {line}", file=sys.stderr, flush=True)
+
+
+def _table(report: dict[str, object]) -> str:
+    lines = []
+    for name, value in report.items():
+        shown = value if isinstance(value, str) else json.dumps(value)
+        lines.append(f"{name}: {shown}")
+    return "\n".join(lines)
+
+
+def run_drill_command(args: argparse.Namespace) -> int:
+    """Run the drill ``args`` ask for; see the module docstring for the exit status."""
+    from llmmesh.drill.disruption import DisruptionError
+    from llmmesh.drill.runner import run_drill
+    from llmmesh.drill.setup import DrillInputError
+    from llmmesh.drill.target import TargetError, read_target
+
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        plan = plan_from_args(args)
+        target = read_target(
+            mesh_home() / "mesh.json",
+            edge_url=args.edge_url,
+            api_key=args.api_key,
+            global_address=args.global_address,
+        )
+    except (ValueError, TargetError) as err:
+        _progress(str(err))
+        return 2
+    if args.restore_command and not args.disrupt_command:
+        _progress("--restore-command needs --disrupt-command")
+        return 2
+    try:
+        report = asyncio.run(
+            run_drill(
+                plan,
+                target,
+                _progress,
+                disrupt_command=args.disrupt_command,
+                restore_command=args.restore_command,
+            )
+        )
+    except DrillInputError as err:
+        _progress(str(err))
+        return 2
+    except (TargetError, DisruptionError, OSError) as err:
+        _progress(str(err))
+        return 1
+    print(json.dumps(report, separators=(",", ":")) if args.json else _table(report), flush=True)
+    return 0

@@ -1,0 +1,165 @@
+"""Disrupting one part of the mesh and restoring it.
+
+For a mesh ``llmmesh up`` runs, the part is a process the mesh started,
+named in ``mesh.json``'s ``pids`` (a region, a pod, ``global`` or
+``redis``). Before any signal the drill checks that the pid is still a
+child of the ``llmmesh up`` process that wrote the file; it never signals
+anything else.
+
+- ``kill``: SIGKILL. The restore is the supervisor's: ``llmmesh up``
+  restarts the process on the same ports and rewrites ``mesh.json`` with
+  the new pid once it serves; the drill waits for that pid.
+- ``partition``: SIGSTOP, then SIGCONT after the partition period. The
+  process stops answering while its sockets stay open, as in a network
+  cut: peers see silence, not a reset. Whatever happens to the drill, a
+  stopped process is continued before it exits.
+
+A deployed mesh is disrupted by the operator's commands (``sh -c``):
+``--disrupt-command`` (kubectl, iptables…) and ``--restore-command``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+COMMAND_TIMEOUT_S = 120.0
+
+
+class DisruptionError(Exception):
+    """The part cannot be disrupted (or restored); the message says why."""
+
+
+class Disruption:
+    """Disrupts one part once, restores it once."""
+
+    description = ""
+    restores_itself = False
+    """Whether the restore comes by itself (a supervisor's restart) instead of after the partition period."""
+
+    async def disrupt(self) -> None:
+        raise NotImplementedError
+
+    async def restore(self, timeout_s: float) -> float | None:
+        """Restore (or wait for the restore, at most ``timeout_s``); when it
+        was restored (monotonic), or None when it was not in time."""
+        raise NotImplementedError
+
+    async def release(self) -> None:
+        """Leave nothing disrupted that the drill can still restore (called on every exit)."""
+
+
+def mesh_pid(mesh_file: Path, plane: str) -> tuple[int, int]:
+    """The pid of ``plane`` in ``mesh_file`` and the pid of the ``llmmesh up`` that wrote it."""
+    try:
+        data = json.loads(mesh_file.read_text())
+        pids = data["pids"]
+        return int(pids[plane]), int(data["pid"])
+    except KeyError:
+        raise DisruptionError(f"{mesh_file} names no process {plane!r}") from None
+    except (OSError, ValueError, TypeError) as err:
+        raise DisruptionError(f"cannot read {mesh_file}: {err}") from None
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of a live (not zombie) process, from /proc; None when there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
+
+
+class ProcessDisruption(Disruption):
+    """Signals one process that ``llmmesh up`` started."""
+
+    def __init__(self, mesh_file: Path, plane: str, mode: str, poll_interval_s: float) -> None:
+        self._mesh_file = mesh_file
+        self._plane = plane
+        self._mode = mode
+        self._poll_s = poll_interval_s
+        self._pid, self._owner = mesh_pid(mesh_file, plane)
+        self._check_ours(self._pid)
+        self._stopped = False
+        self.restores_itself = mode == "kill"
+        self.description = f"{plane} (pid {self._pid})"
+        self.new_pid: int | None = None
+
+    def _check_ours(self, pid: int) -> None:
+        if parent_of(pid) != self._owner:
+            raise DisruptionError(
+                f"pid {pid} of {self._plane} is not a running child of llmmesh up (pid {self._owner}): "
+                "the drill signals only processes the mesh started"
+            )
+
+    async def disrupt(self) -> None:
+        self._check_ours(self._pid)
+        if self._mode == "kill":
+            os.kill(self._pid, signal.SIGKILL)
+        else:
+            os.kill(self._pid, signal.SIGSTOP)
+            self._stopped = True
+
+    async def restore(self, timeout_s: float) -> float | None:
+        if self._mode == "partition":
+            await self.release()
+            return time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = mesh_pid(self._mesh_file, self._plane)
+            except DisruptionError:
+                pid = self._pid  # mesh.json is being rewritten, or the mesh stopped
+            if pid != self._pid and parent_of(pid) == self._owner:
+                self.new_pid = pid
+                return time.monotonic()
+            await asyncio.sleep(self._poll_s)
+        return None
+
+    async def release(self) -> None:
+        if self._stopped:
+            self._stopped = False
+            try:
+                os.kill(self._pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+class CommandDisruption(Disruption):
+    """Runs the operator's commands: one disrupts, the other (optional) restores."""
+
+    def __init__(self, disrupt_command: str, restore_command: str) -> None:
+        self._disrupt = disrupt_command
+        self._restore = restore_command
+        self._restored = True
+        self.description = f"`{disrupt_command}`"
+
+    async def disrupt(self) -> None:
+        self._restored = not self._restore
+        await _run(self._disrupt)
+
+    async def restore(self, timeout_s: float) -> float | None:
+        await self.release()
+        return time.monotonic()
+
+    async def release(self) -> None:
+        if not self._restored:
+            self._restored = True
+            await _run(self._restore)
+
+
+async def _run(command: str) -> None:
+    process = await asyncio.create_subprocess_shell(command)
+    try:
+        async with asyncio.timeout(COMMAND_TIMEOUT_S):
+            status = await process.wait()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise DisruptionError(f"`{command}` did not finish within {COMMAND_TIMEOUT_S:.0f} s") from None
+    if status != 0:
+        raise DisruptionError(f"`{command}` exited with status {status}")

@@ -1,0 +1,72 @@
+"""What a failover drill does and for how long."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("region", "engine-pod", "global-plane", "redis")
+"""What a drill disrupts."""
+MODES = ("kill", "partition")
+"""How: SIGKILL (the mesh's supervisor restarts the process), or SIGSTOP then
+SIGCONT (the process stops answering while its connections stay open, as in
+a network cut)."""
+
+
+@dataclass(frozen=True)
+class DrillPlan:
+    """The settings of one drill; every phase is bounded in time."""
+
+    kind: str = "region"
+    """One of :data:`KINDS`."""
+    mode: str = "kill"
+    """One of :data:`MODES`."""
+    region: str = ""
+    """The region disrupted (kind region), or whose pod is (kind engine-pod);
+    empty for the region of the tenant's zone running most turns at the
+    moment of the disruption."""
+    pod: str = ""
+    """The pod disrupted (kind engine-pod); empty for the region's first."""
+    streams: int = 32
+    """Concurrent SSE streams, each a sequence of turns."""
+    max_tokens: int = 128
+    """Output tokens of every turn (sent with ``ignore_eos``, so each turn's count is known)."""
+    disrupt_after_s: float = 20.0
+    """Steady traffic before the disruption."""
+    restore_after_s: float = 10.0
+    """How long a partition lasts (kinds region, engine-pod, redis)."""
+    outage_s: float = 60.0
+    """How long a global-plane partition lasts."""
+    duration_s: float = 20.0
+    """Traffic after the restore."""
+    turn_timeout_s: float = 90.0
+    """Longest one turn may take before it counts as lost."""
+    restore_timeout_s: float = 120.0
+    """Longest the drill waits for a killed process to be restarted, and for
+    the target to serve again after the restore."""
+    usage_wait_s: float = 60.0
+    """Longest the drill waits for billing to catch up after the traffic ends."""
+    poll_interval_s: float = 0.25
+    """Interval of the geo-routing and process polls."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.streams < 1 or self.max_tokens < 1:
+            raise ValueError("streams and max_tokens must be at least 1")
+        times = (self.disrupt_after_s, self.restore_after_s, self.outage_s, self.duration_s)
+        if min(times) < 0 or min(self.turn_timeout_s, self.restore_timeout_s, self.poll_interval_s) <= 0:
+            raise ValueError("durations must not be negative, and timeouts must be positive")
+        if self.usage_wait_s < 0:
+            raise ValueError("usage_wait_s must not be negative")
+
+    @property
+    def partition_s(self) -> float:
+        """How long a partition of this kind lasts."""
+        return self.outage_s if self.kind == "global-plane" else self.restore_after_s
+
+    @property
+    def names_region(self) -> bool:
+        """Whether the kind disrupts one region's serving (a region, or one of its pods)."""
+        return self.kind in ("region", "engine-pod")

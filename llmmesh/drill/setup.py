@@ -1,0 +1,130 @@
+"""What a drill finds before it starts: the traffic's keys and tenants, the
+region directory, the region to disrupt (or how to choose it) and how to
+disrupt it.
+
+For kinds ``region`` and ``engine-pod`` without ``--region``, the region is
+chosen at the moment of the disruption: the region of the traffic's zone
+running most of the turns then in flight (geo-routing orders a zone's
+regions by load, so the busy one changes as the drill runs), else the one
+geo-routing puts first. The traffic uses the key of that zone (the region's
+zone when one is named; the primary key's otherwise). For the other kinds
+it uses every zone's key in turn.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from llmmesh.drill.disruption import CommandDisruption, Disruption, DisruptionError, ProcessDisruption
+from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.sse_turn import TurnRecord
+from llmmesh.drill.target import MeshTarget, TenantKey, first_region, region_directory, tenant_of
+
+
+class DrillInputError(Exception):
+    """The drill cannot run as asked (an unknown region, no Redis of the mesh's own…)."""
+
+
+@dataclass(frozen=True)
+class DrillSetup:
+    """What the drill found before it starts."""
+
+    plan: DrillPlan
+    target: MeshTarget
+    keys: tuple[TenantKey, ...]
+    region_zones: Mapping[str, str]
+    region: str = ""
+    """The region asked for; empty to choose it at the disruption (kinds region, engine-pod)."""
+    disrupt_command: str = ""
+    restore_command: str = ""
+
+    @property
+    def watched(self) -> TenantKey:
+        """The tenant whose routing the drill samples."""
+        return self.keys[0]
+
+    def zone_regions(self) -> list[str]:
+        """The regions of the traffic's zone."""
+        return sorted(r for r, zone in self.region_zones.items() if zone == self.watched.zone)
+
+    async def choose_region(self, in_flight: Iterable[TurnRecord]) -> str:
+        """The region to disrupt now (see the module docstring); empty for kinds that name none."""
+        if not self.plan.names_region or self.region:
+            return self.region
+        ours = set(self.zone_regions())
+        busy = Counter(r.region for r in in_flight if r.region in ours).most_common(1)
+        if busy:
+            return busy[0][0]
+        return await first_region(self.target.global_address, self.watched.tenant_id)
+
+    def plane_of(self, region: str) -> str:
+        """The name ``mesh.json``'s pids give the process to disrupt."""
+        plan, pods = self.plan, [p.pod_id for p in self.target.pods.get(region, ())]
+        if plan.kind == "region":
+            return region
+        if plan.kind == "engine-pod":
+            if plan.pod and pods and plan.pod not in pods:
+                raise DrillInputError(f"region {region} has no pod {plan.pod!r} (pods: {', '.join(pods)})")
+            if not plan.pod and not pods:
+                raise DrillInputError(f"no pod of region {region} is known: name one with --pod")
+            return plan.pod or pods[0]
+        return "global" if plan.kind == "global-plane" else "redis"
+
+    def disruption_for(self, region: str) -> Disruption:
+        """How to disrupt the kind's part (of ``region``); DrillInputError when it cannot be."""
+        if self.disrupt_command:
+            return CommandDisruption(self.disrupt_command, self.restore_command)
+        if self.target.mesh_file is None:
+            raise DrillInputError("a deployed mesh is disrupted by --disrupt-command (and --restore-command)")
+        try:
+            return ProcessDisruption(
+                self.target.mesh_file, self.plane_of(region), self.plan.mode, self.plan.poll_interval_s
+            )
+        except DisruptionError as err:
+            if self.plan.kind == "redis":
+                raise DrillInputError(
+                    "this mesh runs no Redis of its own: start it with `llmmesh up --redis embedded`"
+                ) from err
+            raise DrillInputError(str(err)) from err
+
+    def tokenizer_pods(self, region: str) -> list[str]:
+        """Pods to tokenize on: those the disruption left alone first."""
+        plane = self.plane_of(region) if self.plan.names_region else ""
+        pods = [(r, p) for r, found in self.target.pods.items() for p in found]
+        spared = [p.address for r, p in pods if r != region and p.pod_id != plane]
+        return spared + [p.address for _, p in pods if p.address not in spared]
+
+
+async def prepare(
+    plan: DrillPlan, target: MeshTarget, disrupt_command: str = "", restore_command: str = ""
+) -> DrillSetup:
+    """Resolve the plan against the mesh, checking that the disruption can
+    be made; DrillInputError or TargetError when the drill cannot run."""
+    primary = await tenant_of(target.global_address, target.primary_secret)
+    zones = {**target.region_zones, **await region_directory(target.global_address)}
+    commands = {"disrupt_command": disrupt_command, "restore_command": restore_command}
+    if not plan.names_region:
+        others = [s for s in target.secrets.values() if s != primary.secret]
+        keys = (primary, *[await tenant_of(target.global_address, s) for s in others])
+        setup = DrillSetup(plan, target, keys, zones, **commands)
+        setup.disruption_for("")
+        return setup
+    if plan.region and plan.region not in zones:
+        raise DrillInputError(
+            f"geo-routing knows no region {plan.region!r} (regions: {', '.join(sorted(zones))})"
+        )
+    zone = zones[plan.region] if plan.region else primary.zone
+    secret = target.secret_for_zone(zone) or target.primary_secret
+    key = primary if secret == primary.secret else await tenant_of(target.global_address, secret)
+    if key.zone != zone:
+        raise DrillInputError(
+            f"region {plan.region} is in zone {zone}, the key's tenant in zone {key.zone}: "
+            "traffic would never reach it"
+        )
+    setup = DrillSetup(plan, target, (key,), zones, plan.region, **commands)
+    # Fail now, not after the steady phase, when the part cannot be disrupted.
+    for region in [plan.region] if plan.region else setup.zone_regions():
+        setup.disruption_for(region)
+    return setup

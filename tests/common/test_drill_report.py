@@ -1,0 +1,202 @@
+"""The drill's figures from hand-made turn records: token faults, affected
+turns and stalls, residency, routing times and the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.report import (
+    Timeline,
+    affected_turns,
+    billing_checked_turns,
+    build_report,
+    percentile,
+    residency,
+    sequence_faults,
+    stall_of,
+    tally_tokens,
+)
+from llmmesh.drill.routing_watch import RoutingSample, RoutingWatch
+from llmmesh.drill.setup import DrillSetup
+from llmmesh.drill.sse_turn import Outcome, TurnRecord
+from llmmesh.drill.target import MeshTarget, TenantKey
+from llmmesh.drill.usage import UsageCheck
+
+ZONES = {"us-east": "us", "us-west": "us", "eu-west": "eu"}
+TIMELINE = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0)
+
+
+def turn(
+    stream: int,
+    sent: float,
+    ended: float,
+    *,
+    region: str = "us-east",
+    outcome: Outcome = Outcome.DONE,
+    tokens: int | None = 8,
+    ids: Sequence[int] = (1, 2, 3),
+    events: Sequence[float] = (),
+    request_id: str = "",
+) -> TurnRecord:
+    record = TurnRecord(stream, 0, "us", sent, status=200, region=region, headers_at=sent + 0.1)
+    record.outcome, record.ended_at, record.received_tokens = outcome, ended, tokens
+    record.content_ids = list(ids)
+    record.event_times = list(events)
+    record.request_id = request_id or f"chatcmpl-{stream}-{sent}"
+    record.finish_reason = "length" if outcome is Outcome.DONE else ""
+    return record
+
+
+def watch(*samples: tuple[float, frozenset[str] | None]) -> RoutingWatch:
+    routing = RoutingWatch("127.0.0.1:1", "tenant", 0.25)
+    routing.samples = [RoutingSample(at, regions) for at, regions in samples]
+    return routing
+
+
+def test_sequence_faults_count_missing_and_repeated_ids() -> None:
+    assert sequence_faults([1, 2, 3]) == (0, 0)
+    assert sequence_faults([1, 4, 5]) == (2, 0)
+    assert sequence_faults([1, 2, 2, 3, 1]) == (0, 2)
+    assert sequence_faults([]) == (0, 0)
+
+
+@given(st.lists(st.integers(min_value=1, max_value=50), max_size=40))
+def test_sequence_faults_account_for_every_id(ids: list[int]) -> None:
+    missing, repeated = sequence_faults(ids)
+    distinct_rising = len(ids) - repeated
+    assert missing + distinct_rising == (max(ids) if ids else 0)
+
+
+def test_percentiles_by_nearest_rank() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(v) for v in range(1, 101)], 99) == 99.0
+    assert percentile([5.0], 99) == 5.0
+
+
+def test_done_turns_are_checked_against_max_tokens_others_by_sequence() -> None:
+    records = [
+        turn(0, 0, 1, tokens=8),
+        turn(1, 0, 1, tokens=6),  # two lost
+        turn(2, 0, 1, tokens=11),  # three duplicated
+        turn(3, 0, 1, outcome=Outcome.FAILED_CLEARLY, tokens=3, ids=(1, 3, 3, 4)),
+        turn(4, 0, 1, tokens=None),
+    ]
+    tally = tally_tokens(records, expected=8)
+    assert (tally.lost, tally.duplicated) == (2 + 1, 3 + 1)
+    assert (tally.gaps, tally.repeats, tally.uncounted) == (1, 1, 1)
+    assert tally.received == 8 + 6 + 11 + 3
+
+
+def test_a_region_drill_affects_the_turns_running_there_at_the_disruption() -> None:
+    plan = DrillPlan(kind="region")
+    running = turn(0, 9.0, 12.0)
+    records = [running, turn(1, 9.0, 12.0, region="us-west"), turn(2, 5.0, 9.5), turn(3, 10.5, 12.0)]
+    assert affected_turns(plan, "us-east", TIMELINE, records) == [running]
+
+
+def test_a_global_plane_drill_affects_every_turn_of_the_outage() -> None:
+    plan = DrillPlan(kind="global-plane", mode="partition")
+    records = [
+        turn(0, 9.0, 11.0, region="us-west"),
+        turn(1, 15.0, 16.0),
+        turn(2, 1.0, 2.0),
+        turn(3, 21.0, 22.0),
+    ]
+    assert [r.stream for r in affected_turns(plan, "", TIMELINE, records)] == [0, 1]
+
+
+def test_the_stall_is_the_longest_gap_ending_after_the_disruption() -> None:
+    record = turn(0, 8.0, 14.2, events=[8.2, 9.9, 13.4, 14.0, 14.2])
+    # sent 8.0, headers 8.1, events …, 9.9 -> 13.4 straddles the disruption at 10.
+    assert stall_of(record, 10.0) == pytest.approx(3.5)
+    lost = turn(1, 8.0, 70.0, outcome=Outcome.LOST, events=[8.2, 9.9])
+    assert stall_of(lost, 10.0) == pytest.approx(60.1)
+
+
+def test_residency_names_each_turn_outside_its_zone() -> None:
+    records = [turn(0, 0, 1), turn(1, 0, 1, region="eu-west"), turn(2, 0, 1, region="")]
+    held = residency(records, ZONES)
+    assert held["held"] is False and held["violations"] == 1 and held["turns_checked"] == 2
+    assert residency(records[:1], ZONES)["held"] is True
+
+
+def test_billing_is_checked_for_unaffected_turns_finished_in_the_window() -> None:
+    plan = DrillPlan(kind="region")
+    records = [
+        turn(0, 9.0, 12.0),  # affected: continued elsewhere, billed under another id maybe
+        turn(1, 11.0, 12.0, region="us-west"),
+        turn(2, 1.0, 2.0),  # before the window
+        turn(3, 11.0, 12.0, region="us-west", outcome=Outcome.FAILED_CLEARLY),
+    ]
+    assert [r.stream for r in billing_checked_turns(plan, "us-east", TIMELINE, records)] == [1]
+
+
+def test_the_report_of_a_clean_failover_passes() -> None:
+    plan = DrillPlan(kind="region", streams=2, max_tokens=8)
+    records = [
+        turn(0, 1.0, 2.0, events=[1.2, 1.5, 2.0]),
+        turn(0, 9.0, 12.0, events=[9.5, 11.0, 12.0]),
+        turn(1, 9.5, 12.0, region="us-west", events=[10.0, 12.0]),
+        turn(1, 21.0, 22.0, events=[21.5, 22.0]),
+    ]
+    routing = watch((9.0, frozenset(ZONES)), (13.0, frozenset({"us-west"})), (20.5, frozenset({"us-east"})))
+    usage = UsageCheck(32, 32, True, 1.0, 0)
+    report = build_report(
+        plan=plan,
+        region="us-east",
+        target="us-east (pid 1)",
+        timeline=TIMELINE,
+        records=records,
+        routing=routing,
+        region_zones=ZONES,
+        token_source="tokenizer",
+        usage=usage,
+    )
+    assert report["streams_affected"] == 1 and report["turns_affected"] == 1
+    assert (report["tokens_lost"], report["tokens_duplicated"], report["turns_lost"]) == (0, 0, 0)
+    assert report["stall_p99_s"] == pytest.approx(1.5)
+    assert report["time_to_exclude_s"] == pytest.approx(3.0)
+    # Listed again at 20.5, a turn started there at 21.1.
+    assert report["time_to_return_s"] == pytest.approx(1.1)
+    assert report["passed"] is True
+    lossy = build_report(
+        plan=plan,
+        region="us-east",
+        target="",
+        timeline=TIMELINE,
+        records=[*records, turn(0, 30.0, 31.0, tokens=7)],
+        routing=routing,
+        region_zones=ZONES,
+        token_source="tokenizer",
+        usage=usage,
+    )
+    assert lossy["tokens_lost"] == 1 and lossy["passed"] is False
+
+
+def test_plans_refuse_what_cannot_run() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        DrillPlan(kind="edge")
+    with pytest.raises(ValueError, match="mode"):
+        DrillPlan(mode="unplug")
+    with pytest.raises(ValueError, match="streams"):
+        DrillPlan(streams=0)
+    assert DrillPlan(kind="global-plane", outage_s=5).partition_s == 5
+
+
+@pytest.mark.asyncio
+async def test_an_unnamed_region_is_the_one_running_most_turns_at_the_disruption() -> None:
+    target = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk")
+    key = TenantKey("sk", "tenant", "us")
+    setup = DrillSetup(DrillPlan(kind="region"), target, (key,), ZONES)
+    assert setup.zone_regions() == ["us-east", "us-west"]
+    in_flight = [turn(0, 1, 2, region="us-west"), turn(1, 1, 2), turn(2, 1, 2, region="us-west")]
+    assert await setup.choose_region(in_flight) == "us-west"
+    named = DrillSetup(DrillPlan(kind="region", region="us-east"), target, (key,), ZONES, "us-east")
+    assert await named.choose_region(in_flight) == "us-east"
+    assert await DrillSetup(DrillPlan(kind="redis"), target, (key,), ZONES).choose_region(in_flight) == ""

@@ -1,0 +1,185 @@
+"""``llmmesh drill failover`` against a real ``llmmesh up`` (the default
+topology, simulator pods): a region killed and partitioned, a pod killed,
+the global plane partitioned; and Redis killed in a mesh that runs its own
+(``--redis embedded``). Short settings; the drill's own JSON is what is
+checked: every figure present, residency held, no turn lost, no token
+lost or repeated, and the mesh back to serving after each drill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import RunningMesh, child_pids, pid_alive, start_up, stop_up
+
+pytestmark = pytest.mark.e2e
+
+SHORT = [
+    "--streams", "8", "--max-tokens", "64", "--disrupt-after-s", "3", "--restore-after-s", "4",
+    "--duration-s", "3", "--turn-timeout-s", "60", "--restore-timeout-s", "90", "--usage-wait-s", "30",
+]  # fmt: skip
+DRILL_TIMEOUT_S = 240.0
+FIELDS = {
+    "streams_total", "streams_affected", "turns_total", "turns_done", "turns_failed_clearly", "turns_lost",
+    "tokens_received", "tokens_lost", "tokens_duplicated", "token_count_source", "stall_p50_s",
+    "stall_p99_s", "time_to_exclude_s", "time_to_return_s", "restored", "residency", "usage",
+    "usage_records_lost", "errors", "passed",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def drill_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
+    """A default mesh of its own: the drills kill and stop its processes."""
+    home = tmp_path_factory.mktemp("llmmesh-drill")
+    running = start_up(home, "--engine", "sim", "--edge-port", "0", "--dev-key", "sk-llmmesh-drill")
+    yield running
+    if running.process.poll() is None:
+        status, out = stop_up(running)
+        assert status == 0, out
+
+
+def drill(mesh: RunningMesh, *flags: str) -> dict[str, Any]:
+    """Run the drill; its last stdout line, parsed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "llmmesh", "drill", "failover", "--json", *SHORT, *flags],
+        env={**os.environ, "LLMMESH_HOME": str(mesh.home)},
+        capture_output=True,
+        text=True,
+        timeout=DRILL_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "llmmesh drill: [" in result.stderr  # progress while it ran
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert isinstance(report, dict)
+    return report
+
+
+def assert_clean(report: dict[str, Any]) -> None:
+    """What every drill must show, failover or not."""
+    assert set(report) >= FIELDS, FIELDS - set(report)
+    residency = report["residency"]
+    assert isinstance(residency, dict) and residency["held"] is True, residency
+    assert report["turns_lost"] == 0, report["errors"]
+    assert report["tokens_duplicated"] == 0
+    assert report["sequence_repeats"] == 0
+    assert report["token_count_source"] == "tokenizer" and report["turns_uncounted"] == 0
+    assert report["restored"] is True
+    assert report["turns_total"] == report["turns_done"] + report["turns_failed_clearly"]
+
+
+@pytest.fixture(scope="module")
+def region_kill(drill_mesh: RunningMesh) -> dict[str, Any]:
+    return drill(drill_mesh, "--kind", "region", "--mode", "kill")
+
+
+@pytest.fixture(scope="module")
+def global_outage(drill_mesh: RunningMesh) -> dict[str, Any]:
+    # Longer than the edge's 5 s key cache and its 5 s routing deadline: what a real outage tests.
+    return drill(drill_mesh, "--kind", "global-plane", "--outage-s", "12")
+
+
+def test_killing_the_serving_region_loses_no_token(
+    drill_mesh: RunningMesh, region_kill: dict[str, Any]
+) -> None:
+    report = region_kill
+    assert_clean(report)
+    # The region of the us dev tenant's zone that ran most of its turns at the moment.
+    region = report["region"]
+    assert (report["kind"], report["mode"]) == ("region", "kill") and region in {"us-east", "us-west"}
+    assert report["streams_total"] == 8 and isinstance(report["streams_affected"], int)
+    assert report["streams_affected"] >= 1
+    assert report["tokens_lost"] == 0
+    assert report["stall_p99_s"] is not None
+    assert report["time_to_return_s"] is not None
+    assert report["usage_records_lost"] == 0
+    # llmmesh up restarted the region on its address, and mesh.json names the new process.
+    log = drill_mesh.log()
+    killed = drill_mesh.pids[region]
+    assert f"region {region} (pid {killed}) exited with status -9; restarting it in" in log
+    info = json.loads((drill_mesh.home / "mesh.json").read_text())
+    assert info["zones"] == drill_mesh.info["zones"]
+    assert info["pids"][region] != killed
+    assert info["pids"][region] in child_pids(drill_mesh.process.pid)
+
+
+def test_partitioning_the_serving_region_loses_no_token(drill_mesh: RunningMesh, region_kill: object) -> None:
+    pid = json.loads((drill_mesh.home / "mesh.json").read_text())["pids"]["us-east"]
+    report = drill(drill_mesh, "--kind", "region", "--mode", "partition", "--region", "us-east")
+    assert_clean(report)
+    assert report["mode"] == "partition" and report["tokens_lost"] == 0
+    assert report["stall_p99_s"] is not None
+    # Continued, not restarted: the same process serves on, and runs.
+    assert json.loads((drill_mesh.home / "mesh.json").read_text())["pids"]["us-east"] == pid
+    assert pid_alive(pid) and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T"
+
+
+def test_killing_a_pod_loses_no_token(drill_mesh: RunningMesh, region_kill: object) -> None:
+    report = drill(drill_mesh, "--kind", "engine-pod", "--region", "us-east")
+    assert_clean(report)
+    assert report["target"].startswith("us-east-pod-0 (pid ")
+    assert report["tokens_lost"] == 0
+
+
+def test_a_global_plane_outage_loses_no_usage_record(global_outage: dict[str, Any]) -> None:
+    report = global_outage
+    assert_clean(report)
+    assert (report["kind"], report["mode"]) == ("global-plane", "partition")
+    assert report["tokens_lost"] == 0
+    assert report["usage_records_lost"] == 0
+    assert report["time_to_exclude_s"] is None and report["time_to_return_s"] is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the edge does not serve through a global-plane outage: it authenticates (5 s cache) and "
+    "routes (no cache) every turn at the global plane, so turns fail with global_plane_unavailable "
+    "once the outage outlasts both",
+)
+def test_a_global_plane_outage_fails_no_turn(global_outage: dict[str, Any]) -> None:
+    assert global_outage["turns_failed_clearly"] == 0, global_outage["errors"]
+
+
+def test_the_drill_refuses_what_the_mesh_cannot_do(drill_mesh: RunningMesh) -> None:
+    env = {**os.environ, "LLMMESH_HOME": str(drill_mesh.home)}
+    for flags, message in (
+        (["--kind", "redis"], "this mesh runs no Redis of its own"),
+        (["--region", "mars-north"], "geo-routing knows no region 'mars-north'"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "llmmesh", "drill", "failover", "--json", *flags],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and not result.stdout
+
+
+def test_killing_the_embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> None:
+    home = tmp_path_factory.mktemp("llmmesh-drill-redis")
+    config = home / "mesh.toml"
+    config.write_text("[mesh]\nedge_port = 0\n[zones.us.regions.us-east]\n[zones.us.regions.us-west]\n")
+    running = start_up(home, "--config", str(config), "--dev-key", "sk-llmmesh-redis", "--redis", "embedded")
+    try:
+        redis_pid = running.pids["redis"]
+        assert redis_pid in child_pids(running.process.pid)
+        assert str(running.info["redis_url"]).startswith("redis://127.0.0.1:")
+        report = drill(running, "--kind", "redis")
+        assert set(report) >= FIELDS
+        residency = report["residency"]
+        assert isinstance(residency, dict) and residency["held"] is True
+        assert report["turns_lost"] == 0 and report["tokens_duplicated"] == 0
+        assert report["restored"] is True
+        assert json.loads((home / "mesh.json").read_text())["pids"]["redis"] != redis_pid
+    finally:
+        status, out = stop_up(running)
+    assert status == 0, out
+    assert not pid_alive(redis_pid)
