@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from engine.gpu import GpuTelemetry
 from engine.kv_events import KvEventBatch
+from llmmesh.chat_tokenizer import TokenizerSpec
 
 
 class FinishReason(StrEnum):
@@ -170,6 +171,12 @@ class EngineBackend(ABC):
     async def tokenize(self, prompt: str | Sequence[ChatTurn], add_generation_prompt: bool) -> list[int]:
         """Token ids of plain text or of chat turns rendered with the chat
         template, exactly as a generation would see them."""
+
+    def tokenizer_spec(self) -> TokenizerSpec | None:
+        """The tokenizer and chat template as data a client can run to get
+        exactly :meth:`tokenize`'s ids for chat turns, or None when the
+        backend cannot describe them (clients then call :meth:`tokenize`)."""
+        return None
 
     @abstractmethod
     def info(self) -> EngineInfo:

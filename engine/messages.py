@@ -20,6 +20,7 @@ from engine.backend import (
     SamplingOptions,
 )
 from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from llmmesh.chat_tokenizer import chat_role_name
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 
@@ -32,16 +33,12 @@ _HEALTH = {
     HealthState.SERVING: common_pb2.HEALTH_STATE_SERVING,
     HealthState.DOWN: common_pb2.HEALTH_STATE_DOWN,
 }
-_ROLE_PREFIX = "CHAT_ROLE_"
 
 
 def chat_turns(messages: Iterable[common_pb2.ChatMessage]) -> list[ChatTurn]:
     """Chat messages as turns; an unspecified role becomes ``"unspecified"``,
     which the chat template rejects."""
-    return [
-        ChatTurn(common_pb2.ChatRole.Name(message.role).removeprefix(_ROLE_PREFIX).lower(), message.content)
-        for message in messages
-    ]
+    return [ChatTurn(chat_role_name(message.role), message.content) for message in messages]
 
 
 def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:

@@ -23,6 +23,7 @@ import grpc.aio
 from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
 from engine.validation import validate_generation
+from llmmesh.chat_tokenizer import tokenizer_response
 from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import engine_service_pb2 as pb
@@ -156,6 +157,16 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except MeshError as err:
             await err.abort(context)
         return pb.TokenizeResponse(token_ids=token_ids)
+
+    async def GetTokenizer(
+        self, request: pb.GetTokenizerRequest, context: Context
+    ) -> pb.GetTokenizerResponse:
+        try:
+            self._check_model(request.model)
+            model = self._backend.info().model
+        except MeshError as err:
+            await err.abort(context)
+        return tokenizer_response(model, self._backend.tokenizer_spec())
 
     async def GetEngineInfo(
         self, request: pb.GetEngineInfoRequest, context: Context

@@ -25,6 +25,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.sim.vocabulary import PUNCTUATION, WORDS
 from llmmesh.home import mesh_home
@@ -93,14 +94,11 @@ def build_tokenizer(spec: TinyModelSpec) -> object:
     return tokenizer
 
 
-def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
-    """Write the model and tokenizer into ``out_dir`` (created if missing)
-    and return it. Takes a few seconds."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def build_hf_tokenizer(spec: TinyModelSpec | None = None) -> Any:
+    """The model's transformers tokenizer (``PreTrainedTokenizerFast``) with its chat template."""
+    from transformers import PreTrainedTokenizerFast
 
     spec = spec or TinyModelSpec()
-    out_dir.mkdir(parents=True, exist_ok=True)
     hf_tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=build_tokenizer(spec),
         bos_token="<|begin_of_text|>",
@@ -109,6 +107,18 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
         model_max_length=spec.context_window,
     )
     hf_tokenizer.chat_template = CHAT_TEMPLATE
+    return hf_tokenizer
+
+
+def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write the model and tokenizer into ``out_dir`` (created if missing)
+    and return it. Takes a few seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = spec or TinyModelSpec()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_tokenizer = build_hf_tokenizer(spec)
     token_id = hf_tokenizer.convert_tokens_to_ids
     config = LlamaConfig(
         vocab_size=len(hf_tokenizer),

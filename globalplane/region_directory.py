@@ -13,7 +13,6 @@ from enum import IntEnum
 
 from globalplane.clock import Clock, utc_now
 from globalplane.paging import Page, paginate
-from globalplane.policy_records import Tenant
 from globalplane.tiers import require_zone
 from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
 from llmmesh.ids import is_valid_name
@@ -128,7 +127,12 @@ class RegionDirectory:
 
     A region that misses ``missed_until_down`` heartbeat intervals is DOWN
     whatever it last said; routing never returns a region outside the
-    tenant's zone.
+    tenant's zone. While the directory hears from no region at all for that
+    long, it cannot tell dead regions from its own isolation (a partition of
+    the global plane, a paused process coming back), so it keeps every
+    region's last reported health until heartbeats arrive again, and then
+    gives each region a full ``missed_until_down`` intervals to report in,
+    rather than declare the whole mesh down at once.
     """
 
     def __init__(self, interval_ms: int = 1000, missed_until_down: int = 3, clock: Clock = utc_now) -> None:
@@ -136,6 +140,10 @@ class RegionDirectory:
         self.missed_until_down = missed_until_down
         self._clock = clock
         self._regions: dict[str, tuple[RegionReport, datetime]] = {}
+        # When the last heartbeat from any region arrived, and when the
+        # directory began hearing again after a silence of every region.
+        self._last_heard: datetime | None = None
+        self._resumed: datetime | None = None
 
     @property
     def down_after(self) -> timedelta:
@@ -152,7 +160,11 @@ class RegionDirectory:
                 f"region {report.region!r} belongs to zone {known[0].zone!r}, not {report.zone!r}",
                 metadata={"param": "zone", "region": report.region, "zone": known[0].zone},
             )
-        self._regions[report.region] = (report, self._clock())
+        now = self._clock()
+        if self._last_heard is not None and now - self._last_heard >= self.down_after:
+            self._resumed = now
+        self._regions[report.region] = (report, now)
+        self._last_heard = now
 
     def status(self, region: str) -> RegionStatus | None:
         """The region's status, or ``None`` if it never reported."""
@@ -160,7 +172,12 @@ class RegionDirectory:
         if known is None:
             return None
         report, seen = known
-        silent = self._clock() - seen >= self.down_after
+        now = self._clock()
+        deaf = self._last_heard is not None and now - self._last_heard >= self.down_after
+        # Silence is counted from the end of the directory's own deafness:
+        # every region gets a full down_after to report in again.
+        since = max(seen, self._resumed) if self._resumed is not None else seen
+        silent = now - since >= self.down_after and not deaf
         return RegionStatus(report, seen, RegionHealth.DOWN if silent else report.health)
 
     def list_regions(self, zone: str = "", page_size: int = 0, page_token: str = "") -> Page[RegionStatus]:
@@ -178,11 +195,11 @@ class RegionDirectory:
         )
 
     def route(
-        self, tenant: Tenant, model: str = "", location_hint: str = "", preferred_region: str = ""
+        self, zone: str, model: str = "", location_hint: str = "", preferred_region: str = ""
     ) -> list[RegionStatus]:
-        """The regions to try for ``tenant``, best first; never empty.
+        """The regions to try for a tenant of ``zone``, best first; never empty.
 
-        Only SERVING or DEGRADED regions of the tenant's zone that serve
+        Only SERVING or DEGRADED regions of that zone that serve
         ``model`` (when given). Order: ``preferred_region``; the region the
         hint names, or nearest to the hint's point; SERVING before DEGRADED;
         lighter load. FAILED_PRECONDITION ``NO_REGION_IN_ZONE`` when none
@@ -192,7 +209,7 @@ class RegionDirectory:
         eligible = [
             s
             for s in self._statuses()
-            if s.report.zone == tenant.zone
+            if s.report.zone == zone
             and s.effective_health in _ROUTABLE
             and (not model or model in s.report.models)
         ]
@@ -200,9 +217,9 @@ class RegionDirectory:
             wanted = f" serving model {model!r}" if model else ""
             raise FailedPrecondition(
                 Reason.NO_REGION_IN_ZONE,
-                f"no healthy region{wanted} in zone {tenant.zone!r}; "
+                f"no healthy region{wanted} in zone {zone!r}; "
                 "requests are never sent outside the tenant's zone",
-                metadata={"zone": tenant.zone, **({"model": model} if model else {})},
+                metadata={"zone": zone, **({"model": model} if model else {})},
             )
 
         def rank(status: RegionStatus) -> tuple[bool, bool, float, int, float, str]:

@@ -66,6 +66,7 @@ class TenantBook:
     def __init__(self, store: GlobalStore, clock: Clock = utc_now) -> None:
         self._store = store
         self._clock = clock
+        self._zones: dict[str, str] = {}
 
     # ------------------------------------------------------------ tenants
 
@@ -119,6 +120,21 @@ class TenantBook:
     async def get_tenant(self, ref: str) -> Tenant:
         """The tenant whose id or name is ``ref``; NOT_FOUND ``TENANT_NOT_FOUND`` otherwise."""
         return await self._store.transaction(lambda conn: find_tenant(conn, ref))
+
+    async def zone_of(self, ref: str) -> str:
+        """The zone of the tenant whose id or name is ``ref``; NOT_FOUND ``TENANT_NOT_FOUND`` otherwise.
+
+        Routing asks this on every request, so an id answers from memory
+        after its first lookup. That can never go stale, whichever process
+        changes the book: a tenant's zone never changes, tenants are never
+        deleted and ids are never reused. A name can come to mean another
+        tenant (renames), so a name is looked up every time.
+        """
+        zone = self._zones.get(ref)
+        if zone is None:
+            tenant = await self.get_tenant(ref)
+            self._zones[tenant.id] = zone = tenant.zone
+        return zone
 
     async def list_tenants(self, page_size: int = 0, page_token: str = "", zone: str = "") -> Page[Tenant]:
         """Tenants ordered by name, optionally only those of ``zone``."""

@@ -1,24 +1,45 @@
-"""Prompt tokens exactly as the engine pods see them, for the router.
+"""Prompt tokens exactly as the engine pods see them, for the router and the context builder.
 
-The region never tokenizes by itself: it asks a pod serving the model
-(``Tokenize`` with the chat messages and the assistant opener, as
-``Generate`` renders them) and caches the answer by model and content hash,
-so a conversation's repeated prefix costs one RPC per distinct prompt.
+A pod publishes its tokenizer as data (``GetTokenizer``: the simulator's
+word pieces, or vLLM's Hugging Face tokenizer and chat template), and the
+region runs it itself: a busy pod tokenizes on the event loop that streams
+its tokens, so asking it puts that loop on every turn's critical path. The
+description is fetched once per model. Where a pod describes no tokenizer,
+or the region cannot run the one it describes, or a prompt is one the local
+tokenizer refuses (an unknown role), the region asks a pod serving the
+model (``Tokenize`` with the chat messages and the assistant opener, as
+``Generate`` renders them), so errors stay the pod's own. Either way the
+answer is cached by model and content hash.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
+import logging
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import grpc
 import grpc.aio
 
+from llmmesh.chat_tokenizer import (
+    HfTokenizerSpec,
+    PieceTokenizer,
+    PieceTokenizerSpec,
+    TokenizerSpec,
+    chat_role_name,
+    tokenizer_spec,
+)
 from llmmesh.errors import Reason, Unavailable, from_rpc_error
 from llmmesh.v1 import common_pb2, engine_service_pb2
-from region.engine_pool import EnginePool
+from region.engine_pool import EnginePodHandle, EnginePool
+from region.hf_chat_tokenizer import hf_chat_tokenizer
+
+log = logging.getLogger(__name__)
 
 # Another pod may answer when one is restarting or draining.
 _TRY_NEXT_POD = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -36,21 +57,64 @@ def prompt_key(model: str, messages: Sequence[common_pb2.ChatMessage], add_gener
     return digest.digest()
 
 
-class TokenizerClient:
-    """Tokenizes chat prompts through the pods of ``pods``; an LRU of
-    ``capacity`` prompts. Pods serving one model share its tokenizer, so any
-    healthy one may answer (the least busy is asked first, then the others)."""
+class ChatTokenizer(Protocol):
+    """A tokenizer a pod published, running in the region."""
 
-    def __init__(self, pods: EnginePool, capacity: int = 4096, timeout_s: float = 2.0) -> None:
+    def render_chat(self, turns: Iterable[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
+        """The ids of chat turns ``(role, content)``; raises for a chat it cannot render."""
+        ...
+
+
+def local_tokenizer(spec: TokenizerSpec | None) -> ChatTokenizer | None:
+    """A runnable tokenizer for a published ``spec``, or None when there is none or it cannot run here."""
+    if isinstance(spec, PieceTokenizerSpec):
+        try:
+            return PieceTokenizer(spec)
+        except Exception as err:  # a pattern this Python's re rejects
+            log.warning("cannot tokenize the published tokenizer locally (%s); asking the pods", err)
+            return None
+    if isinstance(spec, HfTokenizerSpec):
+        return hf_chat_tokenizer(spec)
+    return None
+
+
+class TokenizerClient:
+    """Tokenizes chat prompts for models served by the pods of ``pods``; an
+    LRU of ``capacity`` prompts. Pods serving one model share its tokenizer,
+    so any healthy one may describe it or answer (the least busy is asked
+    first, then the others).
+
+    ``local`` False always asks the pods. A model whose pods could not be
+    asked for a description is asked again after ``describe_retry_s``.
+    """
+
+    def __init__(
+        self,
+        pods: EnginePool,
+        capacity: int = 4096,
+        timeout_s: float = 2.0,
+        *,
+        local: bool = True,
+        describe_retry_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self._pods = pods
         self._capacity = capacity
         self._timeout_s = timeout_s
+        self._local = local
+        self._describe_retry_s = describe_retry_s
+        self._clock = clock
         self._cache: OrderedDict[tuple[str, bytes], tuple[int, ...]] = OrderedDict()
+        # model -> its local tokenizer (None: the pods tokenize), and when to ask again when unsettled.
+        self._tokenizers: dict[str, tuple[ChatTokenizer | None, float]] = {}
+        self._describing: dict[str, asyncio.Task[ChatTokenizer | None]] = {}
         self._turn = itertools.count()
         self.hits = 0
         self.misses = 0
+        self.local_misses = 0
+        """Misses the region tokenized itself (the rest asked a pod)."""
 
     async def tokenize(
         self,
@@ -67,26 +131,84 @@ class TokenizerClient:
             self._cache.move_to_end(key)
             return cached
         self.misses += 1
-        token_ids = await self._ask_a_pod(model, messages, add_generation_prompt)
+        token_ids = await self._tokenize_locally(model, messages, add_generation_prompt)
+        if token_ids is None:
+            token_ids = await self._ask_a_pod(model, messages, add_generation_prompt)
+        else:
+            self.local_misses += 1
         self._cache[key] = token_ids
         while len(self._cache) > self._capacity:
             self._cache.popitem(last=False)
         return token_ids
 
+    async def _tokenize_locally(
+        self, model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool
+    ) -> tuple[int, ...] | None:
+        """The ids by the model's published tokenizer, or None where the pods must answer."""
+        # A prompt without messages is plain text to a pod, and "" names no one tokenizer.
+        if not self._local or not model or not messages:
+            return None
+        tokenizer = await self._tokenizer_of(model)
+        if tokenizer is None:
+            return None
+        try:
+            turns = [(chat_role_name(m.role), m.content) for m in messages]
+            return tuple(tokenizer.render_chat(turns, add_generation_prompt))
+        except Exception:
+            # The pod gives this prompt its own answer, an error most likely.
+            return None
+
+    async def _tokenizer_of(self, model: str) -> ChatTokenizer | None:
+        known = self._tokenizers.get(model)
+        if known is not None and (known[0] is not None or self._clock() < known[1]):
+            return known[0]
+        # One description request per model, however many turns wait for it.
+        task = self._describing.get(model)
+        if task is None:
+            task = self._describing[model] = asyncio.create_task(self._describe(model))
+            task.add_done_callback(lambda _: self._describing.pop(model, None))
+        return await asyncio.shield(task)
+
+    async def _describe(self, model: str) -> ChatTokenizer | None:
+        """Ask the pods serving ``model`` for its tokenizer and remember the answer."""
+        request = engine_service_pb2.GetTokenizerRequest(model=model)
+        pods = self._pods_for(model)
+        if not pods:
+            return None  # nothing to remember: ask again once a pod is up
+        for pod in pods:
+            try:
+                response = await pod.stub.GetTokenizer(request, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    break  # a pod of an older release: it can only tokenize
+                continue
+            tokenizer = local_tokenizer(tokenizer_spec(response))
+            # A pod's answer settles it for good: pods of one model share its tokenizer.
+            self._tokenizers[model] = (tokenizer, float("inf"))
+            if tokenizer is not None:
+                log.info("tokenizing prompts of model %s in the region", model)
+            return tokenizer
+        self._tokenizers[model] = (None, self._clock() + self._describe_retry_s)
+        return None
+
+    def _pods_for(self, model: str) -> list[EnginePodHandle]:
+        """The healthy pods serving ``model``, the least busy first.
+
+        A pod answers on the loop that streams its tokens, so a busy one
+        answers late and slows its own streams. Ties rotate, so idle pods
+        share the work."""
+        serving = [p for p in self._pods.healthy_pods if not model or not p.model or p.model == model]
+        start = next(self._turn)
+        rotated = [serving[(start + n) % len(serving)] for n in range(len(serving))] if serving else []
+        return sorted(rotated, key=lambda pod: pod.in_flight)
+
     async def _ask_a_pod(
         self, model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool
     ) -> tuple[int, ...]:
-        serving = [p for p in self._pods.healthy_pods if not model or not p.model or p.model == model]
-        # The least busy pod first: a pod tokenizes on the loop that streams
-        # its tokens, so a busy one answers late and slows its own streams.
-        # Ties rotate, so idle pods share the work.
-        start = next(self._turn)
-        rotated = [serving[(start + n) % len(serving)] for n in range(len(serving))] if serving else []
-        pods = sorted(rotated, key=lambda pod: pod.in_flight)
         request = engine_service_pb2.TokenizeRequest(
             model=model, messages=messages, add_generation_prompt=add_generation_prompt
         )
-        for pod in pods:
+        for pod in self._pods_for(model):
             try:
                 response = await pod.stub.Tokenize(request, timeout=self._timeout_s)
             except grpc.aio.AioRpcError as err:

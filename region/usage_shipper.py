@@ -9,6 +9,13 @@ is sent again and billing, which ingests idempotently by request id, counts
 it as a duplicate. While the global plane is down the shipper backs off
 exponentially.
 
+Shipments are batched: a turn's row does not ship on its own the moment it
+is recorded. The shipper waits ``linger_s`` after the first new row, so the
+rows of the turns that end meanwhile (and those recorded while a shipment
+is in flight) go in one ``RecordUsage`` call, one billing transaction and
+one outbox update; a full batch ships at once. Billing learns of a turn at
+most ``linger_s`` later; the turn itself never waits for billing.
+
 Billing takes a batch all or nothing. When it rejects one (a record it will
 not accept, such as one of a deleted tenant), the shipper sends that batch's
 records one at a time, so the others still get through; a rejected record
@@ -64,9 +71,12 @@ class UsageShipper:
         *,
         idle_poll_s: float = 5.0,
         rpc_timeout_s: float = 5.0,
+        linger_s: float = 0.5,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if linger_s < 0:
+            raise ValueError("linger_s must be >= 0")
         self._store = store
         self._billing = billing
         self._batch_size = batch_size
@@ -74,7 +84,12 @@ class UsageShipper:
         self._max_backoff_s = max_backoff_s
         self._idle_poll_s = idle_poll_s
         self._rpc_timeout_s = rpc_timeout_s
+        self._linger_s = linger_s
         self._wakeup = asyncio.Event()
+        # Rows announced since the last look; a batch's worth ends the linger early.
+        self._announced = 0
+        self._batch_ready = asyncio.Event()
+        self._last_batch = 0
         # One batch in flight at a time: flush() and the background task never send the same rows at once.
         self._shipping = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -87,8 +102,11 @@ class UsageShipper:
             self._task = asyncio.create_task(self._run(), name="usage-shipper")
 
     def notify(self) -> None:
-        """Say a usage row was just recorded, so it ships now rather than at the next poll."""
+        """Say a usage row was just recorded, so it ships within ``linger_s`` rather than at the next poll."""
+        self._announced += 1
         self._wakeup.set()
+        if self._announced >= self._batch_size:
+            self._batch_ready.set()
 
     async def pending(self) -> int:
         """How many of this region's usage rows await delivery."""
@@ -98,6 +116,7 @@ class UsageShipper:
         """Send one batch of pending rows and mark what billing took."""
         async with self._shipping:
             rows = await self._store.pending_usage(self._batch_size)
+            self._last_batch = len(rows)
             if not rows:
                 return Shipment.IDLE
             code = await self._send(rows)
@@ -158,18 +177,21 @@ class UsageShipper:
         while True:
             # Cleared before looking, so a row recorded while a batch ships is not left to the poll.
             self._wakeup.clear()
+            self._announced = 0
+            self._batch_ready.clear()
             try:
                 outcome = await self.ship_batch()
             except Exception:
                 # A database hiccup must not end shipping for the life of the process.
                 log.exception("usage shipping failed")
                 outcome = Shipment.FAILED
-            if outcome is Shipment.SHIPPED:
-                backoff = self._min_backoff_s
-            elif outcome is Shipment.IDLE:
-                backoff = self._min_backoff_s
-                # Polling too: rows may come from another process sharing the store.
-                await wait_event(self._wakeup, self._idle_poll_s)
-            else:
+            if outcome is Shipment.FAILED:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
+                continue
+            backoff = self._min_backoff_s
+            if outcome is Shipment.SHIPPED and self._last_batch >= self._batch_size:
+                continue  # more is likely pending: no reason to wait
+            # Polling too: rows may come from another process sharing the store.
+            if await wait_event(self._wakeup, self._idle_poll_s):
+                await wait_event(self._batch_ready, self._linger_s)

@@ -29,6 +29,7 @@ from engine.sim.scheduler import ContinuousBatchScheduler
 from engine.sim.sequence import SimSequence
 from engine.sim.timing import SimTimingModel
 from engine.sim.tokenizer import SimTokenizer
+from llmmesh.chat_tokenizer import TokenizerSpec
 from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
 
@@ -136,6 +137,9 @@ class SimBackend(EngineBackend):
             )
         except ValueError as exc:
             raise InvalidArgument(Reason.INVALID_REQUEST, str(exc), metadata={"param": "messages"}) from exc
+
+    def tokenizer_spec(self) -> TokenizerSpec:
+        return self.tokenizer.spec
 
     def info(self) -> EngineInfo:
         return self._info

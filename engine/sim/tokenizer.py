@@ -11,66 +11,47 @@ stable ids and still decodes exactly.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from engine.sim.vocabulary import BYTE_OFFSET, PIECE_OFFSET, PIECES, SPECIAL_TOKENS, VOCAB_SIZE
+from llmmesh.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec
 
 # GPT-2-style pre-tokenization: an optional leading space joins the word,
 # digit or mark after it. Every character matches one alternative, so the
 # pieces partition the text exactly.
-_PIECE_PATTERN = re.compile(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s")
+PIECE_PATTERN = r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]|\s"
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "developer", "tool")
 
+SPEC = PieceTokenizerSpec(
+    pieces=PIECES,
+    piece_offset=PIECE_OFFSET,
+    byte_offset=BYTE_OFFSET,
+    pattern=PIECE_PATTERN,
+    bos_id=SPECIAL_TOKENS.index("<s>"),
+    end_of_turn_id=SPECIAL_TOKENS.index("<|end|>"),
+    role_ids={role: SPECIAL_TOKENS.index(f"<|{role}|>") for role in ROLES},
+)
+"""The tokenizer as the pod publishes it (``GetTokenizer``): a region runs
+the same :class:`PieceTokenizer` on it and gets the same ids."""
 
-class SimTokenizer:
-    """Encodes and decodes text; renders chat turns. Stateless and cheap."""
+
+class SimTokenizer(PieceTokenizer):
+    """Encodes and decodes text; renders chat turns
+    (``<s><|role|>content<|end|>…`` and, when asked, ``<|assistant|>``).
+    Stateless and cheap."""
 
     vocab_size = VOCAB_SIZE
-    bos_id = SPECIAL_TOKENS.index("<s>")
+    bos_id = SPEC.bos_id
     eos_id = SPECIAL_TOKENS.index("</s>")
-    end_of_turn_id = SPECIAL_TOKENS.index("<|end|>")
+    end_of_turn_id = SPEC.end_of_turn_id
 
     def __init__(self) -> None:
-        self._piece_ids = {piece: PIECE_OFFSET + index for index, piece in enumerate(PIECES)}
-        self._role_ids = {role: SPECIAL_TOKENS.index(f"<|{role}|>") for role in ROLES}
-
-    def piece_id(self, piece: str) -> int:
-        """The id of one vocabulary piece; KeyError if it is not one."""
-        return self._piece_ids[piece]
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without special tokens."""
-        ids: list[int] = []
-        for match in _PIECE_PATTERN.finditer(text):
-            piece = match.group()
-            known = self._piece_ids.get(piece)
-            if known is not None:
-                ids.append(known)
-            else:
-                ids.extend(BYTE_OFFSET + byte for byte in piece.encode("utf-8", errors="replace"))
-        return ids
+        super().__init__(SPEC)
 
     def encode_prompt(self, text: str) -> list[int]:
         """A plain-text prompt as a generation sees it: BOS, then the text."""
         return [self.bos_id, *self.encode(text)]
-
-    def render_chat(self, turns: Iterable[tuple[str, str]], add_generation_prompt: bool) -> list[int]:
-        """Chat turns ``(role, content)`` rendered as
-        ``<s><|role|>content<|end|>…`` and, when asked, the assistant opener
-        ``<|assistant|>``. Raises ValueError for an unknown role."""
-        ids = [self.bos_id]
-        for role, content in turns:
-            role_id = self._role_ids.get(role)
-            if role_id is None:
-                raise ValueError(f"unknown chat role {role!r}; expected one of {', '.join(ROLES)}")
-            ids.append(role_id)
-            ids.extend(self.encode(content))
-            ids.append(self.end_of_turn_id)
-        if add_generation_prompt:
-            ids.append(self._role_ids["assistant"])
-        return ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``token_ids``; raises ValueError for an id outside the vocabulary."""

@@ -53,6 +53,8 @@ from engine.settings import EngineSettings
 from engine.vllm_engine.config import VllmEngineConfig
 from engine.vllm_engine.kv_relay import KvEventRelay
 from engine.vllm_engine.stats import LoadRecorder, SchedulerLoad
+from engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
+from llmmesh.chat_tokenizer import HfTokenizerSpec
 from llmmesh.errors import AlreadyExists, InvalidArgument, MeshError, Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
 
@@ -71,6 +73,7 @@ class VllmBackend(EngineBackend):
         self.kv_event_log = KvEventLog(settings.kv_event_retention)
         self._llm: AsyncLLM | None = None
         self._tokenizer: Any = None
+        self._tokenizer_spec: HfTokenizerSpec | None = None
         self._relay: KvEventRelay | None = None
         self._relay_task: asyncio.Task[None] | None = None
         self._open: set[str] = set()
@@ -233,6 +236,13 @@ class VllmBackend(EngineBackend):
         except Exception as exc:  # jinja raises its own errors for bad input
             raise InvalidArgument(Reason.INVALID_REQUEST, str(exc), metadata={"param": "messages"}) from exc
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def tokenizer_spec(self) -> HfTokenizerSpec | None:
+        if self._tokenizer is None:
+            return None
+        if self._tokenizer_spec is None:
+            self._tokenizer_spec = hf_tokenizer_spec(self._tokenizer)
+        return self._tokenizer_spec
 
     def info(self) -> EngineInfo:
         if self._info is None:

@@ -26,13 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fllmmesh/v1/engine_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"u\n\x0fGenerateRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.llmmesh.v1.GenerateStartH\x00\x12,\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1a.llmmesh.v1.GenerateCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xd8\x01\n\rGenerateStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12)\n\x08messages\x18\x04 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x1f\n\x17resume_output_token_ids\x18\x07 \x03(\r\"4\n\x0eGenerateCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\x17\x43\x61ncelGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x18\x43\x61ncelGenerationResponse\"\xa6\x01\n\x10GenerateResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.llmmesh.v1.GenerateStartedH\x00\x12\'\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.TokenDeltaH\x00\x12\x30\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1c.llmmesh.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent\"j\n\x0fGenerateStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06pod_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x04 \x01(\x05\"\\\n\nTokenDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x1b\n\x13output_token_offset\x18\x04 \x01(\x05\"\x8d\x01\n\x10GenerateFinished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x06reason\x18\x02 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12%\n\x05usage\x18\x03 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\"x\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x16\n\x14GetEngineInfoRequest\"\xb7\x01\n\x15GetEngineInfoResponse\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\x03\"\x10\n\x0eGetLoadRequest\"9\n\x0fGetLoadResponse\x12&\n\x06report\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.LoadReport\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\";\n\x11WatchLoadResponse\x12&\n\x06report\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.LoadReport\"\x90\x02\n\nLoadReport\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12/\n\x0breport_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x05 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x06 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x07 \x01(\x03\x12%\n\x03gpu\x18\x08 \x01(\x0b\x32\x18.llmmesh.v1.GpuTelemetry\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.llmmesh.v1.HealthState\"e\n\x0cGpuTelemetry\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x02 \x01(\t\x12&\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x15.llmmesh.v1.GpuDevice\"|\n\tGpuDevice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\"/\n\x15StreamKvEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x03\"o\n\x16StreamKvEventsResponse\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.llmmesh.v1.KvEvent\x12\x0b\n\x03gap\x18\x04 \x01(\x08\"\xf3\x01\n\x07KvEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12.\n\nevent_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0c\x62lock_stored\x18\x03 \x01(\x0b\x32\x17.llmmesh.v1.BlockStoredH\x00\x12\x31\n\rblock_removed\x18\x04 \x01(\x0b\x32\x18.llmmesh.v1.BlockRemovedH\x00\x12:\n\x12\x61ll_blocks_cleared\x18\x05 \x01(\x0b\x32\x1c.llmmesh.v1.AllBlocksClearedH\x00\x42\x06\n\x04kind\"u\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x19\n\x11parent_block_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x0e\n\x06medium\x18\x05 \x01(\t\"4\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x0e\n\x06medium\x18\x02 \x01(\t\"\x12\n\x10\x41llBlocksCleared2\xc1\x04\n\rEngineService\x12I\n\x08Generate\x12\x1b.llmmesh.v1.GenerateRequest\x1a\x1c.llmmesh.v1.GenerateResponse(\x01\x30\x01\x12]\n\x10\x43\x61ncelGeneration\x12#.llmmesh.v1.CancelGenerationRequest\x1a$.llmmesh.v1.CancelGenerationResponse\x12\x45\n\x08Tokenize\x12\x1b.llmmesh.v1.TokenizeRequest\x1a\x1c.llmmesh.v1.TokenizeResponse\x12T\n\rGetEngineInfo\x12 .llmmesh.v1.GetEngineInfoRequest\x1a!.llmmesh.v1.GetEngineInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.llmmesh.v1.GetLoadRequest\x1a\x1b.llmmesh.v1.GetLoadResponse\x12J\n\tWatchLoad\x12\x1c.llmmesh.v1.WatchLoadRequest\x1a\x1d.llmmesh.v1.WatchLoadResponse0\x01\x12Y\n\x0eStreamKvEvents\x12!.llmmesh.v1.StreamKvEventsRequest\x1a\".llmmesh.v1.StreamKvEventsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fllmmesh/v1/engine_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"u\n\x0fGenerateRequest\x12*\n\x05start\x18\x01 \x01(\x0b\x32\x19.llmmesh.v1.GenerateStartH\x00\x12,\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1a.llmmesh.v1.GenerateCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xd8\x01\n\rGenerateStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12)\n\x08messages\x18\x04 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x1f\n\x17resume_output_token_ids\x18\x07 \x03(\r\"4\n\x0eGenerateCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\x17\x43\x61ncelGenerationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x18\x43\x61ncelGenerationResponse\"\xa6\x01\n\x10GenerateResponse\x12.\n\x07started\x18\x01 \x01(\x0b\x32\x1b.llmmesh.v1.GenerateStartedH\x00\x12\'\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.TokenDeltaH\x00\x12\x30\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1c.llmmesh.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent\"j\n\x0fGenerateStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06pod_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x04 \x01(\x05\"\\\n\nTokenDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x1b\n\x13output_token_offset\x18\x04 \x01(\x05\"\x8d\x01\n\x10GenerateFinished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x06reason\x18\x02 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12%\n\x05usage\x18\x03 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\"x\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x04 \x01(\x08\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"$\n\x13GetTokenizerRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x87\x01\n\x14GetTokenizerResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12,\n\x06pieces\x18\x02 \x01(\x0b\x32\x1a.llmmesh.v1.PieceTokenizerH\x00\x12%\n\x02hf\x18\x03 \x01(\x0b\x32\x17.llmmesh.v1.HfTokenizerH\x00\x42\x0b\n\ttokenizer\"\xef\x01\n\x0ePieceTokenizer\x12\x0e\n\x06pieces\x18\x01 \x03(\t\x12\x14\n\x0cpiece_offset\x18\x02 \x01(\r\x12\x13\n\x0b\x62yte_offset\x18\x03 \x01(\r\x12\x0f\n\x07pattern\x18\x04 \x01(\t\x12\x0e\n\x06\x62os_id\x18\x05 \x01(\r\x12\x16\n\x0e\x65nd_of_turn_id\x18\x06 \x01(\r\x12\x39\n\x08role_ids\x18\x07 \x03(\x0b\x32\'.llmmesh.v1.PieceTokenizer.RoleIdsEntry\x1a.\n\x0cRoleIdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xc2\x01\n\x0bHfTokenizer\x12\x16\n\x0etokenizer_json\x18\x01 \x01(\t\x12\x15\n\rchat_template\x18\x02 \x01(\t\x12J\n\x12template_variables\x18\x03 \x03(\x0b\x32..llmmesh.v1.HfTokenizer.TemplateVariablesEntry\x1a\x38\n\x16TemplateVariablesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x16\n\x14GetEngineInfoRequest\"\xb7\x01\n\x15GetEngineInfoResponse\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontext_window\x18\x05 \x01(\x05\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\x03\"\x10\n\x0eGetLoadRequest\"9\n\x0fGetLoadResponse\x12&\n\x06report\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.LoadReport\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\";\n\x11WatchLoadResponse\x12&\n\x06report\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.LoadReport\"\x90\x02\n\nLoadReport\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12/\n\x0breport_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x05 \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x06 \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x07 \x01(\x03\x12%\n\x03gpu\x18\x08 \x01(\x0b\x32\x18.llmmesh.v1.GpuTelemetry\x12\'\n\x06health\x18\t \x01(\x0e\x32\x17.llmmesh.v1.HealthState\"e\n\x0cGpuTelemetry\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\x1a\n\x12unavailable_reason\x18\x02 \x01(\t\x12&\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x15.llmmesh.v1.GpuDevice\"|\n\tGpuDevice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x03 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\"/\n\x15StreamKvEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x03\"o\n\x16StreamKvEventsResponse\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.llmmesh.v1.KvEvent\x12\x0b\n\x03gap\x18\x04 \x01(\x08\"\xf3\x01\n\x07KvEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12.\n\nevent_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0c\x62lock_stored\x18\x03 \x01(\x0b\x32\x17.llmmesh.v1.BlockStoredH\x00\x12\x31\n\rblock_removed\x18\x04 \x01(\x0b\x32\x18.llmmesh.v1.BlockRemovedH\x00\x12:\n\x12\x61ll_blocks_cleared\x18\x05 \x01(\x0b\x32\x1c.llmmesh.v1.AllBlocksClearedH\x00\x42\x06\n\x04kind\"u\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x19\n\x11parent_block_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x0e\n\x06medium\x18\x05 \x01(\t\"4\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x0e\n\x06medium\x18\x02 \x01(\t\"\x12\n\x10\x41llBlocksCleared2\x94\x05\n\rEngineService\x12I\n\x08Generate\x12\x1b.llmmesh.v1.GenerateRequest\x1a\x1c.llmmesh.v1.GenerateResponse(\x01\x30\x01\x12]\n\x10\x43\x61ncelGeneration\x12#.llmmesh.v1.CancelGenerationRequest\x1a$.llmmesh.v1.CancelGenerationResponse\x12\x45\n\x08Tokenize\x12\x1b.llmmesh.v1.TokenizeRequest\x1a\x1c.llmmesh.v1.TokenizeResponse\x12Q\n\x0cGetTokenizer\x12\x1f.llmmesh.v1.GetTokenizerRequest\x1a .llmmesh.v1.GetTokenizerResponse\x12T\n\rGetEngineInfo\x12 .llmmesh.v1.GetEngineInfoRequest\x1a!.llmmesh.v1.GetEngineInfoResponse\x12\x42\n\x07GetLoad\x12\x1a.llmmesh.v1.GetLoadRequest\x1a\x1b.llmmesh.v1.GetLoadResponse\x12J\n\tWatchLoad\x12\x1c.llmmesh.v1.WatchLoadRequest\x1a\x1d.llmmesh.v1.WatchLoadResponse0\x01\x12Y\n\x0eStreamKvEvents\x12!.llmmesh.v1.StreamKvEventsRequest\x1a\".llmmesh.v1.StreamKvEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.engine_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PIECETOKENIZER_ROLEIDSENTRY']._loaded_options = None
+  _globals['_PIECETOKENIZER_ROLEIDSENTRY']._serialized_options = b'8\001'
+  _globals['_HFTOKENIZER_TEMPLATEVARIABLESENTRY']._loaded_options = None
+  _globals['_HFTOKENIZER_TEMPLATEVARIABLESENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=105
   _globals['_GENERATEREQUEST']._serialized_end=222
   _globals['_GENERATESTART']._serialized_start=225
@@ -55,36 +59,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZEREQUEST']._serialized_end=1223
   _globals['_TOKENIZERESPONSE']._serialized_start=1225
   _globals['_TOKENIZERESPONSE']._serialized_end=1262
-  _globals['_GETENGINEINFOREQUEST']._serialized_start=1264
-  _globals['_GETENGINEINFOREQUEST']._serialized_end=1286
-  _globals['_GETENGINEINFORESPONSE']._serialized_start=1289
-  _globals['_GETENGINEINFORESPONSE']._serialized_end=1472
-  _globals['_GETLOADREQUEST']._serialized_start=1474
-  _globals['_GETLOADREQUEST']._serialized_end=1490
-  _globals['_GETLOADRESPONSE']._serialized_start=1492
-  _globals['_GETLOADRESPONSE']._serialized_end=1549
-  _globals['_WATCHLOADREQUEST']._serialized_start=1551
-  _globals['_WATCHLOADREQUEST']._serialized_end=1590
-  _globals['_WATCHLOADRESPONSE']._serialized_start=1592
-  _globals['_WATCHLOADRESPONSE']._serialized_end=1651
-  _globals['_LOADREPORT']._serialized_start=1654
-  _globals['_LOADREPORT']._serialized_end=1926
-  _globals['_GPUTELEMETRY']._serialized_start=1928
-  _globals['_GPUTELEMETRY']._serialized_end=2029
-  _globals['_GPUDEVICE']._serialized_start=2031
-  _globals['_GPUDEVICE']._serialized_end=2155
-  _globals['_STREAMKVEVENTSREQUEST']._serialized_start=2157
-  _globals['_STREAMKVEVENTSREQUEST']._serialized_end=2204
-  _globals['_STREAMKVEVENTSRESPONSE']._serialized_start=2206
-  _globals['_STREAMKVEVENTSRESPONSE']._serialized_end=2317
-  _globals['_KVEVENT']._serialized_start=2320
-  _globals['_KVEVENT']._serialized_end=2563
-  _globals['_BLOCKSTORED']._serialized_start=2565
-  _globals['_BLOCKSTORED']._serialized_end=2682
-  _globals['_BLOCKREMOVED']._serialized_start=2684
-  _globals['_BLOCKREMOVED']._serialized_end=2736
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=2738
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=2756
-  _globals['_ENGINESERVICE']._serialized_start=2759
-  _globals['_ENGINESERVICE']._serialized_end=3336
+  _globals['_GETTOKENIZERREQUEST']._serialized_start=1264
+  _globals['_GETTOKENIZERREQUEST']._serialized_end=1300
+  _globals['_GETTOKENIZERRESPONSE']._serialized_start=1303
+  _globals['_GETTOKENIZERRESPONSE']._serialized_end=1438
+  _globals['_PIECETOKENIZER']._serialized_start=1441
+  _globals['_PIECETOKENIZER']._serialized_end=1680
+  _globals['_PIECETOKENIZER_ROLEIDSENTRY']._serialized_start=1634
+  _globals['_PIECETOKENIZER_ROLEIDSENTRY']._serialized_end=1680
+  _globals['_HFTOKENIZER']._serialized_start=1683
+  _globals['_HFTOKENIZER']._serialized_end=1877
+  _globals['_HFTOKENIZER_TEMPLATEVARIABLESENTRY']._serialized_start=1821
+  _globals['_HFTOKENIZER_TEMPLATEVARIABLESENTRY']._serialized_end=1877
+  _globals['_GETENGINEINFOREQUEST']._serialized_start=1879
+  _globals['_GETENGINEINFOREQUEST']._serialized_end=1901
+  _globals['_GETENGINEINFORESPONSE']._serialized_start=1904
+  _globals['_GETENGINEINFORESPONSE']._serialized_end=2087
+  _globals['_GETLOADREQUEST']._serialized_start=2089
+  _globals['_GETLOADREQUEST']._serialized_end=2105
+  _globals['_GETLOADRESPONSE']._serialized_start=2107
+  _globals['_GETLOADRESPONSE']._serialized_end=2164
+  _globals['_WATCHLOADREQUEST']._serialized_start=2166
+  _globals['_WATCHLOADREQUEST']._serialized_end=2205
+  _globals['_WATCHLOADRESPONSE']._serialized_start=2207
+  _globals['_WATCHLOADRESPONSE']._serialized_end=2266
+  _globals['_LOADREPORT']._serialized_start=2269
+  _globals['_LOADREPORT']._serialized_end=2541
+  _globals['_GPUTELEMETRY']._serialized_start=2543
+  _globals['_GPUTELEMETRY']._serialized_end=2644
+  _globals['_GPUDEVICE']._serialized_start=2646
+  _globals['_GPUDEVICE']._serialized_end=2770
+  _globals['_STREAMKVEVENTSREQUEST']._serialized_start=2772
+  _globals['_STREAMKVEVENTSREQUEST']._serialized_end=2819
+  _globals['_STREAMKVEVENTSRESPONSE']._serialized_start=2821
+  _globals['_STREAMKVEVENTSRESPONSE']._serialized_end=2932
+  _globals['_KVEVENT']._serialized_start=2935
+  _globals['_KVEVENT']._serialized_end=3178
+  _globals['_BLOCKSTORED']._serialized_start=3180
+  _globals['_BLOCKSTORED']._serialized_end=3297
+  _globals['_BLOCKREMOVED']._serialized_start=3299
+  _globals['_BLOCKREMOVED']._serialized_end=3351
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=3353
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=3371
+  _globals['_ENGINESERVICE']._serialized_start=3374
+  _globals['_ENGINESERVICE']._serialized_end=4034
 # @@protoc_insertion_point(module_scope)

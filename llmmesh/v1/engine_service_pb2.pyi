@@ -383,6 +383,197 @@ class TokenizeResponse(_message.Message):
 Global___TokenizeResponse: _TypeAlias = TokenizeResponse  # noqa: Y015
 
 @_typing.final
+class GetTokenizerRequest(_message.Message):
+    """Asks for the pod's tokenizer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model whose tokenizer to describe; empty means the pod's model."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTokenizerRequest: _TypeAlias = GetTokenizerRequest  # noqa: Y015
+
+@_typing.final
+class GetTokenizerResponse(_message.Message):
+    """The pod's tokenizer, as data a client can run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    PIECES_FIELD_NUMBER: _builtins.int
+    HF_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model whose tokenizer this is."""
+    @_builtins.property
+    def pieces(self) -> Global___PieceTokenizer:
+        """A word-piece vocabulary with byte fallback (the simulator's)."""
+
+    @_builtins.property
+    def hf(self) -> Global___HfTokenizer:
+        """A Hugging Face tokenizer with a Jinja chat template (vLLM's)."""
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        pieces: Global___PieceTokenizer | None = ...,
+        hf: Global___HfTokenizer | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hf", b"hf", "pieces", b"pieces", "tokenizer", b"tokenizer"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hf", b"hf", "model", b"model", "pieces", b"pieces", "tokenizer", b"tokenizer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_tokenizer: _TypeAlias = _typing.Literal["pieces", "hf"]  # noqa: Y015
+    _WhichOneofArgType_tokenizer: _TypeAlias = _typing.Literal["tokenizer", b"tokenizer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_tokenizer) -> _WhichOneofReturnType_tokenizer | None: ...
+
+Global___GetTokenizerResponse: _TypeAlias = GetTokenizerResponse  # noqa: Y015
+
+@_typing.final
+class PieceTokenizer(_message.Message):
+    """A word-piece tokenizer with byte fallback. Text is split into the
+    matches of pattern (they partition it); a match that is a piece becomes
+    that piece's id, any other match one id per UTF-8 byte. A chat renders as
+    bos_id, then per message its role's id, its content and end_of_turn_id,
+    then (for a generation prompt) the assistant role's id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RoleIdsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PIECES_FIELD_NUMBER: _builtins.int
+    PIECE_OFFSET_FIELD_NUMBER: _builtins.int
+    BYTE_OFFSET_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    BOS_ID_FIELD_NUMBER: _builtins.int
+    END_OF_TURN_ID_FIELD_NUMBER: _builtins.int
+    ROLE_IDS_FIELD_NUMBER: _builtins.int
+    piece_offset: _builtins.int
+    """The id of the first piece."""
+    byte_offset: _builtins.int
+    """The id of byte 0x00; byte b has id byte_offset + b."""
+    pattern: _builtins.str
+    """The pre-tokenization regular expression (Python re syntax)."""
+    bos_id: _builtins.int
+    """The id that opens every prompt."""
+    end_of_turn_id: _builtins.int
+    """The id that closes every chat message."""
+    @_builtins.property
+    def pieces(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The vocabulary pieces; piece i has id piece_offset + i."""
+
+    @_builtins.property
+    def role_ids(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The id that opens a message, by role name ("system", "user", ...)."""
+
+    def __init__(
+        self,
+        *,
+        pieces: _abc.Iterable[_builtins.str] | None = ...,
+        piece_offset: _builtins.int = ...,
+        byte_offset: _builtins.int = ...,
+        pattern: _builtins.str = ...,
+        bos_id: _builtins.int = ...,
+        end_of_turn_id: _builtins.int = ...,
+        role_ids: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bos_id", b"bos_id", "byte_offset", b"byte_offset", "end_of_turn_id", b"end_of_turn_id", "pattern", b"pattern", "piece_offset", b"piece_offset", "pieces", b"pieces", "role_ids", b"role_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PieceTokenizer: _TypeAlias = PieceTokenizer  # noqa: Y015
+
+@_typing.final
+class HfTokenizer(_message.Message):
+    """A Hugging Face tokenizer and chat template. A chat renders as
+    transformers' apply_chat_template renders it (Jinja, sandboxed, trim_blocks
+    and lstrip_blocks on) into text, which is encoded without adding special
+    tokens.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class TemplateVariablesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TOKENIZER_JSON_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
+    TEMPLATE_VARIABLES_FIELD_NUMBER: _builtins.int
+    tokenizer_json: _builtins.str
+    """The tokenizer.json of the `tokenizers` library."""
+    chat_template: _builtins.str
+    """The Jinja chat template."""
+    @_builtins.property
+    def template_variables(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Variables the template may read besides messages and
+        add_generation_prompt: the special tokens (bos_token, eos_token, ...).
+        """
+
+    def __init__(
+        self,
+        *,
+        tokenizer_json: _builtins.str = ...,
+        chat_template: _builtins.str = ...,
+        template_variables: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat_template", b"chat_template", "template_variables", b"template_variables", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HfTokenizer: _TypeAlias = HfTokenizer  # noqa: Y015
+
+@_typing.final
 class GetEngineInfoRequest(_message.Message):
     """Asks for the pod's description."""
 

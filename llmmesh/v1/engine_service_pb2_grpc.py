@@ -51,6 +51,11 @@ class EngineServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.GetTokenizer = channel.unary_unary(
+                '/llmmesh.v1.EngineService/GetTokenizer',
+                request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerResponse.FromString,
+                _registered_method=True)
         self.GetEngineInfo = channel.unary_unary(
                 '/llmmesh.v1.EngineService/GetEngineInfo',
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GetEngineInfoRequest.SerializeToString,
@@ -103,6 +108,16 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTokenizer(self, request, context):
+        """Describes the pod's tokenizer and chat template, so a client can
+        tokenize chat prompts itself exactly as Tokenize would, without a call
+        per prompt. A pod that cannot describe its tokenizer leaves the
+        description unset: the client then keeps calling Tokenize.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetEngineInfo(self, request, context):
         """Describes the pod: model, backend, context window, KV block size.
         """
@@ -149,6 +164,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.TokenizeRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'GetTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTokenizer,
+                    request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerResponse.SerializeToString,
             ),
             'GetEngineInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEngineInfo,
@@ -254,6 +274,33 @@ class EngineService:
             '/llmmesh.v1.EngineService/Tokenize',
             llmmesh_dot_v1_dot_engine__service__pb2.TokenizeRequest.SerializeToString,
             llmmesh_dot_v1_dot_engine__service__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.EngineService/GetTokenizer',
+            llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerRequest.SerializeToString,
+            llmmesh_dot_v1_dot_engine__service__pb2.GetTokenizerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,12 @@ class EngineServiceStub:
     """
     Tokenize: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.TokenizeRequest, _engine_service_pb2.TokenizeResponse]
     """Tokenizes text or chat messages exactly as a generation would."""
+    GetTokenizer: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.GetTokenizerRequest, _engine_service_pb2.GetTokenizerResponse]
+    """Describes the pod's tokenizer and chat template, so a client can
+    tokenize chat prompts itself exactly as Tokenize would, without a call
+    per prompt. A pod that cannot describe its tokenizer leaves the
+    description unset: the client then keeps calling Tokenize.
+    """
     GetEngineInfo: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.GetEngineInfoRequest, _engine_service_pb2.GetEngineInfoResponse]
     """Describes the pod: model, backend, context window, KV block size."""
     GetLoad: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.GetLoadRequest, _engine_service_pb2.GetLoadResponse]
@@ -77,6 +83,12 @@ class EngineServiceAsyncStub(EngineServiceStub):
     """
     Tokenize: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.TokenizeRequest, _engine_service_pb2.TokenizeResponse]  # type: ignore[assignment]
     """Tokenizes text or chat messages exactly as a generation would."""
+    GetTokenizer: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.GetTokenizerRequest, _engine_service_pb2.GetTokenizerResponse]  # type: ignore[assignment]
+    """Describes the pod's tokenizer and chat template, so a client can
+    tokenize chat prompts itself exactly as Tokenize would, without a call
+    per prompt. A pod that cannot describe its tokenizer leaves the
+    description unset: the client then keeps calling Tokenize.
+    """
     GetEngineInfo: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.GetEngineInfoRequest, _engine_service_pb2.GetEngineInfoResponse]  # type: ignore[assignment]
     """Describes the pod: model, backend, context window, KV block size."""
     GetLoad: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.GetLoadRequest, _engine_service_pb2.GetLoadResponse]  # type: ignore[assignment]
@@ -122,6 +134,18 @@ class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_engine_service_pb2.TokenizeResponse, _abc.Awaitable[_engine_service_pb2.TokenizeResponse]]:
         """Tokenizes text or chat messages exactly as a generation would."""
+
+    @_abc_1.abstractmethod
+    def GetTokenizer(
+        self,
+        request: _engine_service_pb2.GetTokenizerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_engine_service_pb2.GetTokenizerResponse, _abc.Awaitable[_engine_service_pb2.GetTokenizerResponse]]:
+        """Describes the pod's tokenizer and chat template, so a client can
+        tokenize chat prompts itself exactly as Tokenize would, without a call
+        per prompt. A pod that cannot describe its tokenizer leaves the
+        description unset: the client then keeps calling Tokenize.
+        """
 
     @_abc_1.abstractmethod
     def GetEngineInfo(

@@ -136,12 +136,6 @@ def test_a_global_plane_outage_loses_no_usage_record(global_outage: dict[str, An
     assert report["time_to_exclude_s"] is None and report["time_to_return_s"] is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the edge does not serve through a global-plane outage: it authenticates (5 s cache) and "
-    "routes (no cache) every turn at the global plane, so turns fail with global_plane_unavailable "
-    "once the outage outlasts both",
-)
 def test_a_global_plane_outage_fails_no_turn(global_outage: dict[str, Any]) -> None:
     assert global_outage["turns_failed_clearly"] == 0, global_outage["errors"]
 

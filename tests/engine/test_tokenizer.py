@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from engine.sim.tokenizer import SimTokenizer
 from engine.sim.vocabulary import SPECIAL_TOKENS, VOCAB_SIZE, WORDS
+from llmmesh.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec, tokenizer_response, tokenizer_spec
 
 TOKENIZER = SimTokenizer()
 valid_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200)
@@ -72,3 +73,17 @@ def test_unknown_role_is_rejected() -> None:
 def test_decode_rejects_ids_outside_the_vocabulary() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
         TOKENIZER.decode([VOCAB_SIZE])
+
+
+PUBLISHED = tokenizer_spec(tokenizer_response("llmmesh-tiny", TOKENIZER.spec))
+roles = st.sampled_from(["system", "user", "assistant", "developer", "tool"])
+
+
+@given(st.lists(st.tuples(roles, valid_text), max_size=5), st.booleans())
+def test_the_published_spec_renders_chats_as_the_simulator_does(
+    turns: list[tuple[str, str]], add_generation_prompt: bool
+) -> None:
+    assert isinstance(PUBLISHED, PieceTokenizerSpec)
+    assert PieceTokenizer(PUBLISHED).render_chat(turns, add_generation_prompt) == TOKENIZER.render_chat(
+        turns, add_generation_prompt
+    )

@@ -1,24 +1,16 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from globalplane.policy_records import Tenant
 from globalplane.region_directory import GeoPoint, LocationHint, RegionDirectory, RegionHealth, RegionReport
-from globalplane.tiers import TenantTier
 from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
 from tests.globalplane.manual_clock import ManualClock
 
 PARIS = GeoPoint(48.86, 2.35)
 FRANKFURT = GeoPoint(50.11, 8.68)
 DUBLIN = GeoPoint(53.35, -6.26)
-
-
-def _tenant(zone: str = "eu") -> Tenant:
-    return Tenant("ten_1", "acme", zone, TenantTier.PRO, datetime(2031, 1, 1, tzinfo=UTC))
 
 
 def _report(
@@ -34,7 +26,7 @@ def _report(
 
 
 def _names(directory: RegionDirectory, **kw: str) -> list[str]:
-    return [s.report.region for s in directory.route(_tenant(), **kw)]
+    return [s.report.region for s in directory.route("eu", **kw)]
 
 
 @pytest.fixture
@@ -88,7 +80,7 @@ def test_model_filter(directory: RegionDirectory) -> None:
     directory.heartbeat(_report("eu-south", models=("big",)))
     assert _names(directory, model="big") == ["eu-south"]
     with pytest.raises(FailedPrecondition) as info:
-        directory.route(_tenant(), model="none")
+        directory.route("eu", model="none")
     assert info.value.reason == Reason.NO_REGION_IN_ZONE
     assert info.value.metadata["zone"] == "eu"
 
@@ -104,11 +96,32 @@ def test_missed_heartbeats_mark_a_region_down(directory: RegionDirectory, clock:
     assert status is not None
     assert status.effective_health == RegionHealth.DOWN
     assert _names(directory) == ["eu-central"]
-    clock.advance(seconds=3)
+    # The eu regions fall silent while the directory still hears from us-east.
+    for _ in range(3):
+        clock.advance(seconds=1)
+        directory.heartbeat(_report("us-east", zone="us"))
     with pytest.raises(FailedPrecondition) as info:
-        directory.route(_tenant())
+        directory.route("eu")
     assert info.value.reason == Reason.NO_REGION_IN_ZONE
     assert "zone 'eu'" in info.value.message
+
+
+def test_a_directory_that_hears_from_no_region_keeps_their_last_health(
+    directory: RegionDirectory, clock: ManualClock
+) -> None:
+    # The global plane was cut off (or paused): every region is silent at once.
+    clock.advance(seconds=60)
+    assert _names(directory) == ["eu-central", "eu-west"]
+    # Heartbeats resume: every region gets a full down_after to report in.
+    directory.heartbeat(_report("eu-central", location=FRANKFURT))
+    assert _names(directory) == ["eu-central", "eu-west"]
+    clock.advance(milliseconds=2999)
+    directory.heartbeat(_report("eu-central", location=FRANKFURT))
+    assert _names(directory) == ["eu-central", "eu-west"]
+    clock.advance(milliseconds=1)
+    assert _names(directory) == ["eu-central"]
+    status = directory.status("us-east")
+    assert status is not None and status.effective_health == RegionHealth.DOWN
 
 
 def test_a_region_never_changes_zone(directory: RegionDirectory) -> None:
@@ -180,10 +193,10 @@ def test_property_route_never_leaves_the_zone(
     }
     if not expected:
         with pytest.raises(FailedPrecondition) as info:
-            directory.route(_tenant(zone), model="m", location_hint=hint, preferred_region=preferred)
+            directory.route(zone, model="m", location_hint=hint, preferred_region=preferred)
         assert info.value.reason == Reason.NO_REGION_IN_ZONE
         return
-    routed = directory.route(_tenant(zone), model="m", location_hint=hint, preferred_region=preferred)
+    routed = directory.route(zone, model="m", location_hint=hint, preferred_region=preferred)
     names = [s.report.region for s in routed]
     assert all(s.report.zone == zone for s in routed)
     assert set(names) == expected

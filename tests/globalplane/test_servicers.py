@@ -232,7 +232,13 @@ async def test_geo_routing(plane: GlobalPlane, channel: grpc.aio.Channel, clock:
     hint = await _fails(geo.Route(gpb.RouteRequest(tenant_id=dev.id, client_location_hint="north pole")))
     assert (hint.code, hint.metadata["param"]) == (grpc.StatusCode.INVALID_ARGUMENT, "client_location_hint")
 
-    clock.advance(seconds=3)
+    # eu-west falls silent while us-east keeps reporting.
+    us_east = gpb.RegionReport(
+        region="us-east", zone="us", chat_address="us-east:50051", health=common_pb2.HEALTH_STATE_SERVING
+    )
+    for _ in range(3):
+        clock.advance(seconds=1)
+        await geo.Heartbeat(gpb.HeartbeatRequest(report=us_east))
     listed = await geo.ListRegions(gpb.ListRegionsRequest(zone="eu"))
     assert [s.effective_health for s in listed.regions] == [common_pb2.HEALTH_STATE_DOWN]
     down = await _fails(geo.Route(gpb.RouteRequest(tenant_id=dev.id)))

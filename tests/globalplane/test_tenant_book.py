@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from sqlalchemy.engine import Connection
 
 from globalplane.policy_records import TenantUpdate
 from globalplane.store import GlobalStore
@@ -164,3 +167,35 @@ async def test_snapshot_covers_one_zone_and_versions_every_change(book: TenantBo
     assert second.keys[0].revoke_time is not None
     await book.update_tenant(eu.id, TenantUpdate(rpm_limit=10))
     assert (await book.snapshot("eu")).version > second.version
+
+
+@pytest.mark.asyncio
+async def test_zone_of_an_id_is_looked_up_once(
+    book: TenantBook, store: GlobalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = await book.create_tenant("acme", "eu", TenantTier.PRO)
+    calls = 0
+    transaction = store.transaction
+
+    async def counting(work: Callable[[Connection], Any]) -> Any:
+        nonlocal calls
+        calls += 1
+        return await transaction(work)
+
+    monkeypatch.setattr(store, "transaction", counting)
+    assert [await book.zone_of(tenant.id) for _ in range(3)] == ["eu"] * 3
+    assert calls == 1
+    # A name may come to mean another tenant, so it is asked every time.
+    assert await book.zone_of("acme") == "eu"
+    await book.update_tenant(tenant.id, TenantUpdate(name="acme-old"))
+    other = await book.create_tenant("acme", "us", TenantTier.PRO)
+    assert await book.zone_of("acme") == "us" == await book.zone_of(other.id)
+    assert await book.zone_of(tenant.id) == "eu"
+
+
+@pytest.mark.asyncio
+async def test_zone_of_an_unknown_tenant_is_not_found_every_time(book: TenantBook) -> None:
+    for _ in range(2):
+        with pytest.raises(NotFound) as info:
+            await book.zone_of("ten_nobody")
+        assert info.value.reason == Reason.TENANT_NOT_FOUND

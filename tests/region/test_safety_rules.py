@@ -8,7 +8,17 @@ from hypothesis import strategies as st
 
 from region.safety import OPENAI_CATEGORIES, RulesBackend, luhn_valid
 from region.safety.config import parse_categories, parse_term_lists
-from region.safety.rules import OFFLOAD_CHARS, card_hold
+from region.safety.partial import normalise
+from region.safety.rules import (
+    _EMAIL,
+    _NATIONAL_IDS,
+    _PHONES,
+    OFFLOAD_CHARS,
+    _any_term_pattern,
+    _term_pattern,
+    card_hold,
+    contains_card_number,
+)
 from region.safety.verdict import Verdict
 from tests.region.safety_texts import matches, rules, texts
 
@@ -307,3 +317,54 @@ def test_hold_from_is_never_later_than_a_match_still_to_come(text: str, data: st
     for start, _ in matches(text, since):
         if start < cut:
             assert offset <= start
+
+
+term_words = st.sampled_from(
+    ["forb", "forbidden", "phrase", "ass", "assassin", "I", "i", "\u017f", "é", "a.b", "日本"]
+)
+odd_text = st.lists(
+    st.sampled_from(
+        [
+            "forbidden",
+            "phrase",
+            "ass",
+            "assassin",
+            "I",
+            "\u0131",
+            "\u0130",
+            "s",
+            "\u017f",
+            "é",
+            "e\u0301",
+            "a.b",
+            "日本",
+        ]
+    )
+    | st.sampled_from([" ", "  ", "\n", "\t", "-", "_", "."]),
+    max_size=12,
+).map("".join)
+
+
+@given(st.lists(st.lists(term_words, min_size=1, max_size=3).map(" ".join), min_size=1, max_size=6), odd_text)
+def test_one_search_for_any_term_finds_what_the_per_category_searches_find(
+    terms: list[str], text: str
+) -> None:
+    combined = _any_term_pattern(terms)
+    assert combined is not None
+    each = [pattern for term in terms if (pattern := _term_pattern([term])) is not None]
+    assert (combined.search(text) is not None) == any(p.search(text) for p in each)
+
+
+@given(texts())
+def test_the_fast_paths_change_no_verdict(text: str) -> None:
+    """Reference: every detector on every text, as classify ran before its shortcuts."""
+    backend = RulesBackend(deny_terms={"violence": ["forbidden phrase"]})
+    normal = normalise(text)
+    expected = {category for category, pattern in backend._terms if pattern.search(normal)}
+    if (
+        contains_card_number(normal)
+        or _EMAIL.search(normal)
+        or any(p.search(normal) for p in (*_PHONES, *_NATIONAL_IDS))
+    ):
+        expected.add("pii")
+    assert set(backend.classify(text, kind="output").categories) == expected

@@ -248,3 +248,38 @@ async def test_the_background_task_ships_rows_recorded_while_it_runs(tmp_path: P
         assert await ships.pending() == 0
     finally:
         store.dispose()
+
+
+async def test_turns_ending_together_ship_in_one_batch(tmp_path: Path) -> None:
+    fake = FakeBilling()
+    store = await open_store(tmp_path)
+    try:
+        async with billing_stub(fake) as stub:
+            ids = await record_turns(store, 1, prefix="earlier")
+            ships = UsageShipper(store, stub, 4, idle_poll_s=60.0, linger_s=60.0)
+            ships.start()  # ships what was left at once
+            await eventually(lambda: fake.calls == 1, "the leftover row shipped")
+            ids += await record_turns(store, 3)
+            for _ in range(3):
+                ships.notify()
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+            assert fake.calls == 1  # lingering for more rows
+            ids += await record_turns(store, 1, prefix="last")
+            ships.notify()  # a full batch ships without waiting out the linger
+            await eventually(lambda: len(fake.billed) == 5, "the full batch shipped")
+            assert fake.calls == 2
+            await ships.close()
+        assert fake.billed == Counter(ids)
+    finally:
+        store.dispose()
+
+
+async def test_a_negative_linger_is_refused(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    try:
+        async with billing_stub(FakeBilling()) as stub:
+            with pytest.raises(ValueError, match="linger_s"):
+                UsageShipper(store, stub, linger_s=-1)
+    finally:
+        store.dispose()

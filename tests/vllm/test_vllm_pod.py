@@ -19,11 +19,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.chat_tokenizer import chat_role_name, tokenizer_spec
 from llmmesh.errors import from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
+from region.tokenizer_client import local_tokenizer
 from tests.vllm.conftest import VllmPod
 
 pytestmark = pytest.mark.vllm
@@ -259,6 +261,31 @@ async def test_bad_input_is_invalid_argument_and_the_pod_keeps_serving(
     assert from_rpc_error(caught.value).reason == reason
     ok = await stream(stub, start("after-bad", prompt_token_ids=[5, 6, 7], sampling=sampling(2)))
     assert ok.finished is not None and len(ok.token_ids) == 2
+
+
+@pytest.mark.asyncio
+async def test_the_published_tokenizer_gives_the_pods_own_ids(stub: pb_grpc.EngineServiceStub) -> None:
+    described: pb.GetTokenizerResponse = await stub.GetTokenizer(pb.GetTokenizerRequest())
+    local = local_tokenizer(tokenizer_spec(described))
+    assert described.WhichOneof("tokenizer") == "hf" and local is not None
+    chats = [
+        chat((common.CHAT_ROLE_USER, "hello")),
+        chat(
+            (common.CHAT_ROLE_SYSTEM, SYSTEM_PROMPT), (common.CHAT_ROLE_USER, "Über the sea? 42 <|im_end|>")
+        ),
+        chat(
+            (common.CHAT_ROLE_USER, "one\n\ntwo"),
+            (common.CHAT_ROLE_ASSISTANT, "  three  "),
+            (common.CHAT_ROLE_TOOL, '{"x": [1, 2]}'),
+        ),
+    ]
+    for messages in chats:
+        for opener in (True, False):
+            pods: pb.TokenizeResponse = await stub.Tokenize(
+                pb.TokenizeRequest(messages=messages, add_generation_prompt=opener)
+            )
+            turns = [(chat_role_name(m.role), m.content) for m in messages]
+            assert local.render_chat(turns, opener) == list(pods.token_ids)
 
 
 @pytest.mark.asyncio
