@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
+from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import (
     billing_service_pb2,
@@ -110,21 +111,27 @@ class MeshClient:
         self._outage_grace_s = outage_grace_s
         # The last answer of each route call, kept for global-plane outages.
         self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}
+        self.outage = OutageGate(clock=clock)
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
         hit = self._auth_cache.get(secret)
         if hit is not None and self._clock() - hit[0] < self._auth_cache_s:
             return hit[1]
+        stale = hit is not None and self._clock() - hit[0] < self._outage_grace_s
+        if hit is not None and stale and self.outage.skip():
+            return hit[1]
         try:
             resp = await self.policy.AuthenticateKey(
-                policy_service_pb2.AuthenticateKeyRequest(secret=secret), timeout=5.0
+                policy_service_pb2.AuthenticateKeyRequest(secret=secret),
+                timeout=PROBE_TIMEOUT_S if stale else 5.0,
             )
         except grpc.aio.AioRpcError as err:
-            error = _global_error(err)
+            error = self._global_failure(err)
             if hit is not None and self._usable_in_outage(error, hit[0]):
                 return hit[1]
             raise error from err
+        self.outage.answered()
         principal = Principal(secret=secret, tenant=resp.tenant, key_id=resp.key_id)
         self._auth_cache[secret] = (self._clock(), principal)
         return principal
@@ -150,17 +157,27 @@ class MeshClient:
     ) -> list[geo_routing_service_pb2.RegionStatus]:
         """``Route``; while the global plane is unreachable, the last answer to
         the same question if it is younger than the outage grace."""
+        last = self._last_routes.get(key)
+        stale = last is not None and self._clock() - last[0] < self._outage_grace_s
+        if last is not None and stale and self.outage.skip():
+            return last[1]
         try:
-            resp = await self.geo.Route(request, timeout=5.0)
+            resp = await self.geo.Route(request, timeout=PROBE_TIMEOUT_S if stale else 5.0)
         except grpc.aio.AioRpcError as err:
-            error = _global_error(err)
-            last = self._last_routes.get(key)
+            error = self._global_failure(err)
             if last is not None and self._usable_in_outage(error, last[0]):
                 return last[1]
             raise error from err
+        self.outage.answered()
         regions = list(resp.regions)
         self._last_routes[key] = (self._clock(), regions)
         return regions
+
+    def _global_failure(self, err: grpc.aio.AioRpcError) -> MeshError:
+        error = _global_error(err)
+        if error.reason == Reason.GLOBAL_PLANE_UNAVAILABLE:
+            self.outage.failed()
+        return error
 
     def _usable_in_outage(self, error: MeshError, answered_at: float) -> bool:
         return (

@@ -13,6 +13,7 @@ import grpc
 import grpc.aio
 
 from llmmesh.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -31,6 +32,7 @@ class ModelResolver:
         self._ttl_s = ttl_s
         self._clock = clock
         self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
+        self.outage = OutageGate(clock=clock)
 
     async def resolve(self, name: str, tier: common_pb2.Tier.ValueType) -> model_registry_service_pb2.Model:
         """The model ``name`` means for ``tier``; raises the registry's MeshError
@@ -40,18 +42,23 @@ class ModelResolver:
         hit = self._cache.get(key)
         if hit is not None and self._clock() - hit[0] < self._ttl_s:
             return hit[1]
+        if hit is not None and self.outage.skip():
+            return hit[1]
         try:
             resp = await self._stub.ResolveModel(
-                model_registry_service_pb2.ResolveModelRequest(name=key[0], tenant_tier=tier), timeout=5.0
+                model_registry_service_pb2.ResolveModelRequest(name=key[0], tenant_tier=tier),
+                timeout=PROBE_TIMEOUT_S if hit is not None else 5.0,
             )
         except grpc.aio.AioRpcError as err:
             if err.code() not in _UNREACHABLE:
                 raise from_rpc_error(err) from err
+            self.outage.failed()
             if hit is not None:
                 return hit[1]
             raise Unavailable(
                 Reason.GLOBAL_PLANE_UNAVAILABLE, "the model registry is unreachable", retry_after_s=1.0
             ) from err
+        self.outage.answered()
         model: model_registry_service_pb2.Model = resp.model
         self._cache[key] = (self._clock(), model)
         return model

@@ -93,6 +93,7 @@ class QuotaLedger:
         # When billing was last asked per tenant, answered or not: an
         # unreachable global plane is asked once per refresh, not per turn.
         self._attempted: dict[str, float] = {}
+        self._refreshing: set[asyncio.Task[None]] = set()
 
     async def used(self, tenant_id: str) -> int:
         """The tenant's month-to-date tokens, running turns included."""
@@ -142,19 +143,34 @@ class QuotaLedger:
         if attempted is not None and self._clock() - attempted < self._refresh_s:
             billed = self._billed.get(tenant_id)
             return billed if billed is not None and billed.period == period else None
+        known = self._billed.get(tenant_id)
+        if known is not None and known.period == period:
+            # Refresh in the background and answer with the last total (rows
+            # shipped since are counted locally): a slow or unreachable
+            # billing service never holds up a turn that has a total to go on.
+            if tenant_id not in self._reading:
+                self._attempted[tenant_id] = self._clock()  # one refresh at a time
+                task = asyncio.create_task(self._read_once(tenant_id, period))
+                self._refreshing.add(task)
+                task.add_done_callback(self._refreshing.discard)
+            return known
         reading = self._reading.get(tenant_id)
         if reading is None:
-            reading = asyncio.get_running_loop().create_future()
-            self._reading[tenant_id] = reading
-            try:
-                await self._read(tenant_id, period)
-            finally:
-                del self._reading[tenant_id]
-                reading.set_result(None)
+            await self._read_once(tenant_id, period)
         else:
             await asyncio.shield(reading)
         billed = self._billed.get(tenant_id)
         return billed if billed is not None and billed.period == period else None
+
+    async def _read_once(self, tenant_id: str, period: str) -> None:
+        """One read of a tenant's billed total; concurrent askers share it."""
+        reading: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reading[tenant_id] = reading
+        try:
+            await self._read(tenant_id, period)
+        finally:
+            del self._reading[tenant_id]
+            reading.set_result(None)
 
     async def _read(self, tenant_id: str, period: str) -> None:
         asked_at = self._wall_clock()
