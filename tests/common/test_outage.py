@@ -21,7 +21,7 @@ def test_callers_ask_until_a_failure_then_one_probes_per_interval() -> None:
     gate = OutageGate(probe_s=2.0, clock=clock)
     assert not gate.skip() and not gate.skip()  # up: everyone asks
     gate.failed()
-    assert gate.down
+    assert [gate.down] == [True]
     assert gate.skip() and gate.skip()  # down: stale answers, no waiting
     clock.now += 2.0
     assert not gate.skip()  # this caller probes
