@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from engine.sim.backend import SimBackend
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from region.zone_store import schema
+from tests.edge.sse import Event, events_of
 from tests.multiregion import MultiRegionMesh, RegionSpec, running_multiregion
 from tests.stack import wait_until
 
@@ -73,31 +73,6 @@ def body(*, stream: bool = True) -> dict[str, Any]:
 
 def auth(secret: str, **extra: str) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}", **extra}
-
-
-@dataclass(frozen=True)
-class Event:
-    """One SSE event as a client sees it."""
-
-    id: int | None
-    data: str
-
-    def json(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.data)
-        return value
-
-
-async def events_of(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
-    event_id: int | None = None
-    data: list[str] = []
-    async for line in lines:
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("data: "):
-            data.append(line[6:])
-        elif not line and data:
-            yield Event(event_id, "".join(data))
-            event_id, data = None, []
 
 
 @dataclass

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 
 import httpx
 import pytest
 
 from globalplane.region_directory import RegionHealth
+from tests.edge.sse import Event, parse_events
 from tests.stack import DEV_KEY, Stack, wait_until
 
 pytestmark = pytest.mark.asyncio
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 10}
-
-
-def sse_events(text: str) -> list[tuple[int | None, str]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        event_id, data = None, ""
-        for line in block.splitlines():
-            if line.startswith("id: "):
-                event_id = int(line[4:])
-            elif line.startswith("data: "):
-                data = line[6:]
-        events.append((event_id, data))
-    return events
 
 
 async def test_stream_ids_are_increasing_and_end_with_done(http: httpx.AsyncClient) -> None:
@@ -38,12 +25,12 @@ async def test_stream_ids_are_increasing_and_end_with_done(http: httpx.AsyncClie
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/event-stream")
     assert resp.headers["x-llmmesh-region"] == "us-east"
-    events = sse_events(resp.text)
-    assert events[-1] == (None, "[DONE]")
-    ids = [i for i, _ in events[:-1] if i is not None]
+    events = parse_events(resp.text)
+    assert events[-1] == Event(None, "[DONE]")
+    ids = [e.id for e in events[:-1] if e.id is not None]
     assert len(ids) == len(events) - 1
     assert ids == sorted(set(ids))
-    chunks = [json.loads(d) for _, d in events[:-1]]
+    chunks = [e.json() for e in events[:-1]]
     assert {c["id"] for c in chunks} == {resp.headers["x-request-id"]}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
     assert all(c["usage"] is None for c in chunks[:-1])

@@ -8,7 +8,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +20,7 @@ from edge.server import EdgeServer, start_edge
 from edge.settings import EdgeSettings
 from edge.stream_log import EventsGone, InProcessStreamLog, LogEntry, StreamInfo
 from engine.sim.backend import SimBackend
+from tests.edge.sse import Event, parse_events
 from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -35,31 +35,6 @@ SLOW_POD: dict[str, Any] = {"sim_inter_token_s": 0.02}
 # only once what follows has been checked with it): each comes as a delta.
 STALLED_POD: dict[str, Any] = {"sim_stall_after_tokens": 3}
 UNFILTERED = {"safety_backends": "none"}
-
-
-@dataclass(frozen=True)
-class Event:
-    """One SSE event as a client sees it."""
-
-    id: int | None
-    data: str
-
-    def json(self) -> dict[str, Any]:
-        value: dict[str, Any] = json.loads(self.data)
-        return value
-
-
-def parse_events(text: str) -> list[Event]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        event_id, data = None, ""
-        for line in block.splitlines():
-            if line.startswith("id: "):
-                event_id = int(line[4:])
-            elif line.startswith("data: "):
-                data = line[6:]
-        events.append(Event(event_id, data))
-    return events
 
 
 def content(events: list[Event]) -> list[tuple[int | None, str]]:
