@@ -10,7 +10,9 @@ second, so a region that comes back is reached as soon as it is routed to.
 
 Keys and routes are remembered: a key for ``auth_cache_s``, a tenant's route
 for ``route_cache_s`` (:class:`edge.route_cache.RouteCache`), so a turn does
-not ask the global plane twice. While the global plane is unreachable, the
+not ask the global plane twice. Both are refreshed in the background once
+past half their time (:mod:`llmmesh.refresh`): steady traffic never waits on
+the global plane. While the global plane is unreachable, the
 last answers younger than ``outage_grace_s`` are still used (bounded
 staleness, as the regions serve on their cached policy snapshot): the mesh
 keeps serving known keys through a global-plane outage, and a key revoked
@@ -33,6 +35,7 @@ from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.pages import collect_pages
+from llmmesh.refresh import BackgroundRefresh, refresh_due
 from llmmesh.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
@@ -112,12 +115,23 @@ class MeshClient:
         # The last answer of each route call, kept for global-plane outages.
         self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}
         self.outage = OutageGate(clock=clock)
+        self._refresh = BackgroundRefresh("edge keys")
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
         hit = self._auth_cache.get(secret)
-        if hit is not None and self._clock() - hit[0] < self._auth_cache_s:
-            return hit[1]
+        if hit is not None:
+            age = self._clock() - hit[0]
+            if age < self._auth_cache_s:
+                if refresh_due(age, self._auth_cache_s) and not self.outage.down:
+                    self._refresh.start(secret, lambda: self._ask_key(secret, hit))
+                return hit[1]
+        return await self._ask_key(secret, hit)
+
+    async def _ask_key(self, secret: str, hit: tuple[float, Principal] | None) -> Principal:
+        """``AuthenticateKey``, remembered; while the global plane is
+        unreachable, ``hit`` if it is younger than the outage grace. A key the
+        global plane refuses is forgotten at once."""
         stale = hit is not None and self._clock() - hit[0] < self._outage_grace_s
         if hit is not None and stale and self.outage.skip():
             return hit[1]
@@ -130,6 +144,8 @@ class MeshClient:
             error = self._global_failure(err)
             if hit is not None and self._usable_in_outage(error, hit[0]):
                 return hit[1]
+            if error.reason != Reason.GLOBAL_PLANE_UNAVAILABLE:
+                self._auth_cache.pop(secret, None)
             raise error from err
         self.outage.answered()
         principal = Principal(secret=secret, tenant=resp.tenant, key_id=resp.key_id)
@@ -264,6 +280,8 @@ class MeshClient:
         return chat_service_pb2_grpc.ChatServiceStub(channel)
 
     async def close(self) -> None:
+        await self._refresh.close()
+        await self._routes.close()
         for channel in self._regions.values():
             await channel.close()
         await self._global.close()

@@ -8,8 +8,10 @@ good as a fresh one. :class:`RouteCache` keeps each (tenant, model) route for
 ``ttl_s`` and forgets it earlier when told: all routes through a region that
 failed (:meth:`RouteCache.invalidate_region`), or a tenant's routes
 (:meth:`RouteCache.invalidate_tenant`). Concurrent misses of one key share one
-``Route`` call. Errors are never remembered: a tenant whose zone has no
-region now is asked again on its next turn.
+``Route`` call. A turn that finds its route past half its TTL uses it and
+asks for a fresh one in the background (:mod:`llmmesh.refresh`), so steady
+traffic never waits on geo-routing. Errors are never remembered: a tenant
+whose zone has no region now is asked again on its next turn.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from llmmesh.refresh import refresh_due
 from llmmesh.v1 import geo_routing_service_pb2
 
 Route = tuple[geo_routing_service_pb2.RegionStatus, ...]
@@ -31,7 +34,7 @@ FetchRoute = Callable[[], Awaitable[Sequence[geo_routing_service_pb2.RegionStatu
 @dataclass(frozen=True)
 class _Entry:
     route: Route
-    expires: float
+    fetched_at: float
     regions: frozenset[str]
 
 
@@ -56,6 +59,7 @@ class RouteCache:
         self._epoch = 0
         self.hits = 0
         self.misses = 0
+        self.refreshes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,7 +70,7 @@ class RouteCache:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if self._clock() >= entry.expires:
+        if self._clock() - entry.fetched_at >= self._ttl_s:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
@@ -77,7 +81,7 @@ class RouteCache:
         kept = tuple(route)
         key = (tenant_id, model)
         regions = frozenset(status.report.region for status in kept)
-        self._entries[key] = _Entry(kept, self._clock() + self._ttl_s, regions)
+        self._entries[key] = _Entry(kept, self._clock(), regions)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
@@ -88,20 +92,27 @@ class RouteCache:
 
         Concurrent misses of one key await one ``fetch``; its error reaches
         each of them and nothing is remembered. A caller cancelled while
-        waiting does not cancel the fetch the others wait for.
+        waiting does not cancel the fetch the others wait for. A hit past
+        half the TTL starts that fetch without waiting for it.
         """
+        key = (tenant_id, model)
         cached = self.get(tenant_id, model)
         if cached is not None:
             self.hits += 1
+            age = self._clock() - self._entries[key].fetched_at
+            if refresh_due(age, self._ttl_s) and key not in self._fetching:
+                self.refreshes += 1
+                self._start_fetch(key, fetch)
             return cached
         self.misses += 1
-        key = (tenant_id, model)
-        task = self._fetching.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._fetch(key, fetch, self._epoch))
-            self._fetching[key] = task
-            task.add_done_callback(lambda done: self._fetched(key, done))
+        task = self._fetching.get(key) or self._start_fetch(key, fetch)
         return await asyncio.shield(task)
+
+    def _start_fetch(self, key: tuple[str, str], fetch: FetchRoute) -> asyncio.Task[Route]:
+        task = asyncio.ensure_future(self._fetch(key, fetch, self._epoch))
+        self._fetching[key] = task
+        task.add_done_callback(lambda done: self._fetched(key, done))
+        return task
 
     async def _fetch(self, key: tuple[str, str], fetch: FetchRoute, epoch: int) -> Route:
         route = tuple(await fetch())
@@ -114,6 +125,13 @@ class RouteCache:
             del self._fetching[key]
         if not task.cancelled():
             task.exception()  # retrieved here, so a fetch nobody awaits any more is not reported as lost
+
+    async def close(self) -> None:
+        """Cancel the fetches still running (a refresh nobody waits for included)."""
+        tasks = list(self._fetching.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def invalidate(self, tenant_id: str, model: str) -> None:
         """Forget one route."""

@@ -1,7 +1,9 @@
 """Model resolution through ModelRegistryService, cached per name and tier.
 
 A cached answer keeps a plane serving known models while the registry is
-unreachable; only a never-seen name needs the global plane.
+unreachable; only a never-seen name needs the global plane. An answer past
+half its time to live is used and refreshed in the background
+(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import grpc.aio
 
 from llmmesh.errors import Reason, Unavailable, from_rpc_error
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
+from llmmesh.refresh import BackgroundRefresh, refresh_due
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -33,6 +36,7 @@ class ModelResolver:
         self._clock = clock
         self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
         self.outage = OutageGate(clock=clock)
+        self._refresh = BackgroundRefresh("model resolver")
 
     async def resolve(self, name: str, tier: common_pb2.Tier.ValueType) -> model_registry_service_pb2.Model:
         """The model ``name`` means for ``tier``; raises the registry's MeshError
@@ -40,8 +44,22 @@ class ModelResolver:
         and nothing is cached."""
         key = (name or "auto", int(tier))
         hit = self._cache.get(key)
-        if hit is not None and self._clock() - hit[0] < self._ttl_s:
-            return hit[1]
+        if hit is not None:
+            age = self._clock() - hit[0]
+            if age < self._ttl_s:
+                if refresh_due(age, self._ttl_s) and not self.outage.down:
+                    self._refresh.start(key, lambda: self._ask(key, tier, hit))
+                return hit[1]
+        return await self._ask(key, tier, hit)
+
+    async def _ask(
+        self,
+        key: tuple[str, int],
+        tier: common_pb2.Tier.ValueType,
+        hit: tuple[float, model_registry_service_pb2.Model] | None,
+    ) -> model_registry_service_pb2.Model:
+        """``ResolveModel``, remembered; ``hit`` while the registry is
+        unreachable. A name the registry no longer resolves is forgotten."""
         if hit is not None and self.outage.skip():
             return hit[1]
         try:
@@ -51,6 +69,7 @@ class ModelResolver:
             )
         except grpc.aio.AioRpcError as err:
             if err.code() not in _UNREACHABLE:
+                self._cache.pop(key, None)
                 raise from_rpc_error(err) from err
             self.outage.failed()
             if hit is not None:
@@ -62,3 +81,7 @@ class ModelResolver:
         model: model_registry_service_pb2.Model = resp.model
         self._cache[key] = (self._clock(), model)
         return model
+
+    async def close(self) -> None:
+        """Cancel the background refreshes still running."""
+        await self._refresh.close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
+import grpc.aio
 import pytest
 
 from globalplane.server import start_global_plane
@@ -10,7 +13,7 @@ from globalplane.settings import GlobalSettings
 from llmmesh.errors import MeshError
 from llmmesh.grpcserver import open_channel
 from llmmesh.model_resolver import ModelResolver
-from llmmesh.v1 import common_pb2, model_registry_service_pb2_grpc
+from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,3 +40,59 @@ async def test_cached_answers_outlive_the_registry() -> None:
             grpc.StatusCode.UNAVAILABLE,
             "GLOBAL_PLANE_UNAVAILABLE",
         )
+
+
+class CountingRegistry:
+    """Resolves every name to a model of that name, counting calls; fails
+    with ``error`` when one is set."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.error: grpc.StatusCode | None = None
+
+    async def ResolveModel(
+        self, request: model_registry_service_pb2.ResolveModelRequest, **options: float
+    ) -> model_registry_service_pb2.ResolveModelResponse:
+        self.calls += 1
+        if self.error is not None:
+            raise grpc.aio.AioRpcError(self.error, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
+        return model_registry_service_pb2.ResolveModelResponse(
+            model=model_registry_service_pb2.Model(name=f"{request.name}-v{self.calls}")
+        )
+
+
+async def test_an_answer_past_half_its_ttl_is_used_and_refreshed_in_the_background() -> None:
+    now = [0.0]
+    registry = CountingRegistry()
+    resolver = ModelResolver(registry, ttl_s=30, clock=lambda: now[0])  # type: ignore[arg-type]
+    try:
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        now[0] = 10.0
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        assert registry.calls == 1
+        now[0] = 20.0  # past half: the old answer now, a fresh one behind it
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        await asyncio.sleep(0)
+        assert registry.calls == 2
+        now[0] = 40.0  # past the first answer's TTL, not the refreshed one's
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v2"
+        assert registry.calls == 2
+    finally:
+        await resolver.close()
+
+
+async def test_a_model_the_registry_stops_resolving_is_forgotten() -> None:
+    now = [0.0]
+    registry = CountingRegistry()
+    resolver = ModelResolver(registry, ttl_s=30, clock=lambda: now[0])  # type: ignore[arg-type]
+    try:
+        await resolver.resolve("m", common_pb2.TIER_PRO)
+        registry.error = grpc.StatusCode.NOT_FOUND
+        now[0] = 16.0
+        await resolver.resolve("m", common_pb2.TIER_PRO)  # from memory; the refresh learns it is gone
+        await asyncio.sleep(0)
+        with pytest.raises(MeshError) as gone:
+            await resolver.resolve("m", common_pb2.TIER_PRO)
+        assert gone.value.code == grpc.StatusCode.NOT_FOUND
+    finally:
+        await resolver.close()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import grpc.aio
 import pytest
@@ -33,6 +35,7 @@ class FakeGlobal:
 
     def __init__(self) -> None:
         self.down = False
+        self.revoked = False
         self.calls = 0
 
     async def AuthenticateKey(
@@ -41,6 +44,10 @@ class FakeGlobal:
         self.calls += 1
         if self.down:
             raise unreachable()
+        if self.revoked:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), "key revoked"
+            )
         return policy_service_pb2.AuthenticateKeyResponse(
             tenant=policy_service_pb2.Tenant(id="t1", name="acme"), key_id="k1"
         )
@@ -104,5 +111,41 @@ async def test_keys_and_routes_outlive_a_global_plane_outage_for_the_grace_only(
         # Back: fresh answers again.
         fake.down = False
         assert (await mesh.authenticate("sk-1")).key_id == "k1"
+    finally:
+        await mesh.close()
+
+
+async def test_a_key_past_half_its_ttl_is_used_and_checked_again_in_the_background() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    try:
+        await mesh.authenticate("sk-1")
+        clock.now += 2.0
+        await mesh.authenticate("sk-1")
+        assert fake.calls == 1  # young: no call
+        clock.now += 1.0  # 3 s of 5: answered from memory, checked in the background
+        assert (await mesh.authenticate("sk-1")).key_id == "k1"
+        await asyncio.sleep(0)
+        assert fake.calls == 2
+        clock.now += 4.0  # 7 s after the first check, 4 s after the second: still fresh
+        await mesh.authenticate("sk-1")
+        await asyncio.sleep(0)
+        assert fake.calls == 3  # and past half its time again: one more background check
+    finally:
+        await mesh.close()
+
+
+async def test_a_key_revoked_meanwhile_is_refused_on_the_next_request() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    try:
+        await mesh.authenticate("sk-1")
+        fake.revoked = True
+        clock.now += 3.0
+        await mesh.authenticate("sk-1")  # from memory; the background check learns of the revocation
+        await asyncio.sleep(0)
+        with pytest.raises(MeshError) as refused:
+            await mesh.authenticate("sk-1")
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await mesh.close()

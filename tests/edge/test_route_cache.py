@@ -162,3 +162,62 @@ async def test_a_fetch_overtaken_by_an_invalidation_is_answered_but_not_kept() -
     fetch.gate.set()
     assert names(await waiting) == ["eu-west"]
     assert cache.get("t1", "m") is None
+
+
+@pytest.mark.asyncio
+async def test_a_route_past_half_its_ttl_is_used_and_refreshed_in_the_background() -> None:
+    clock = Clock()
+    cache = RouteCache(ttl_s=1.0, clock=clock)
+    fetch = Fetcher("eu-west")
+    await cache.route("t1", "m", fetch)
+    fetch.regions = ["eu-central"]
+    fetch.gate = asyncio.Event()
+    clock.now = 0.4
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    assert fetch.calls == 1  # young enough: no refresh
+    clock.now = 0.6
+    # Answered at once, from what it had, while the refresh waits at its gate.
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    await asyncio.sleep(0)
+    assert (fetch.calls, cache.refreshes) == (2, 1)  # one refresh, however many hits
+    fetch.gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    clock.now = 1.2  # the first answer would have expired; the refreshed one has not
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-central"]
+    assert (fetch.calls, cache.misses) == (2, 1)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_refresh_keeps_the_route_until_it_expires() -> None:
+    clock = Clock()
+    cache = RouteCache(ttl_s=1.0, clock=clock)
+    fetch = Fetcher("eu-west")
+    await cache.route("t1", "m", fetch)
+    fetch.error = LookupError("geo-routing is busy")
+    clock.now = 0.7
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    await asyncio.sleep(0)
+    assert names(cache.get("t1", "m")) == ["eu-west"]
+    clock.now = 1.0
+    with pytest.raises(LookupError):
+        await cache.route("t1", "m", fetch)
+
+
+@pytest.mark.asyncio
+async def test_closing_cancels_a_refresh_still_running() -> None:
+    clock = Clock()
+    cache = RouteCache(ttl_s=1.0, clock=clock)
+    fetch = Fetcher("eu-west")
+    await cache.route("t1", "m", fetch)
+    fetch.gate = asyncio.Event()
+    clock.now = 0.8
+    await cache.route("t1", "m", fetch)
+    await asyncio.sleep(0)
+    assert fetch.calls == 2
+    await cache.close()
+    fetch.gate.set()
+    await asyncio.sleep(0)
+    clock.now = 1.1  # the cancelled refresh stored nothing
+    assert cache.get("t1", "m") is None
