@@ -113,6 +113,7 @@ async def serve(settings: EngineSettings) -> None:
     stop = lifecycle.stop_event()
     pod = await start_engine(settings, on_crash=exit_process)
     try:
+        lifecycle.settle_heap()
         lifecycle.write_ready_file(
             settings.ready_file,
             {

@@ -130,6 +130,7 @@ async def serve(settings: GlobalSettings) -> None:
     """Run the global plane until SIGTERM or SIGINT, then drain."""
     stop = lifecycle.stop_event()
     plane = await start_global_plane(settings)
+    lifecycle.settle_heap()
     lifecycle.write_ready_file(settings.ready_file, {"address": plane.address})
     log.info("global plane serving on %s", plane.address)
     try:

@@ -261,6 +261,7 @@ async def serve(settings: RegionSettings) -> None:
     """Run a region until SIGTERM or SIGINT, then drain."""
     stop = lifecycle.stop_event()
     plane = await start_region(settings)
+    lifecycle.settle_heap()
     lifecycle.write_ready_file(
         settings.ready_file, {"address": plane.address, "region": settings.region, "zone": settings.zone}
     )
