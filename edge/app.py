@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge import metrics
 from edge.completions import CompletionsHandler, authenticate
@@ -146,7 +146,7 @@ class RequestCounter:
     """Pure ASGI middleware counting answered requests by route and status
     (no response wrapping, so streams and disconnects pass through as is)."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -7,8 +7,9 @@ sequence number, then come the finish chunk and, with ``include_usage``, the
 usage chunk. ``data: [DONE]`` has no id: it is the end marker, not an event.
 
 A reply the region's output filter blocked ends as OpenAI ends one: a finish
-chunk with ``finish_reason: "content_filter"``, then ``[DONE]``. Its choice
-also names the flagged categories as Azure OpenAI does,
+chunk with ``finish_reason: "content_filter"``, then ``[DONE]``; a whole
+``chat.completion`` has that finish reason on its choice. Either choice also
+names the flagged categories as Azure OpenAI does,
 ``"content_filter_results": {"violence": {"filtered": true}}``, a field the
 OpenAI SDKs keep as an extra without failing.
 """
@@ -19,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from llmmesh.v1 import common_pb2
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 DONE = b"data: [DONE]\n\n"
 
@@ -40,6 +41,19 @@ def usage_object(usage: common_pb2.TokenUsage) -> dict[str, object]:
         "total_tokens": usage.input_tokens + usage.output_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
     }
+
+
+def blocked_categories(safety: chat_service_pb2.SafetyVerdict | None) -> list[str]:
+    """The categories for which the output filter blocked a reply; none when
+    it did not block it (a flag alone does not stop a reply)."""
+    if safety is None or not safety.blocked:
+        return []
+    return list(safety.categories)
+
+
+def _add_filter_results(choice: dict[str, object], categories: Sequence[str]) -> None:
+    if categories:
+        choice["content_filter_results"] = {c: {"filtered": True} for c in categories}
 
 
 def sse_event(event_id: int, payload: dict[str, object]) -> bytes:
@@ -121,8 +135,7 @@ class ChunkStream:
             "logprobs": None,
             "finish_reason": FINISH_REASONS.get(reason, "stop"),
         }
-        if filtered_categories:
-            choice["content_filter_results"] = {c: {"filtered": True} for c in filtered_categories}
+        _add_filter_results(choice, filtered_categories)
         return self._event(self.last_id + 1, self._chunk([choice]))
 
     def usage(self, usage: common_pb2.TokenUsage) -> SseEvent:
@@ -143,21 +156,23 @@ def completion_object(
     text: str,
     reason: common_pb2.FinishReason.ValueType,
     usage: common_pb2.TokenUsage,
+    filtered_categories: Sequence[str] = (),
 ) -> dict[str, object]:
-    """A whole ``chat.completion``."""
+    """A whole ``chat.completion``; its choice names ``filtered_categories``
+    when a filter blocked the reply, as the streamed finish chunk does."""
+    choice: dict[str, object] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text, "refusal": None},
+        "logprobs": None,
+        "finish_reason": FINISH_REASONS.get(reason, "stop"),
+    }
+    _add_filter_results(choice, filtered_categories)
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": FINISH_REASONS.get(reason, "stop"),
-            }
-        ],
+        "choices": [choice],
         "usage": usage_object(usage),
     }

@@ -20,7 +20,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edge.chunks import ChunkStream, completion_object
+from edge.chunks import ChunkStream, blocked_categories, completion_object
 from edge.errors import OpenAIError
 from edge.failover import FailoverPolicy, FailoverTurn
 from edge.mesh_client import MeshClient, Principal
@@ -169,5 +169,7 @@ class CompletionsHandler:
             await cancel_and_wait(gone)
             await cancel_and_wait(text_task)
             turn.close()
-        body = completion_object(completion_id, created, model, text, turn.reason, turn.usage)
+        body = completion_object(
+            completion_id, created, model, text, turn.reason, turn.usage, blocked_categories(turn.safety)
+        )
         return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

@@ -23,16 +23,24 @@ from edge.openapi_components import INT, STRING, Schema, component_schemas, ref
 from edge.schemas import ChatCompletionRequest
 from llmmesh import __version__
 
+_REQUEST_ID: Schema = {
+    "description": "The client's own x-request-id when it sent a plain token"
+    " (at most 128 of A-Z a-z 0-9 . _ : -), else a fresh one.",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+}
+
 
 def _error(description: str) -> Schema:
     return {
         "description": description,
         "content": {"application/json": {"schema": ref("Error")}},
         "headers": {
+            "x-request-id": _REQUEST_ID,
             "retry-after": {
                 "description": "Seconds to wait before retrying (429 and 503).",
                 "schema": {"type": "string"},
-            }
+            },
         },
     }
 
@@ -73,7 +81,11 @@ _SSE: Schema = {
 
 
 def _json(description: str, schema: Schema) -> Schema:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+    return {
+        "description": description,
+        "headers": {"x-request-id": _REQUEST_ID},
+        "content": {"application/json": {"schema": schema}},
+    }
 
 
 def _turn_responses() -> dict[str, Schema]:

@@ -38,6 +38,11 @@ def _object(properties: dict[str, Schema]) -> Schema:
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
+def _with_optional(schema: Schema, **properties: Schema) -> Schema:
+    """``schema`` with ``properties`` that are present only sometimes."""
+    return {**schema, "properties": {**schema["properties"], **properties}}
+
+
 def ref(name: str) -> Schema:
     """A reference to the component schema ``name``."""
     return {"$ref": REF.format(model=name)}
@@ -51,6 +56,12 @@ _USAGE = _object(
         "prompt_tokens_details": _object({"cached_tokens": INT}),
     }
 )
+
+_FILTER_RESULTS: Schema = {
+    "type": "object",
+    "description": "Only when finish_reason is content_filter: the categories that blocked the reply.",
+    "additionalProperties": _object({"filtered": {"const": True}}),
+}
 
 _WRITTEN_OUT: dict[str, Schema] = {
     "Error": _object(
@@ -75,15 +86,22 @@ _WRITTEN_OUT: dict[str, Schema] = {
             "system_fingerprint": _NULLABLE_STRING,
             "choices": {
                 "type": "array",
-                "items": _object(
-                    {
-                        "index": INT,
-                        "message": _object(
-                            {"role": {"const": "assistant"}, "content": STRING, "refusal": {"type": "null"}}
-                        ),
-                        "logprobs": {"type": "null"},
-                        "finish_reason": {"enum": ["stop", "length", "content_filter"]},
-                    }
+                "items": _with_optional(
+                    _object(
+                        {
+                            "index": INT,
+                            "message": _object(
+                                {
+                                    "role": {"const": "assistant"},
+                                    "content": STRING,
+                                    "refusal": {"type": "null"},
+                                }
+                            ),
+                            "logprobs": {"type": "null"},
+                            "finish_reason": {"enum": ["stop", "length", "content_filter"]},
+                        }
+                    ),
+                    content_filter_results=_FILTER_RESULTS,
                 ),
             },
             "usage": ref("CompletionUsage"),

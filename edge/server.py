@@ -14,6 +14,7 @@ import uvicorn
 
 from edge.app import RequestCounter, build_app
 from edge.mesh_client import MeshClient
+from edge.request_id import RequestIdMiddleware
 from edge.settings import EdgeSettings
 from llmmesh import lifecycle
 
@@ -79,7 +80,7 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
         route_cache_s=settings.route_cache_ms / 1000,
         outage_grace_s=settings.global_outage_grace_s,
     )
-    app = RequestCounter(build_app(settings, mesh))
+    app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))
     config = uvicorn.Config(
         app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, access_log=False
     )
@@ -100,6 +101,7 @@ async def serve(settings: EdgeSettings) -> None:
     """Run an edge until SIGTERM or SIGINT, then drain."""
     stop = lifecycle.stop_event()
     edge = await start_edge(settings)
+    lifecycle.settle_heap()
     lifecycle.write_ready_file(settings.ready_file, {"url": edge.url})
     await stop.wait()
     log.info("edge draining")
