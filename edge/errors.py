@@ -7,10 +7,12 @@ Mesh errors are mapped here once, from their gRPC code and ErrorInfo reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import grpc
 from starlette.responses import JSONResponse
 
+from edge.ratelimit_headers import refusal_ratelimit_headers
 from llmmesh.errors import MeshError, Reason
 
 
@@ -26,6 +28,7 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        ratelimit: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -34,14 +37,19 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        # The x-ratelimit-* headers of a rate-limit refusal.
+        self.ratelimit: dict[str, str] = dict(ratelimit or {})
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"retry-after": str(max(1, math.ceil(self.retry_after_s)))}
+        """``retry-after`` (whole seconds, at least 1) when a retry helps, and
+        the ``x-ratelimit-*`` headers of a rate-limit refusal."""
+        headers = dict(self.ratelimit)
+        if self.retry_after_s is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
 
     def response(self, extra_headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(
@@ -106,4 +114,6 @@ def from_mesh_error(err: MeshError) -> OpenAIError:
         param=err.metadata.get("param"),
         code=_CODE.get(err.reason, err.reason.lower()),
         retry_after_s=retry,
+        # Only the key's own rate limits have figures to report; quota and overload do not.
+        ratelimit=refusal_ratelimit_headers(err.metadata) if err.reason == Reason.RATE_LIMITED else None,
     )

@@ -83,7 +83,9 @@ class Admission:
         produce) against the key's RPM/TPM limits and the tenant's quota, then
         wait for a slot. Raises ResourceExhausted (RATE_LIMITED,
         QUOTA_EXCEEDED or OVERLOADED, with RetryInfo where waiting helps),
-        having given back whatever it took."""
+        having given back whatever it took. RATE_LIMITED carries the key's
+        ``x-ratelimit-*`` figures as ErrorInfo metadata, named in
+        :meth:`RateLimiter.reserve`."""
         limits = RateLimits(rpm=max(0, caller.tenant.rpm_limit), tpm=max(0, caller.tenant.tpm_limit))
         limiter = self.limiter if self._clock() >= self._shared_down_until else self._fallback
         try:

@@ -125,8 +125,8 @@ class _Window:
 
 @dataclass(frozen=True)
 class _Outcome:
-    """One reserve decision: counts are after the admission, or as found when
-    ``refused`` names the limit that would be exceeded."""
+    """One reserve decision: counts and resets are after the admission, or as
+    found when ``refused`` names the limit that would be exceeded."""
 
     refused: str
     bucket: int
@@ -156,10 +156,26 @@ class RateLimiter(ABC):
     async def reserve(self, key_id: str, limits: RateLimits, tokens: int) -> Reservation:
         """Count one request and reserve ``tokens`` for it, atomically.
 
-        Raises ResourceExhausted(RATE_LIMITED) with ``retry_after_s`` and
-        metadata ``limit`` ("requests" or "tokens") when either limit would be
-        exceeded, changing nothing. A request of more tokens than the whole
-        TPM limit can never pass and is refused without RetryInfo.
+        Raises ResourceExhausted(RATE_LIMITED) with ``retry_after_s`` when
+        either limit would be exceeded, changing nothing. Its ErrorInfo
+        metadata (all values strings):
+
+        - ``limit``: the limit that refused, ``requests`` or ``tokens``;
+          ``limit_value``: that limit; ``requested``: the tokens asked for
+          (a token refusal only).
+        - The key's figures as the refusal found them, what OpenAI's
+          ``x-ratelimit-*`` headers report on a 429: ``limit_requests``,
+          ``remaining_requests``, ``reset_requests_ms``, ``limit_tokens``,
+          ``remaining_tokens``, ``reset_tokens_ms``. They read as
+          :class:`Reservation`'s do (a limit of 0 is unlimited; a reset is the
+          time until the window holds none of the usage it counts now), but
+          nothing of the refused request is counted: remaining requests are 0
+          on a request refusal, and remaining tokens are what is left, which
+          on a token refusal is less than ``requested``.
+
+        A request of more tokens than the whole TPM limit can never pass: it
+        is refused without RetryInfo and without the key's figures, as it is
+        refused before its key's window is read.
         """
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
@@ -180,9 +196,9 @@ class RateLimiter(ABC):
             key_id=key_id,
             reserved_tokens=tokens,
             limit_requests=limits.rpm,
-            remaining_requests=max(0, limits.rpm - outcome.used_requests) if limits.rpm else 0,
+            remaining_requests=_remaining(limits.rpm, outcome.used_requests),
             limit_tokens=limits.tpm,
-            remaining_tokens=max(0, limits.tpm - outcome.used_tokens) if limits.tpm else 0,
+            remaining_tokens=_remaining(limits.tpm, outcome.used_tokens),
             reset_requests_s=_ceil_ms(outcome.reset_requests_us),
             reset_tokens_s=_ceil_ms(outcome.reset_tokens_us),
             bucket=outcome.bucket,
@@ -228,9 +244,26 @@ class RateLimiter(ABC):
         return ResourceExhausted(
             Reason.RATE_LIMITED,
             f"{message}; retry in {wait_s:.3f} s",
-            metadata=metadata,
+            metadata={**metadata, **_refusal_figures(limits, outcome)},
             retry_after_s=wait_s,
         )
+
+
+def _refusal_figures(limits: RateLimits, outcome: _Outcome) -> dict[str, str]:
+    """The key's ``x-ratelimit-*`` figures as a refusal found them, as ErrorInfo metadata."""
+    return {
+        "limit_requests": str(limits.rpm),
+        "remaining_requests": str(_remaining(limits.rpm, outcome.used_requests)),
+        "reset_requests_ms": str(math.ceil(outcome.reset_requests_us / 1000)),
+        "limit_tokens": str(limits.tpm),
+        "remaining_tokens": str(_remaining(limits.tpm, outcome.used_tokens)),
+        "reset_tokens_ms": str(math.ceil(outcome.reset_tokens_us / 1000)),
+    }
+
+
+def _remaining(limit: int, used: int) -> int:
+    """Room left under ``limit``; 0 for an unlimited one, as the headers leave it out."""
+    return max(0, limit - used) if limit else 0
 
 
 class _KeyCounts:
@@ -257,7 +290,15 @@ class _KeyCounts:
             wait_t = _free_in_us(self.tokens, used_t + tokens - limits.tpm, window, now_us)
         if wait_r or wait_t:
             refused = "requests" if wait_r >= wait_t else "tokens"
-            return _Outcome(refused, current, used_r, used_t, max(wait_r, wait_t), 0, 0)
+            return _Outcome(
+                refused,
+                current,
+                used_r,
+                used_t,
+                max(wait_r, wait_t),
+                _empty_in_us(self.requests, window, now_us),
+                _empty_in_us(self.tokens, window, now_us),
+            )
         self.requests[current] = self.requests.get(current, 0) + 1
         if tokens:
             self.tokens[current] = self.tokens.get(current, 0) + tokens

@@ -19,7 +19,8 @@ end
 """
 
 # KEYS[1]: the key's hash. ARGV: now_us, bucket_us, buckets, rpm, tpm, tokens, ttl_ms.
-# Returns {refused, bucket, used_requests, used_tokens, wait_us, reset_requests_us, reset_tokens_us}.
+# Returns {refused, bucket, used_requests, used_tokens, wait_us, reset_requests_us, reset_tokens_us}:
+# counts and resets after the admission, or as found on a refusal.
 _RESERVE_LUA = (
     _NOW_LUA
     + """
@@ -75,7 +76,7 @@ if wait_r > 0 or wait_t > 0 then
   if wait_r >= wait_t then
     refused = 'requests'
   end
-  return {refused, current, used_r, used_t, math.max(wait_r, wait_t), 0, 0}
+  return {refused, current, used_r, used_t, math.max(wait_r, wait_t), empty_in(req), empty_in(tok)}
 end
 req[current] = (req[current] or 0) + 1
 redis.call('HINCRBY', KEYS[1], 'r:' .. current, 1)
