@@ -10,11 +10,18 @@ Keys, under ``prefix`` (``llmmesh:edge:stream:``):
 - ``{id}:reader``: present while a reader is attached and ``reader_grace_s``
   after, refreshed by the attached readers.
 
-Every write renews the expiry of the events and info keys to
-``retention_s``, so a stream is forgotten that long after its last entry
-(and a stream whose producing edge died goes the same way). Cancellation
-requests travel on one pub/sub channel, ``{prefix}cancel``, whose messages
-are stream ids; each edge acts on those it produces.
+The events and info keys expire ``retention_s`` after their last renewal.
+Every write renews them, and while a stream is live (opened and not yet
+ended) the edge producing it also renews them every ``retention_s / 3``,
+all its live streams in one pipeline, so a stream that stays silent longer
+than ``retention_s`` (a long queue wait or prefill, a stalled region before
+failover) does not expire under its readers. Once its end entry is written
+the renewals stop, and the stream is forgotten ``retention_s`` later. A
+stream whose producing edge died, or whose producer gave it up after a
+failed write, is no longer renewed and goes the same way.
+
+Cancellation requests travel on one pub/sub channel, ``{prefix}cancel``,
+whose messages are stream ids; each edge acts on those it produces.
 """
 
 from __future__ import annotations
@@ -94,6 +101,9 @@ class RedisStreamLog(StreamLog):
         self._channel = f"{prefix}cancel"
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
+        # The live streams this edge produces, whose keys it keeps renewing.
+        self._live: set[str] = set()
+        self._renewer: asyncio.Task[None] | None = None
 
     def _key(self, stream_id: str, kind: str) -> str:
         return f"{self._prefix}{stream_id}:{kind}"
@@ -120,6 +130,7 @@ class RedisStreamLog(StreamLog):
         # (and serves what needs no log) while its Redis is unreachable.
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         self._listener = asyncio.create_task(self._listen(self._pubsub, on_cancel), name="stream-log-cancels")
+        self._renewer = asyncio.create_task(self._renew_forever(), name="stream-log-renewals")
 
     async def _listen(self, pubsub: PubSub, on_cancel: CancelListener) -> None:
         subscribed = False
@@ -138,7 +149,39 @@ class RedisStreamLog(StreamLog):
                 data = message["data"]
                 on_cancel(data.decode() if isinstance(data, bytes) else str(data))
 
+    async def _renew_forever(self) -> None:
+        interval_s = self._retention_ms / 3000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.renew_live()
+            except StreamLogError as err:
+                log.warning("could not renew the live streams' expiry: %s", err)
+            except Exception:
+                # Renewals must outlive any one failure, or live streams expire.
+                log.exception("renewing the live streams' expiry failed")
+
+    async def renew_live(self) -> int:
+        """Renew the expiry of every live stream this edge produces to
+        ``retention_s``; returns how many streams it renewed. The background
+        renewal calls this every ``retention_s / 3``."""
+        streams = list(self._live)
+        if not streams:
+            return 0
+
+        def build(pipe: Pipeline) -> None:
+            for stream_id in streams:
+                pipe.pexpire(self._key(stream_id, "events"), self._retention_ms)
+                pipe.pexpire(self._key(stream_id, "info"), self._retention_ms)
+
+        # A stream that ends while this runs may get one renewal after its
+        # end's: its retention then counts from a moment later, no more.
+        await self._pipelined(build)
+        return len(streams)
+
     async def close(self) -> None:
+        await cancel_and_wait(self._renewer)
+        self._renewer = None
         await cancel_and_wait(self._listener)
         self._listener = None
         if self._pubsub is not None:
@@ -164,6 +207,17 @@ class RedisStreamLog(StreamLog):
             pipe.set(self._key(stream_id, "reader"), 1, px=self._reader_grace_ms)
 
         await self._pipelined(build)
+        self._live.add(stream_id)
+
+    async def _produced(self, stream_id: str, build: Callable[[Pipeline], None]) -> None:
+        """Run a producer's write to its stream; a failed one stops the
+        stream's renewals, since its producer then gives it up without an
+        end entry, and renewed it would be kept for ever."""
+        try:
+            await self._pipelined(build)
+        except BaseException:
+            self._live.discard(stream_id)
+            raise
 
     async def append(self, stream_id: str, entry: LogEntry) -> None:
         events, info_key = self._key(stream_id, "events"), self._key(stream_id, "info")
@@ -181,7 +235,9 @@ class RedisStreamLog(StreamLog):
             pipe.pexpire(events, self._retention_ms)
             pipe.pexpire(info_key, self._retention_ms)
 
-        await self._pipelined(build)
+        await self._produced(stream_id, build)
+        if entry.end:
+            self._live.discard(stream_id)
 
     async def set_region(self, stream_id: str, region: str) -> None:
         info_key = self._key(stream_id, "info")
@@ -190,7 +246,7 @@ class RedisStreamLog(StreamLog):
             pipe.hset(info_key, "region", region)
             pipe.pexpire(info_key, self._retention_ms)
 
-        await self._pipelined(build)
+        await self._produced(stream_id, build)
 
     async def info(self, stream_id: str) -> StreamInfo | None:
         info_key = self._key(stream_id, "info")
