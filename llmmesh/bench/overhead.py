@@ -4,8 +4,7 @@ The mesh runs as ``llmmesh up`` runs it, every plane its own process
 (:mod:`llmmesh.bench.overhead_systems`): a global plane, one simulator
 engine pod with fixed step costs (:class:`~llmmesh.bench.overhead_plan.SimTiming`:
 no batch slowdown, no jitter, a prefill cost independent of the prompt),
-one region with its safety filters on (the product path; ``--safety off``
-measures without them) and one edge. Two systems share that one pod:
+one region and one edge. Two systems share that one pod:
 
 - ``direct``: the benchmark on the pod's ``EngineService.Generate`` gRPC
   stream; time to first token ends at the first ``delta`` event;
@@ -13,14 +12,28 @@ measures without them) and one edge. Two systems share that one pod:
   /v1/chat/completions`` (edge → region → the same pod); time to first
   token ends at the first chunk with content, not the role chunk.
 
-Both send the same requests (the seeded chat workload, greedy, the same
-``max_tokens``) at each concurrency level in a closed loop. ``ignore_eos``
-makes every reply ``max_tokens`` long; a first probe checks that the whole
-mesh path honours it, and where it does not, both systems run without it:
-the simulator's reply length is then a function of the prompt, which both
-send alike, so replies still match one for one (the report counts any that
-do not). Each level runs in rounds, the systems alternating ABBA, after a
-warm-up of each at the busiest level; a system's figures pool its rounds.
+By default the whole measurement runs twice, each time in a fresh mesh:
+first with the region's safety filters off (``transport``: what the mesh's
+path adds), then with them on (``with_output_filter``: the product path).
+``--safety off`` or ``--safety on`` makes only that run. The two differ by
+design: the streaming output filter holds each reply's first word until
+the next token shows where the word ends (a rule about a word needs the
+whole word), so with the filter on the first content reaches the client
+about one decode step later, whatever the transport. The direct path has
+no such filter. The targets are therefore judged on the transport run,
+and what the filter adds to time to first token is reported on its own:
+what the mesh adds with the filter on minus what it adds with it off, each
+run against its own direct reference.
+
+In each run both systems send the same requests (the seeded chat
+workload, greedy, the same ``max_tokens``) at each concurrency level in a
+closed loop. ``ignore_eos`` makes every reply ``max_tokens`` long; a first
+probe checks that the whole mesh path honours it, and where it does not,
+both systems run without it: the simulator's reply length is then a
+function of the prompt, which both send alike, so replies still match one
+for one (the report counts any that do not). Each level runs in rounds,
+the systems alternating ABBA, after a warm-up of each at the busiest
+level; a system's figures pool its rounds.
 
 Each request is sent after a seeded random delay of up to one decode step,
 outside its TTFT. Without it, a closed loop sends each request right after
@@ -43,9 +56,18 @@ from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
-from llmmesh.bench.overhead_report import DIRECT, MESH, SYSTEMS, OverheadReport, PathMetrics, key
+from llmmesh.bench.overhead_report import (
+    DIRECT,
+    MESH,
+    SYSTEMS,
+    OverheadReport,
+    OverheadRun,
+    PathMetrics,
+    key,
+    run_name,
+)
 from llmmesh.bench.overhead_sse import SseChatClient
-from llmmesh.bench.overhead_systems import KV_BLOCKS, running_mesh
+from llmmesh.bench.overhead_systems import KV_BLOCKS, running_mesh, safety_backends
 from llmmesh.bench.processes import StartupError
 from llmmesh.bench.routing_systems import API_KEY
 from llmmesh.bench.workload import ChatWorkload
@@ -56,14 +78,15 @@ MEASURED = (
     "client-side TTFT, inter-token latency and output tokens/s on loopback, one simulator pod with fixed "
     "step costs: 'mesh' through the edge's SSE /v1/chat/completions (edge, region, pod), TTFT at the first "
     "content chunk; 'direct' on the same pod's EngineService.Generate gRPC stream, TTFT at the first "
-    "delta; same requests, ABBA rounds per level"
+    "delta; same requests, ABBA rounds per level, each run in a fresh mesh"
 )
 ARRIVAL_SEED = "overhead-arrivals"
 
 
 class OverheadBench:
-    """One run of the scenario; see the module docstring. Logs of the
-    processes go to ``run_dir``; ``progress`` gets one line per step."""
+    """The scenario, one run per safety setting of the plan; see the module
+    docstring. Each run's mesh keeps its logs in a folder of ``run_dir``
+    named after the run; ``progress`` gets one line per step."""
 
     def __init__(self, plan: OverheadBenchPlan, run_dir: Path, progress: Progress) -> None:
         self.plan = plan
@@ -73,52 +96,69 @@ class OverheadBench:
         self.workload = ChatWorkload()
 
     async def run(self) -> OverheadReport:
-        """Start the mesh, measure both systems, stop it. Raises StartupError
-        when a process cannot start or the mesh cannot serve a first
-        request."""
+        """Measure both systems in a fresh mesh for each of the plan's
+        safety settings, in order. Raises StartupError when a process
+        cannot start or a mesh cannot serve a first request."""
+        runs = [await self._run_mesh(safety) for safety in self.plan.safety_runs]
+        return OverheadReport(self.model, self.plan.levels, runs, self._setup(), MEASURED)
+
+    async def _run_mesh(self, safety: bool) -> OverheadRun:
+        """Start a mesh with the region's safety filters on or off, measure
+        both systems on it, stop it."""
         plan = self.plan
-        async with running_mesh(plan, self.run_dir, self._progress) as mesh:
-            self._progress(
+        name = run_name(safety)
+        run_dir = self.run_dir / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+        def progress(line: str) -> None:
+            self._progress(f"{name}: {line}")
+
+        async with running_mesh(plan, safety, run_dir, progress) as mesh:
+            progress(
                 f"serving: edge {mesh.edge_url}, region {mesh.region_address}, pod {mesh.engine_address}; "
-                f"safety {'on' if plan.safety else 'off'}"
+                f"safety {'on' if safety else 'off'}"
             )
             mesh_client = SseChatClient(
                 mesh.edge_url, self.model, API_KEY, plan.request_timeout_s, SimChunkCounter
             )
             try:
-                ignore_eos = await self._mesh_honours_ignore_eos(mesh_client)
+                ignore_eos = await self._mesh_honours_ignore_eos(mesh_client, run_dir, progress)
                 direct_client = EngineGrpcClient(mesh.engine_address, plan.request_timeout_s, ignore_eos)
                 try:
                     clients: dict[str, StreamingClient] = {DIRECT: direct_client, MESH: mesh_client}
-                    runs = await self._measure_levels(clients)
+                    runs = await self._measure_levels(clients, progress)
                 finally:
                     await direct_client.close()
             finally:
                 await mesh_client.close()
-        return self._report(runs, ignore_eos)
+        return self._run(safety, runs, ignore_eos)
 
-    async def _mesh_honours_ignore_eos(self, client: StreamingClient) -> bool:
+    async def _mesh_honours_ignore_eos(
+        self, client: StreamingClient, run_dir: Path, progress: Progress
+    ) -> bool:
         """Whether a reply through the mesh runs past its natural end when
         asked to: no simulator reply ends on its own after ``MAX_REPLY_TOKENS``."""
         probe = self.workload.requests("probe", 1, MAX_REPLY_TOKENS + 1)[0]
         record = await client.generate(probe)
         if not record.ok:
-            raise StartupError("mesh", f"a first request failed: {record.error}", self.run_dir)
+            raise StartupError("mesh", f"a first request failed: {record.error}", run_dir)
         if record.output_tokens == probe.max_tokens:
             return True
-        self._progress(
+        progress(
             f"the mesh path does not honour ignore_eos (a reply of {record.output_tokens} tokens, not "
             f"{probe.max_tokens}): both systems run without it, replies as long as the prompt makes them"
         )
         return False
 
-    async def _measure_levels(self, clients: Mapping[str, StreamingClient]) -> dict[str, list[LevelRun]]:
+    async def _measure_levels(
+        self, clients: Mapping[str, StreamingClient], progress: Progress
+    ) -> dict[str, list[LevelRun]]:
         plan = self.plan
         busiest = max(plan.levels)
         if plan.warmup:
             warmup = self.workload.requests("warmup", plan.warmup, plan.max_tokens)
             for system in SYSTEMS:
-                self._progress(f"{system}: warm-up, {len(warmup)} requests, {busiest} at a time")
+                progress(f"{system}: warm-up, {len(warmup)} requests, {busiest} at a time")
                 await run_closed_loop(clients[system], warmup, busiest)
         # One delay stream per system from one seed: both draw the same delays.
         jittered = {system: ArrivalJitter(clients[system], plan.jitter_s, ARRIVAL_SEED) for system in SYSTEMS}
@@ -130,12 +170,11 @@ class OverheadBench:
                 order = SYSTEMS if round_index % 2 == 0 else tuple(reversed(SYSTEMS))
                 for system in order:
                     name = f"{key(system, level)} round {round_index + 1}/{len(sizes)}"
-                    run = await measure_level(name, jittered[system], requests, level, self._progress)
+                    run = await measure_level(name, jittered[system], requests, level, progress)
                     runs.setdefault(key(system, level), []).append(run)
         return runs
 
-    def _report(self, runs: Mapping[str, list[LevelRun]], ignore_eos: bool) -> OverheadReport:
-        plan = self.plan
+    def _run(self, safety: bool, runs: Mapping[str, list[LevelRun]], ignore_eos: bool) -> OverheadRun:
         results = {
             name: PathMetrics.of(
                 [record for run in level_runs for record in run.records],
@@ -143,17 +182,27 @@ class OverheadBench:
             )
             for name, level_runs in runs.items()
         }
-        setup: dict[str, object] = {
+        mismatches = {
+            f"c{level}": _length_mismatches(runs[key(DIRECT, level)], runs[key(MESH, level)])
+            for level in self.plan.levels
+        }
+        setup = {"safety_backends": safety_backends(safety), "ignore_eos": ignore_eos}
+        return OverheadRun(safety, results, mismatches, setup)
+
+    def _setup(self) -> dict[str, object]:
+        """What every run shares; each run's own setting is in its
+        :attr:`OverheadRun.setup`."""
+        plan = self.plan
+        return {
             "engine": {
                 "backend": "sim",
                 "max_num_seqs": plan.max_num_seqs,
                 "kv_blocks": KV_BLOCKS,
                 **plan.timing.as_dict(),
             },
-            "region": {"safety_backends": "rules" if plan.safety else "none", "zone_store": "sqlite file"},
+            "region": {"zone_store": "sqlite file, one per run"},
             "workload": {
                 "max_tokens": plan.max_tokens,
-                "ignore_eos": ignore_eos,
                 "system_words": self.workload.system_words,
                 "user_words": list(self.workload.user_words),
                 "requests_per_level": {f"c{level}": plan.requests_at(level) for level in plan.levels},
@@ -162,11 +211,6 @@ class OverheadBench:
                 "arrival_jitter_s": plan.jitter_s,
             },
         }
-        mismatches = {
-            f"c{level}": _length_mismatches(runs[key(DIRECT, level)], runs[key(MESH, level)])
-            for level in plan.levels
-        }
-        return OverheadReport(self.model, plan.levels, results, setup, MEASURED, mismatches)
 
 
 def _length_mismatches(direct: Sequence[LevelRun], mesh: Sequence[LevelRun]) -> int:
@@ -183,7 +227,7 @@ def overhead_scenario(
     plan: OverheadBenchPlan, progress: Progress
 ) -> Callable[[Path], tuple[OverheadReport, str | None]]:
     """The scenario as the command line runs it: the report, and what went
-    wrong (failed requests) or None."""
+    wrong (failed requests in any run) or None."""
 
     def scenario(run_dir: Path) -> tuple[OverheadReport, str | None]:
         report = asyncio.run(OverheadBench(plan, run_dir, progress).run())

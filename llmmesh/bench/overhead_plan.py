@@ -1,6 +1,6 @@
 """What ``llmmesh bench overhead`` runs: levels, request counts, lengths, the
-simulator's fixed timing and the region's safety setting. Kept apart from
-the scenario so the command line can build one cheaply.
+simulator's fixed timing and the region's safety setting of each run. Kept
+apart from the scenario so the command line can build one cheaply.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ QUICK_LEVELS = (1, 2)
 QUICK_REQUESTS = 4
 QUICK_MAX_TOKENS = 16
 QUICK_WARMUP = 2
-SAFETY_CHOICES = ("on", "off")
+# ``--safety``: the region's safety setting of each run, in the order they run.
+SAFETY_RUNS = {"both": (False, True), "off": (False,), "on": (True,)}
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,22 @@ class SimTiming:
 
 @dataclass(frozen=True)
 class OverheadBenchPlan:
-    """What to run. At each level each system serves ``requests_per_level``
-    requests (None means 8 x the level, at least 32) in ``rounds`` rounds,
-    the systems alternating ABBA. ``safety`` turns the region's safety
-    filters on (the product path) or off. Each request waits a seeded
-    random delay of up to ``arrival_jitter_s`` before it is sent (None means
-    one decode step; see :mod:`llmmesh.bench.overhead`)."""
+    """What to run. ``safety_runs`` is the region's safety setting of each
+    whole measurement, in order, each in a fresh mesh: off (what the mesh's
+    path adds, the transport) and on (the product path, with the output
+    filter's hold); off runs first and no setting twice. In every run, at
+    each level each system serves ``requests_per_level`` requests (None
+    means 24 x the level, at least 32) in ``rounds`` rounds, the systems
+    alternating ABBA. Each request waits a seeded random delay of up to
+    ``arrival_jitter_s`` before it is sent (None means one decode step; see
+    :mod:`llmmesh.bench.overhead`)."""
 
     levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = None
     rounds: int = 2
     max_tokens: int = 64
     warmup_requests: int | None = None
-    safety: bool = True
+    safety_runs: tuple[bool, ...] = SAFETY_RUNS["both"]
     timing: SimTiming = field(default_factory=SimTiming)
     arrival_jitter_s: float | None = None
     startup_timeout_s: float = 120.0
@@ -88,10 +92,12 @@ class OverheadBenchPlan:
             raise ValueError("max_tokens must be positive and warm-up requests not negative")
         if self.arrival_jitter_s is not None and not self.arrival_jitter_s >= 0.0:
             raise ValueError("the arrival jitter must not be negative")
+        if self.safety_runs not in SAFETY_RUNS.values():
+            raise ValueError("the runs must be safety off, on, or off then on")
 
     def requests_at(self, level: int) -> int:
         """Requests each system serves at ``level``, over all its rounds."""
-        return self.requests_per_level or max(32, 8 * level)
+        return self.requests_per_level or max(32, 24 * level)
 
     def round_sizes(self, level: int) -> list[int]:
         """How the requests of ``level`` split over the rounds (as evenly as
@@ -123,9 +129,10 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("overhead scenario")
     group.add_argument(
         "--safety",
-        choices=SAFETY_CHOICES,
-        default="on",
-        help="the region's safety filters: on (the product path, default) or off",
+        choices=tuple(SAFETY_RUNS),
+        default="both",
+        help="the region's safety filters: both (default: a run with them off, what the mesh's path adds, "
+        "then one with them on, the product path, each in a fresh mesh), off or on (that run only)",
     )
     group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"
@@ -157,7 +164,7 @@ def overhead_plan_from_args(args: argparse.Namespace) -> OverheadBenchPlan:
         rounds=args.rounds or defaults.rounds,
         max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else defaults.max_tokens),
         warmup_requests=warmup if args.warmup is None else args.warmup,
-        safety=args.safety == "on",
+        safety_runs=SAFETY_RUNS[args.safety],
         timing=timing,
         arrival_jitter_s=None if args.arrival_jitter_ms is None else args.arrival_jitter_ms / 1000,
     )

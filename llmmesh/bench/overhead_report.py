@@ -1,6 +1,8 @@
 """The report of ``llmmesh bench overhead``: both paths' figures at every
 level, what the mesh adds (time to first token in milliseconds, throughput
-as a share of direct's), and whether the targets hold at their level.
+as a share of direct's), and whether the targets hold at their level; for
+each run made, the region's safety filters off (the transport) or on (the
+product path), and with both, what the output filter adds on its own.
 Rendered as MISSION's one JSON line or a table.
 """
 
@@ -105,31 +107,134 @@ def deltas(mesh: PathMetrics, direct: PathMetrics) -> dict[str, float | None]:
     }
 
 
+TRANSPORT = "transport"
+WITH_OUTPUT_FILTER = "with_output_filter"
+# What the top-level figures and the targets' verdicts were measured on.
+TARGETS_MEASURED_ON = {
+    False: "mesh path with the region's safety filters off (transport)",
+    True: "mesh path with the region's safety filters on",
+}
+_RUN_TITLES = {
+    False: "transport: the region's safety filters off (what the mesh's path adds)",
+    True: "with the output filter: the region's safety filters on (the product path)",
+}
+_FILTER_ADDED = {
+    "filter_added_ttft_p50_ms": "added_ttft_p50_ms",
+    "filter_added_ttft_p99_ms": "added_ttft_p99_ms",
+}
+
+
 @dataclass(frozen=True)
-class OverheadReport:
-    """Results keyed ``{system}/c{level}`` (``direct/c16``, ``mesh/c16``);
-    ``setup`` describes the run (engine timing, safety, workload)."""
+class OverheadRun:
+    """One whole measurement in its own mesh, the region's safety filters
+    on or off: results keyed ``{system}/c{level}`` (``direct/c16``,
+    ``mesh/c16``), replies whose lengths differed by level, and what the
+    run's setup adds to the report's (``setup``)."""
 
-    model: str
-    levels: Sequence[int]
+    safety: bool
     results: Mapping[str, PathMetrics]
-    setup: Mapping[str, object]
-    measured: str
     length_mismatches: Mapping[str, int] = field(default_factory=dict)
-    targets: Targets = field(default_factory=Targets)
+    setup: Mapping[str, object] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        for level in self.levels:
-            for system in SYSTEMS:
-                if key(system, level) not in self.results:
-                    raise ValueError(f"no result for {key(system, level)}")
+    @property
+    def name(self) -> str:
+        return run_name(self.safety)
 
-    def deltas(self) -> dict[str, dict[str, float | None]]:
+    def deltas(self, levels: Sequence[int]) -> dict[str, dict[str, float | None]]:
         """:func:`deltas` by level (``c16``)."""
         return {
             f"c{level}": deltas(self.results[key(MESH, level)], self.results[key(DIRECT, level)])
-            for level in self.levels
+            for level in levels
         }
+
+    def errors(self) -> int:
+        return sum(path.metrics.errors for path in self.results.values())
+
+    def results_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
+        return {
+            key(system, level): self.results[key(system, level)].as_dict()
+            for level in levels
+            for system in SYSTEMS
+        }
+
+    def ratios_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
+        return {
+            level: {name: _round(value, 4) for name, value in values.items()}
+            | {"length_mismatches": self.length_mismatches.get(level, 0)}
+            for level, values in self.deltas(levels).items()
+        }
+
+
+def run_name(safety: bool) -> str:
+    """A run's name in the report: ``transport`` with the region's safety
+    filters off, ``with_output_filter`` with them on."""
+    return WITH_OUTPUT_FILTER if safety else TRANSPORT
+
+
+def filter_added(
+    on: Mapping[str, Mapping[str, float | None]], off: Mapping[str, Mapping[str, float | None]]
+) -> dict[str, dict[str, float | None]]:
+    """What the output filter adds to time to first token at each level, in
+    ms: what the mesh adds with the filter on (``on``, :func:`deltas` by
+    level) minus what it adds with it off (``off``), at p50 and p99. Each
+    run is measured against its own direct reference, so the pod's share
+    cancels out."""
+    return {
+        name: {level: _difference(on[level].get(delta), off[level].get(delta)) for level in on}
+        for name, delta in _FILTER_ADDED.items()
+    }
+
+
+def _difference(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+@dataclass(frozen=True)
+class OverheadReport:
+    """The runs made (one, or the transport run then the one with the
+    output filter) and the setup they share (engine timing, workload).
+    The targets are judged on :attr:`targets_run`."""
+
+    model: str
+    levels: Sequence[int]
+    runs: Sequence[OverheadRun]
+    setup: Mapping[str, object]
+    measured: str
+    targets: Targets = field(default_factory=Targets)
+
+    def __post_init__(self) -> None:
+        if len(self.runs) not in (1, 2) or len({run.safety for run in self.runs}) != len(self.runs):
+            raise ValueError(
+                "a report holds one run, or one with the safety filters off and one with them on"
+            )
+        for run in self.runs:
+            for level in self.levels:
+                for system in SYSTEMS:
+                    if key(system, level) not in run.results:
+                        raise ValueError(f"no result for {key(system, level)} in the {run.name} run")
+
+    @property
+    def targets_run(self) -> OverheadRun:
+        """The run the top-level figures and the targets describe: the
+        transport run when it was made (the filter's hold is one decode
+        step by design, not transport), else the only run."""
+        return next((run for run in self.runs if not run.safety), self.runs[0])
+
+    @property
+    def filter_run(self) -> OverheadRun | None:
+        """The run with the output filter on, when both were made."""
+        return next((run for run in self.runs if run.safety), None) if len(self.runs) == 2 else None
+
+    def deltas(self) -> dict[str, dict[str, float | None]]:
+        """:func:`deltas` of :attr:`targets_run` by level (``c16``)."""
+        return self.targets_run.deltas(self.levels)
+
+    def filter_added(self) -> dict[str, dict[str, float | None]]:
+        """:func:`filter_added` when both runs were made, else empty."""
+        filtered = self.filter_run
+        if filtered is None:
+            return {}
+        return filter_added(filtered.deltas(self.levels), self.deltas())
 
     def targets_met(self) -> dict[str, bool | None]:
         """The verdicts at the targets' level; None each when it was not run."""
@@ -139,29 +244,36 @@ class OverheadReport:
         return dict(self.targets.met(at))
 
     def errors(self) -> int:
-        return sum(path.metrics.errors for path in self.results.values())
+        """Failed requests over every run."""
+        return sum(run.errors() for run in self.runs)
 
     def as_dict(self) -> dict[str, object]:
         """MISSION's report object: scenario, results, ratios, and the
-        targets with their verdicts."""
-        return {
+        targets with their verdicts, all of :attr:`targets_run`; with both
+        runs, the other one under ``with_output_filter``."""
+        target = self.targets_run
+        runs = {run.name: {"safety": "on" if run.safety else "off", **run.setup} for run in self.runs}
+        body: dict[str, object] = {
             "scenario": "overhead",
             "model": self.model,
             "measured": self.measured,
-            "setup": dict(self.setup),
-            "results": {
-                key(system, level): self.results[key(system, level)].as_dict()
-                for level in self.levels
-                for system in SYSTEMS
-            },
-            "ratios": {
-                level: {name: _round(value, 4) for name, value in values.items()}
-                | {"length_mismatches": self.length_mismatches.get(level, 0)}
-                for level, values in self.deltas().items()
-            },
+            "setup": {**self.setup, "runs": runs},
+            "results": target.results_dict(self.levels),
+            "ratios": target.ratios_dict(self.levels),
             "targets": self.targets.as_dict(),
             "targets_met": self.targets_met(),
+            "targets_measured_on": TARGETS_MEASURED_ON[target.safety],
         }
+        filtered = self.filter_run
+        if filtered is not None:
+            body[WITH_OUTPUT_FILTER] = {
+                "results": filtered.results_dict(self.levels),
+                "ratios": filtered.ratios_dict(self.levels),
+            } | {
+                name: {level: _round(value, 4) for level, value in by_level.items()}
+                for name, by_level in self.filter_added().items()
+            }
+        return body
 
     def to_json(self) -> str:
         """One line of strict JSON (no NaN)."""
@@ -169,40 +281,56 @@ class OverheadReport:
 
     def to_table(self) -> str:
         """The same figures as a plain-text table for people."""
-        lines = [
-            f"overhead benchmark, model {self.model}: {self.measured}",
-            "",
-            f"{'system/level':<14} {'reqs':>5} {'errs':>5} {'out tok/s':>10} {'ttft p50':>9} "
-            f"{'ttft p90':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9}",
-        ]
-        for level in self.levels:
-            for system in SYSTEMS:
-                path = self.results[key(system, level)]
-                m = path.metrics
-                lines.append(
-                    f"{key(system, level):<14} {m.requests:>5} {m.errors:>5} {m.output_tok_s:>10.1f} "
-                    f"{_ms(m.ttft_p50_s)} {_ms(m.ttft_p90_s)} {_ms(m.ttft_p99_s)} "
-                    f"{_ms(m.itl_p50_s)} {_ms(path.itl_p99_s)}"
-                )
-        lines += [
-            "",
-            "what the mesh adds",
-            f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7}",
-        ]
-        for name, values in self.deltas().items():
-            lines.append(
-                f"{name:<8} {_added(values['added_ttft_p50_ms'])} {_added(values['added_ttft_p90_ms'])} "
-                f"{_added(values['added_ttft_p99_ms'])} {_added(values['added_itl_p50_ms'])} "
-                f"{_share(values['output_tok_s_ratio'])}"
-            )
+        lines = [f"overhead benchmark, model {self.model}: {self.measured}"]
+        for run in sorted(self.runs, key=lambda run: run.safety):
+            lines += ["", _RUN_TITLES[run.safety], *_run_table(run, self.levels)]
+        added = self.filter_added()
+        if added:
+            lines += [
+                "",
+                "what the output filter adds to time to first token (mesh over direct, filter on minus off)",
+                f"{'level':<8} {'ttft p50':>10} {'ttft p99':>10}",
+            ]
+            p50, p99 = added["filter_added_ttft_p50_ms"], added["filter_added_ttft_p99_ms"]
+            lines += [f"{level:<8} {_added(p50[level])} {_added(p99[level])}" for level in p50]
         t = self.targets
         verdicts = self.targets_met()
-        lines.append(
-            f"targets at c{t.concurrency}: added ttft p50 <= {t.added_ttft_p50_ms_max:g} ms, "
-            f"p99 <= {t.added_ttft_p99_ms_max:g} ms, throughput >= {t.output_tok_s_ratio_min:.0%} of direct: "
-            + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items())
-        )
+        lines += [
+            "",
+            f"targets at c{t.concurrency}, measured on the {TARGETS_MEASURED_ON[self.targets_run.safety]}: "
+            f"added ttft p50 <= {t.added_ttft_p50_ms_max:g} ms, p99 <= {t.added_ttft_p99_ms_max:g} ms, "
+            f"throughput >= {t.output_tok_s_ratio_min:.0%} of direct: "
+            + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items()),
+        ]
         return "\n".join(lines)
+
+
+def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
+    """One run's figures and what the mesh adds in it."""
+    lines = [
+        f"{'system/level':<14} {'reqs':>5} {'errs':>5} {'out tok/s':>10} {'ttft p50':>9} "
+        f"{'ttft p90':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9}",
+    ]
+    for level in levels:
+        for system in SYSTEMS:
+            path = run.results[key(system, level)]
+            m = path.metrics
+            lines.append(
+                f"{key(system, level):<14} {m.requests:>5} {m.errors:>5} {m.output_tok_s:>10.1f} "
+                f"{_ms(m.ttft_p50_s)} {_ms(m.ttft_p90_s)} {_ms(m.ttft_p99_s)} "
+                f"{_ms(m.itl_p50_s)} {_ms(path.itl_p99_s)}"
+            )
+    lines += [
+        "what the mesh adds",
+        f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7}",
+    ]
+    for name, values in run.deltas(levels).items():
+        lines.append(
+            f"{name:<8} {_added(values['added_ttft_p50_ms'])} {_added(values['added_ttft_p90_ms'])} "
+            f"{_added(values['added_ttft_p99_ms'])} {_added(values['added_itl_p50_ms'])} "
+            f"{_share(values['output_tok_s_ratio'])}"
+        )
+    return lines
 
 
 def key(system: str, level: int) -> str:

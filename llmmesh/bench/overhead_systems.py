@@ -3,9 +3,9 @@ them: a global plane, one simulator engine pod with fixed step costs, one
 region over it and one edge, each its own process with its log in the run
 directory, stopped with its process group.
 
-The region is the product path: its safety filters on unless the plan
-turns them off, its routing policy the default, its zone store an SQLite
-file as in the embedded mesh.
+The region runs as in the product, its safety filters on or off as the
+run asks, its routing policy the default, its zone store an SQLite file as
+in the embedded mesh.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path) -> list[str]:
 
 
 def region_command(
-    plan: OverheadBenchPlan, global_address: str, engine_address: str, run_dir: Path, ready_file: Path
+    safety: bool, global_address: str, engine_address: str, run_dir: Path, ready_file: Path
 ) -> list[str]:
     return [
         sys.executable, "-m", "llmmesh", "region",
@@ -60,7 +60,7 @@ def region_command(
         "--region", REGION, "--zone", ZONE,
         "--global-address", global_address,
         "--engine-addresses", engine_address,
-        "--safety-backends", "rules" if plan.safety else "none",
+        "--safety-backends", safety_backends(safety),
         "--zone-store-url", f"sqlite:///{run_dir / f'zone-{ZONE}.db'}",
         "--ready-file", str(ready_file),
     ]  # fmt: skip
@@ -75,6 +75,11 @@ def edge_command(global_address: str, ready_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def safety_backends(safety: bool) -> str:
+    """The region's ``--safety-backends`` with its safety filters on or off."""
+    return "rules" if safety else "none"
+
+
 async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_s: float) -> str:
     info = await child.wait_ready_file(ready_file, timeout_s)
     value = info.get(key)
@@ -84,9 +89,12 @@ async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_
 
 
 @contextlib.asynccontextmanager
-async def running_mesh(plan: OverheadBenchPlan, run_dir: Path, progress: Progress) -> AsyncIterator[Mesh]:
-    """Start the mesh, wait until the edge's ``/healthz`` says the whole path
-    serves, yield it; stop everything on the way out."""
+async def running_mesh(
+    plan: OverheadBenchPlan, safety: bool, run_dir: Path, progress: Progress
+) -> AsyncIterator[Mesh]:
+    """Start the mesh, the region's safety filters on or off as ``safety``
+    says, wait until the edge's ``/healthz`` says the whole path serves,
+    yield it; stop everything on the way out."""
     launcher = Launcher(run_dir, progress, plan.startup_timeout_s)
     timeout_s = plan.startup_timeout_s
     ready = {name: run_dir / f"{name}.ready.json" for name in ("engine", "region", "edge")}
@@ -97,7 +105,7 @@ async def running_mesh(plan: OverheadBenchPlan, run_dir: Path, progress: Progres
         launcher.child("engine", sim_engine_command(plan, ready["engine"])) as engine,
     ):
         engine_address = await _ready_value(engine, ready["engine"], "address", timeout_s)
-        region_argv = region_command(plan, global_address, engine_address, run_dir, ready["region"])
+        region_argv = region_command(safety, global_address, engine_address, run_dir, ready["region"])
         async with launcher.child("region", region_argv) as region:
             region_address = await _ready_value(region, ready["region"], "address", timeout_s)
             async with launcher.child("edge", edge_command(global_address, ready["edge"])) as edge:

@@ -107,7 +107,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=None,
         help="requests per system and level: engine, per round (4 x concurrency); overhead, over all "
-        "rounds (8 x concurrency, at least 32)",
+        "rounds and in each safety run (24 x concurrency, at least 32)",
     )
     parser.add_argument(
         "--rounds",

@@ -17,9 +17,18 @@ from pathlib import Path
 import pytest
 
 from engine.sim.tokenizer import SimTokenizer
+from llmmesh.bench import overhead
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
 from llmmesh.bench.overhead_plan import OverheadBenchPlan, SimTiming, overhead_plan_from_args
-from llmmesh.bench.overhead_report import OverheadReport, PathMetrics, Targets, key
+from llmmesh.bench.overhead_report import (
+    TARGETS_MEASURED_ON,
+    OverheadReport,
+    OverheadRun,
+    PathMetrics,
+    Targets,
+    filter_added,
+    key,
+)
 from llmmesh.bench.overhead_sse import SseChatClient
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
@@ -34,11 +43,15 @@ def _plan(*flags: str) -> OverheadBenchPlan:
     return overhead_plan_from_args(build_parser().parse_args(["bench", "overhead", *flags]))
 
 
-def test_default_plan_measures_the_targets_level_on_the_product_path() -> None:
+def test_default_plan_measures_the_transport_then_the_product_path() -> None:
     plan = _plan()
     assert plan == OverheadBenchPlan()
-    assert plan.levels == (1, 16, 64) and plan.safety
-    assert [plan.requests_at(level) for level in plan.levels] == [32, 128, 512]
+    assert plan.levels == (1, 16, 64)
+    # Safety filters off first (the transport), then on (the product path).
+    assert plan.safety_runs == (False, True)
+    # Enough requests at c16 that p99 is not just the second-worst sample.
+    assert [plan.requests_at(level) for level in plan.levels] == [32, 384, 1536]
+    assert plan.round_sizes(16) == [192, 192]
     assert plan.max_num_seqs == 64 and plan.warmup == 128
     assert plan.jitter_s == plan.timing.inter_token_s == 0.015
 
@@ -64,12 +77,20 @@ def test_flags_win_over_quick() -> None:
         "0",
     )
     assert (plan.levels, plan.requests_at(3), plan.max_tokens, plan.warmup) == ((1, 3), 5, 7, 0)
-    assert not plan.safety
+    assert plan.safety_runs == (False,)
     assert plan.timing == SimTiming(inter_token_s=0.01, prefill_s=0.0)
     assert plan.jitter_s == 0.0
     assert plan.round_sizes(3) == [3, 2]
     quick = _plan("--quick")
     assert quick.levels == (1, 2) and quick.requests_at(2) == 4 and quick.max_tokens == 16
+    assert quick.safety_runs == (False, True)
+    assert _plan("--requests", "40").requests_at(64) == 40
+
+
+@pytest.mark.parametrize(("flag", "runs"), [("both", (False, True)), ("off", (False,)), ("on", (True,))])
+def test_safety_flag_picks_the_runs(flag: str, runs: tuple[bool, ...]) -> None:
+    assert _plan("--safety", flag).safety_runs == runs
+    assert _plan("--quick", "--safety", flag).safety_runs == runs
 
 
 def test_timing_is_pinned_by_flags_with_no_batch_slowdown() -> None:
@@ -92,6 +113,9 @@ def test_impossible_plans_are_refused() -> None:
         SimTiming(inter_token_s=0.0)
     with pytest.raises(SystemExit):
         _plan("--safety", "maybe")
+    for runs in [(), (True, False), (False, False)]:
+        with pytest.raises(ValueError, match="safety"):
+            OverheadBenchPlan(safety_runs=runs)
 
 
 # ---------------------------------------------------------------- clients
@@ -283,12 +307,25 @@ def _records(ttft_s: float, gap_s: float, tokens: int, count: int) -> list[Reque
     return records
 
 
-def _report(levels: tuple[int, ...]) -> OverheadReport:
+def _run(
+    levels: tuple[int, ...],
+    safety: bool = False,
+    mesh_ttft_s: float = 0.042,
+    mesh_tail_s: float | None = None,
+) -> OverheadRun:
+    """A run where direct's first token comes at 40 ms and mesh's at
+    ``mesh_ttft_s`` (the last of its ten requests at ``mesh_tail_s``)."""
     results = {}
     for level in levels:
+        mesh = _records(mesh_ttft_s, 0.016, 4, 9) + _records(mesh_tail_s or mesh_ttft_s, 0.016, 4, 1)
         results[key("direct", level)] = PathMetrics.of(_records(0.040, 0.015, 4, 10), 2.0)
-        results[key("mesh", level)] = PathMetrics.of(_records(0.042, 0.016, 4, 10), 2.5)
-    return OverheadReport("llmmesh-tiny", levels, results, {"engine": {}}, "test", {"c1": 0})
+        results[key("mesh", level)] = PathMetrics.of(mesh, 2.5)
+    setup = {"safety_backends": "rules" if safety else "none", "ignore_eos": True}
+    return OverheadRun(safety, results, {"c1": 0}, setup)
+
+
+def _report(levels: tuple[int, ...], *runs: OverheadRun) -> OverheadReport:
+    return OverheadReport("llmmesh-tiny", levels, runs or (_run(levels),), {"engine": {}}, "test")
 
 
 def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
@@ -310,6 +347,11 @@ def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
         "output_tok_s": True,
         "all": True,
     }
+    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    assert "with_output_filter" not in body
+    assert body["setup"]["runs"] == {
+        "transport": {"safety": "off", "safety_backends": "none", "ignore_eos": True}
+    }
     strict = Targets(added_ttft_p50_ms_max=1.0)
     assert strict.met(report.deltas()["c16"])["all"] is False
     assert "what the mesh adds" in report.to_table()
@@ -319,41 +361,151 @@ def test_report_without_the_targets_level_has_no_verdict() -> None:
     body = json.loads(_report((1, 2)).to_json())
     assert set(body["targets_met"].values()) == {None}
     with pytest.raises(ValueError, match="no result"):
-        OverheadReport("m", (4,), {}, {}, "test")
+        OverheadReport("m", (4,), (OverheadRun(False, {}),), {}, "test")
+
+
+def test_report_holds_one_run_or_one_without_and_one_with_the_filter() -> None:
+    off, on = _run((1,)), _run((1,), safety=True)
+    with pytest.raises(ValueError, match="one run"):
+        _report((1,), off, off)
+    with pytest.raises(ValueError, match="one run"):
+        OverheadReport("m", (1,), (), {}, "test")
+    with pytest.raises(ValueError, match="one run"):
+        _report((1,), off, on, off)
+    # The order the runs are given in does not change which one is judged.
+    assert _report((1,), on, off).targets_run is off
+    assert _report((1,), off, on).filter_run is on
+
+
+def test_filter_added_is_what_the_mesh_adds_with_the_filter_less_without() -> None:
+    off = {"c1": {"added_ttft_p50_ms": 2.0, "added_ttft_p99_ms": 4.0}}
+    on = {"c1": {"added_ttft_p50_ms": 17.5, "added_ttft_p99_ms": 30.0}}
+    assert filter_added(on, off) == {
+        "filter_added_ttft_p50_ms": {"c1": 15.5},
+        "filter_added_ttft_p99_ms": {"c1": 26.0},
+    }
+    missing = {"c1": {"added_ttft_p50_ms": None, "added_ttft_p99_ms": 4.0}}
+    assert filter_added(on, missing)["filter_added_ttft_p50_ms"] == {"c1": None}
+
+
+def test_both_runs_report_the_transport_at_the_top_and_the_filter_apart() -> None:
+    levels = (1, 16)
+    # Without the filter the mesh adds 2 ms; with it 17 ms at the median
+    # and, with one slow request in ten, more at the tail.
+    off = _run(levels)
+    on = _run(levels, safety=True, mesh_ttft_s=0.057, mesh_tail_s=0.080)
+    report = _report(levels, off, on)
+    body = json.loads(report.to_json())
+    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    assert body["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(2.0)
+    assert body["targets_met"]["all"] is True
+    assert body["setup"]["engine"] == {}
+    assert body["setup"]["runs"] == {
+        "transport": {"safety": "off", "safety_backends": "none", "ignore_eos": True},
+        "with_output_filter": {"safety": "on", "safety_backends": "rules", "ignore_eos": True},
+    }
+    filtered = body["with_output_filter"]
+    assert set(filtered) == {"results", "ratios", "filter_added_ttft_p50_ms", "filter_added_ttft_p99_ms"}
+    assert set(filtered["results"]) == set(body["results"])
+    assert filtered["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(17.0)
+    for level in ("c1", "c16"):
+        assert filtered["filter_added_ttft_p50_ms"][level] == pytest.approx(15.0)
+        results_on, results_off = filtered["results"], body["results"]
+        added_on = results_on[f"mesh/{level}"]["ttft_p99_s"] - results_on[f"direct/{level}"]["ttft_p99_s"]
+        added_off = results_off[f"mesh/{level}"]["ttft_p99_s"] - results_off[f"direct/{level}"]["ttft_p99_s"]
+        p99 = filtered["filter_added_ttft_p99_ms"][level]
+        assert p99 == pytest.approx((added_on - added_off) * 1000, abs=1e-4)
+        assert p99 > 15.0
+        assert p99 == round(p99, 4)
+    table = report.to_table()
+    assert "transport: the region's safety filters off" in table
+    assert "with the output filter: the region's safety filters on" in table
+    assert table.count("what the mesh adds\n") == 2
+    filter_lines = table.split("what the output filter adds to time to first token")[1].splitlines()
+    assert filter_lines[2].split()[:2] == ["c1", "+15.0ms"]
+
+
+def test_a_single_run_with_the_filter_on_is_what_the_targets_judge() -> None:
+    on = _run((1, 16), safety=True, mesh_ttft_s=0.057)
+    body = json.loads(_report((1, 16), on).to_json())
+    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[True]
+    assert "with_output_filter" not in body
+    assert body["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(17.0)
+    assert body["targets_met"]["added_ttft_p50"] is False
+    assert set(body["setup"]["runs"]) == {"with_output_filter"}
+
+
+def test_failed_requests_in_either_run_are_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    levels = (1,)
+    failed = _records(0.057, 0.016, 4, 3)
+    failed[0].fail("region lost")
+    on = OverheadRun(True, {**_run(levels).results, key("mesh", 1): PathMetrics.of(failed, 1.0)})
+    report = _report(levels, _run(levels), on)
+    assert report.errors() == 1
+
+    monkeypatch.setattr(overhead.OverheadBench, "run", lambda self: _done(report))
+    scenario = overhead.overhead_scenario(OverheadBenchPlan(levels=levels), lambda line: None)
+    assert scenario(tmp_path) == (report, "1 requests failed")
+    clean = _report(levels, _run(levels), _run(levels, safety=True))
+    monkeypatch.setattr(overhead.OverheadBench, "run", lambda self: _done(clean))
+    assert scenario(tmp_path) == (clean, None)
+
+
+async def _done(report: OverheadReport) -> OverheadReport:
+    return report
 
 
 # ---------------------------------------------------------------- end to end
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(180)
-def test_small_overhead_run_through_the_real_mesh(tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+def test_quick_overhead_run_measures_the_transport_and_the_filter_through_the_real_mesh(
+    tmp_path: Path,
+) -> None:
     llmmesh = Path(sys.executable).parent / "llmmesh"
-    flags = ["--levels", "1,2", "--requests-per-level", "4", "--max-tokens", "8", "--warmup", "2"]
     done = subprocess.run(
-        [str(llmmesh), "bench", "overhead", "--json", *flags, "--log-dir", str(tmp_path)],
+        [str(llmmesh), "bench", "overhead", "--json", "--quick", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=230,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "llmmesh bench:" in done.stderr
+    assert "llmmesh bench: transport: " in done.stderr
+    assert "llmmesh bench: with_output_filter: " in done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["scenario"] == "overhead"
-    assert report["setup"]["region"]["safety_backends"] == "rules"
-    assert set(report["results"]) == {"direct/c1", "mesh/c1", "direct/c2", "mesh/c2"}
-    for figures in report["results"].values():
-        assert figures["requests"] == 4 and figures["errors"] == 0
-        assert figures["output_tokens"] > 0 and figures["ttft_p50_s"] is not None
+    assert report["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    runs = report["setup"]["runs"]
+    assert (runs["transport"]["safety_backends"], runs["with_output_filter"]["safety_backends"]) == (
+        "none",
+        "rules",
+    )
+    # Each run had its own mesh, its logs in a folder of its own.
+    assert list((tmp_path / "transport").glob("*-region.log"))
+    assert list((tmp_path / "with_output_filter").glob("*-region.log"))
+    filtered = report["with_output_filter"]
+    for results, all_ratios in (
+        (report["results"], report["ratios"]),
+        (filtered["results"], filtered["ratios"]),
+    ):
+        assert set(results) == {"direct/c1", "mesh/c1", "direct/c2", "mesh/c2"}
+        for figures in results.values():
+            assert figures["requests"] == 4 and figures["errors"] == 0
+            assert figures["output_tokens"] > 0 and figures["ttft_p50_s"] is not None
+        for level in ("c1", "c2"):
+            mesh, direct = results[f"mesh/{level}"], results[f"direct/{level}"]
+            assert mesh["output_tokens"] == direct["output_tokens"]
+            ratios = all_ratios[level]
+            assert ratios["length_mismatches"] == 0
+            added = (mesh["ttft_p50_s"] - direct["ttft_p50_s"]) * 1000
+            assert ratios["added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+            share = mesh["output_tok_s"] / direct["output_tok_s"]
+            assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
     for level in ("c1", "c2"):
-        mesh, direct = report["results"][f"mesh/{level}"], report["results"][f"direct/{level}"]
-        assert mesh["output_tokens"] == direct["output_tokens"]
-        ratios = report["ratios"][level]
-        assert ratios["length_mismatches"] == 0
-        added = (mesh["ttft_p50_s"] - direct["ttft_p50_s"]) * 1000
-        assert ratios["added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
-        share = mesh["output_tok_s"] / direct["output_tok_s"]
-        assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
+        on, off = filtered["ratios"][level], report["ratios"][level]
+        expected = on["added_ttft_p50_ms"] - off["added_ttft_p50_ms"]
+        assert filtered["filter_added_ttft_p50_ms"][level] == pytest.approx(expected, abs=0.001)
     # The targets are at concurrency 16, which this run leaves out.
     assert set(report["targets_met"].values()) == {None}
