@@ -7,7 +7,11 @@ import gc
 import json
 import os
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def stop_event() -> asyncio.Event:
@@ -41,3 +45,14 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a plane's main coroutine to its end on uvloop (libuv's event
+    loop, which relays a token for about a tenth less CPU than asyncio's
+    own), or on asyncio's where uvloop is not installed."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a platform without uvloop
+        return asyncio.run(main)
+    return uvloop.run(main)

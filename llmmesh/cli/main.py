@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -11,6 +10,7 @@ from typing import Any
 
 from llmmesh import config
 from llmmesh.errors import MeshError
+from llmmesh.lifecycle import run_event_loop
 
 
 def _setup_logging(name: str, level: str) -> None:
@@ -23,7 +23,7 @@ def _setup_logging(name: str, level: str) -> None:
 
 def _run_plane(name: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> int:
     try:
-        asyncio.run(coro())
+        run_event_loop(coro())
     except MeshError as err:
         print(f"llmmesh {name}: {err.message}", file=sys.stderr)
         return 2
