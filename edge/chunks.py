@@ -82,6 +82,14 @@ class ChunkStream:
         self.model = model
         self.include_usage = include_usage
         self.last_id = 0
+        # A content chunk is the same JSON each time but for its text: framed
+        # once here around a marker, each one then costs one string encoding.
+        # The text is the chunk's last string, so its marker is the last one
+        # even if the model's name held it too.
+        marker = "\x00"
+        choice = {"index": 0, "delta": {"content": marker}, "logprobs": None, "finish_reason": None}
+        template = json.dumps(self._chunk([choice]), separators=(",", ":"))
+        self._content_head, self._content_tail = template.rsplit(json.dumps(marker), 1)
 
     def _chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
         chunk: dict[str, object] = {
@@ -119,10 +127,10 @@ class ChunkStream:
     def content(self, sequence: int, text: str) -> SseEvent:
         """A content chunk; its id is the delta's sequence number (kept
         above the previous id should a region ever repeat one)."""
-        return self._event(
-            max(sequence, self.last_id + 1),
-            self._chunk([{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}]),
-        )
+        event_id = max(sequence, self.last_id + 1)
+        self.last_id = event_id
+        data = f"{self._content_head}{json.dumps(text)}{self._content_tail}"
+        return SseEvent(event_id, f"id: {event_id}\ndata: {data}\n\n".encode())
 
     def finish(
         self, reason: common_pb2.FinishReason.ValueType, filtered_categories: Sequence[str] = ()

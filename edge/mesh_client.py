@@ -106,6 +106,7 @@ class MeshClient:
         self.billing = billing_service_pb2_grpc.BillingServiceStub(self._global)
         self._global_health = health_pb2_grpc.HealthStub(self._global)
         self._regions: dict[str, grpc.aio.Channel] = {}
+        self._chat_stubs: dict[str, chat_service_pb2_grpc.ChatServiceStub] = {}
         self._auth_cache: dict[str, tuple[float, Principal]] = {}
         self._auth_cache_s = auth_cache_s
         self._clock = clock
@@ -271,13 +272,14 @@ class MeshClient:
         raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region of the zone is serving")
 
     def chat(self, address: str) -> chat_service_pb2_grpc.ChatServiceStub:
-        """A ChatService stub for a region, reusing one channel per address."""
-        channel = self._regions.get(address)
-        if channel is None:
+        """A ChatService stub for a region, one channel (and stub) per address."""
+        stub = self._chat_stubs.get(address)
+        if stub is None:
             channel = self._regions[address] = grpc.aio.insecure_channel(
                 address, options=self._region_options
             )
-        return chat_service_pb2_grpc.ChatServiceStub(channel)
+            stub = self._chat_stubs[address] = chat_service_pb2_grpc.ChatServiceStub(channel)
+        return stub
 
     async def close(self) -> None:
         await self._refresh.close()

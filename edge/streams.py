@@ -38,7 +38,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from edge import metrics
-from edge.chunks import DONE, ChunkStream, SseEvent, sse_data
+from edge.chunks import DONE, ChunkStream, SseEvent, blocked_categories, sse_data
 from edge.errors import OpenAIError, from_mesh_error
 from edge.failover import FailoverTurn
 from edge.settings import EdgeSettings
@@ -247,8 +247,7 @@ class StreamHub:
                 await appender.event(chunks.content(delta.sequence, delta.text))
             if turn.region != region:
                 await self.log.set_region(stream_id, turn.region)
-            blocked = turn.safety.categories if turn.safety is not None and turn.safety.blocked else ()
-            await appender.event(chunks.finish(turn.reason, list(blocked)))
+            await appender.event(chunks.finish(turn.reason, blocked_categories(turn.safety)))
             if chunks.include_usage:
                 await appender.event(chunks.usage(turn.usage))
             await appender.end(DONE)
