@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 CancelListener = Callable[[str], None]
 """Called with a stream id when some edge asks for that stream's cancellation."""
@@ -40,13 +41,14 @@ class StreamInfo:
     region: str
 
 
-@dataclass(frozen=True)
-class LogEntry:
+class LogEntry(NamedTuple):
     """One SSE event of a stream, or the stream's end.
 
     ``prev_id`` is the id of the event before this one (-1 for the first).
     The end entry comes last; it repeats the last event's id in both fields
     and its frame is ``data: [DONE]`` after a success, empty after an error.
+
+    The in-process log keeps each as a plain tuple (:data:`_Held`).
     """
 
     event_id: int
@@ -134,10 +136,19 @@ class StreamLog(ABC):
         """Ask the edge producing the stream to cancel it."""
 
 
+_Held = tuple[int, int, bytes, bool]
+"""A retained entry as a plain tuple of plain values, which the garbage
+collector stops tracking (it does so for exact tuples only, not for a
+NamedTuple): a log retains every event of its streams for minutes, and as
+tracked objects each would be walked again by every full collection, tens
+of milliseconds with the events of a few thousand streams, during which the
+edge relays nothing."""
+
+
 @dataclass
 class _Stream:
     info: StreamInfo
-    entries: deque[LogEntry]
+    entries: deque[_Held]
     dropped: int = 0
     ended_at: float | None = None
     readers: int = 0
@@ -206,7 +217,7 @@ class InProcessStreamLog(StreamLog):
             return
         if len(stream.entries) == self._max_events:
             stream.dropped += 1
-        stream.entries.append(entry)
+        stream.entries.append((entry.event_id, entry.prev_id, entry.frame, entry.end))
         if entry.end:
             stream.ended_at = self._clock()
             self._finished[stream_id] = stream.ended_at
@@ -240,7 +251,8 @@ class InProcessStreamLog(StreamLog):
             # From the right end: deque indexing is cheap near its ends.
             new = [entries[i] for i in range(len(entries) - fresh, len(entries))]
             index = stream.dropped + len(entries)
-            for entry in new:
+            for held in new:
+                entry = LogEntry(*held)
                 if position.admit(entry):
                     yield entry
                 if entry.end:
