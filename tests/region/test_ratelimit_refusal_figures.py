@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from llmmesh.errors import Reason, ResourceExhausted, from_stream_error
 from region.ratelimit import LocalRateLimiter, RateLimiter, RateLimits, Reservation
 from region.ratelimit_redis import RedisRateLimiter
+from tests.region.test_ratelimit import FakeClock
 
 FIGURES = (
     "limit_requests",
@@ -24,19 +25,6 @@ FIGURES = (
     "remaining_tokens",
     "reset_tokens_ms",
 )
-
-
-class FakeClock:
-    """Seconds, moved by hand."""
-
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest_asyncio.fixture
