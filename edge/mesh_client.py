@@ -33,9 +33,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
+from llmmesh.model_resolver import ModelResolver
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.pages import collect_pages
-from llmmesh.refresh import BackgroundRefresh, refresh_due
+from llmmesh.refresh import SingleFlight, refresh_due
 from llmmesh.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
@@ -104,6 +105,8 @@ class MeshClient:
         self.geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(self._global)
         self.registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(self._global)
         self.billing = billing_service_pb2_grpc.BillingServiceStub(self._global)
+        # What model names mean, shared by every route that resolves one.
+        self.models = ModelResolver(self.registry)
         self._global_health = health_pb2_grpc.HealthStub(self._global)
         self._regions: dict[str, grpc.aio.Channel] = {}
         self._chat_stubs: dict[str, chat_service_pb2_grpc.ChatServiceStub] = {}
@@ -116,7 +119,7 @@ class MeshClient:
         # The last answer of each route call, kept for global-plane outages.
         self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}
         self.outage = OutageGate(clock=clock)
-        self._refresh = BackgroundRefresh("edge keys")
+        self._refresh: SingleFlight[Principal] = SingleFlight("edge keys")
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
@@ -284,6 +287,7 @@ class MeshClient:
     async def close(self) -> None:
         await self._refresh.close()
         await self._routes.close()
+        await self.models.close()
         for channel in self._regions.values():
             await channel.close()
         await self._global.close()

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from llmmesh.refresh import refresh_due
+from llmmesh.refresh import SingleFlight, refresh_due
 from llmmesh.v1 import geo_routing_service_pb2
 
 Route = tuple[geo_routing_service_pb2.RegionStatus, ...]
@@ -53,7 +53,7 @@ class RouteCache:
         self._capacity = capacity
         self._clock = clock
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
-        self._fetching: dict[tuple[str, str], asyncio.Task[Route]] = {}
+        self._fetching: SingleFlight[Route] = SingleFlight("edge routes")
         # Bumped by every invalidation: a fetch that began before one may
         # carry what it invalidated, so its answer is returned but not kept.
         self._epoch = 0
@@ -105,14 +105,11 @@ class RouteCache:
                 self._start_fetch(key, fetch)
             return cached
         self.misses += 1
-        task = self._fetching.get(key) or self._start_fetch(key, fetch)
-        return await asyncio.shield(task)
+        return await asyncio.shield(self._start_fetch(key, fetch))
 
     def _start_fetch(self, key: tuple[str, str], fetch: FetchRoute) -> asyncio.Task[Route]:
-        task = asyncio.ensure_future(self._fetch(key, fetch, self._epoch))
-        self._fetching[key] = task
-        task.add_done_callback(lambda done: self._fetched(key, done))
-        return task
+        epoch = self._epoch
+        return self._fetching.start(key, lambda: self._fetch(key, fetch, epoch))
 
     async def _fetch(self, key: tuple[str, str], fetch: FetchRoute, epoch: int) -> Route:
         route = tuple(await fetch())
@@ -120,18 +117,9 @@ class RouteCache:
             self.put(*key, route)
         return route
 
-    def _fetched(self, key: tuple[str, str], task: asyncio.Task[Route]) -> None:
-        if self._fetching.get(key) is task:
-            del self._fetching[key]
-        if not task.cancelled():
-            task.exception()  # retrieved here, so a fetch nobody awaits any more is not reported as lost
-
     async def close(self) -> None:
         """Cancel the fetches still running (a refresh nobody waits for included)."""
-        tasks = list(self._fetching.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._fetching.close()
 
     def invalidate(self, tenant_id: str, model: str) -> None:
         """Forget one route."""

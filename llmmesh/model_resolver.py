@@ -16,7 +16,7 @@ import grpc.aio
 
 from llmmesh.errors import Reason, Unavailable, from_rpc_error
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
-from llmmesh.refresh import BackgroundRefresh, refresh_due
+from llmmesh.refresh import SingleFlight, refresh_due
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -36,7 +36,7 @@ class ModelResolver:
         self._clock = clock
         self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
         self.outage = OutageGate(clock=clock)
-        self._refresh = BackgroundRefresh("model resolver")
+        self._refresh: SingleFlight[model_registry_service_pb2.Model] = SingleFlight("model resolver")
 
     async def resolve(self, name: str, tier: common_pb2.Tier.ValueType) -> model_registry_service_pb2.Model:
         """The model ``name`` means for ``tier``; raises the registry's MeshError
