@@ -31,7 +31,6 @@ from edge.stream_log import StreamInfo
 from edge.streams import StreamHub, build_stream_log
 from edge.turns import open_turn
 from llmmesh import apikeys
-from llmmesh.model_resolver import ModelResolver
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2
 
@@ -77,7 +76,6 @@ class CompletionsHandler:
     def __init__(self, settings: EdgeSettings, mesh: MeshClient, streams: StreamHub | None = None) -> None:
         self._settings = settings
         self._mesh = mesh
-        self._models = ModelResolver(mesh.registry)
         self.streams = streams if streams is not None else StreamHub(settings, build_stream_log(settings))
         self._failover = FailoverPolicy(
             first_event_timeout_s=settings.first_event_timeout_ms / 1000,
@@ -88,7 +86,7 @@ class CompletionsHandler:
     async def handle(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
-        model = await self._models.resolve(req.model, principal.tenant.tier)
+        model = await self._mesh.models.resolve(req.model, principal.tenant.tier)
         start = chat_service_pb2.ChatStart(
             model=model.name,
             messages=req.to_messages(),

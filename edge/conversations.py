@@ -38,7 +38,6 @@ from edge.schemas import parse_body
 from edge.settings import EdgeSettings
 from llmmesh.errors import MeshError, NotFound, Reason
 from llmmesh.ids import ConversationId
-from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import chat_service_pb2
 
 DEFAULT_LIMIT = 20
@@ -57,7 +56,6 @@ class ConversationsHandler:
         self._settings = settings
         self._mesh = mesh
         self._completions = completions
-        self._models = ModelResolver(mesh.registry)
 
     def routes(self) -> list[Route]:
         return [
@@ -142,7 +140,7 @@ class ConversationsHandler:
         messages = body.new_messages()
         sampling = body.to_sampling()
         conversation = await self._conversation(principal, text_id)
-        model = await self._models.resolve(body.model or conversation.model, principal.tenant.tier)
+        model = await self._mesh.models.resolve(body.model or conversation.model, principal.tenant.tier)
         start = chat_service_pb2.ChatStart(
             request_id="chatcmpl-" + secrets.token_hex(12),
             model=model.name,

@@ -83,6 +83,7 @@ class RegionPlane:
     router: KvAffinityRouter
     feeds: KvEventFeeds | None
     redis: redis.asyncio.Redis | None
+    models: ModelResolver
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -122,6 +123,7 @@ class RegionPlane:
         await self.server.stop(grace_s)
         await self.heartbeat.close()
         await self.policy.close()
+        await self.models.close()
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
@@ -229,6 +231,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         router,
         feeds,
         shared,
+        models,
     )
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)
