@@ -49,8 +49,8 @@ def settle_heap() -> None:
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run a plane's main coroutine to its end on uvloop (libuv's event
-    loop, which relays a token for about a tenth less CPU than asyncio's
-    own), or on asyncio's where uvloop is not installed."""
+    loop, which relays a token for less CPU than asyncio's own), or on
+    asyncio's where uvloop is not installed."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - a platform without uvloop
