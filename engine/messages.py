@@ -53,40 +53,34 @@ def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:
     )
 
 
-def started_response(request_id: str, pod_id: str, event: GenerationStarted) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        started=pb.GenerateStarted(
-            request_id=request_id,
-            pod_id=pod_id,
-            prompt_tokens=event.prompt_tokens,
-            cached_prompt_tokens=event.cached_prompt_tokens,
-        )
+def started(request_id: str, pod_id: str, event: GenerationStarted) -> pb.GenerateStarted:
+    return pb.GenerateStarted(
+        request_id=request_id,
+        pod_id=pod_id,
+        prompt_tokens=event.prompt_tokens,
+        cached_prompt_tokens=event.cached_prompt_tokens,
     )
 
 
-def delta_response(sequence: int, event: GeneratedTokens) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        delta=pb.TokenDelta(
-            sequence=sequence,
-            text=event.text,
-            token_ids=event.token_ids,
-            output_token_offset=event.output_token_offset,
-        )
+def delta(sequence: int, event: GeneratedTokens) -> pb.TokenDelta:
+    return pb.TokenDelta(
+        sequence=sequence,
+        text=event.text,
+        token_ids=event.token_ids,
+        output_token_offset=event.output_token_offset,
     )
 
 
-def finished_response(request_id: str, event: GenerationFinished) -> pb.GenerateResponse:
-    return pb.GenerateResponse(
-        finished=pb.GenerateFinished(
-            request_id=request_id,
-            reason=_FINISH_REASONS[event.reason],
-            usage=common_pb2.TokenUsage(
-                input_tokens=event.prompt_tokens,
-                output_tokens=event.output_tokens,
-                cached_input_tokens=event.cached_prompt_tokens,
-            ),
-            matched_stop=event.matched_stop,
-        )
+def finished(request_id: str, event: GenerationFinished) -> pb.GenerateFinished:
+    return pb.GenerateFinished(
+        request_id=request_id,
+        reason=_FINISH_REASONS[event.reason],
+        usage=common_pb2.TokenUsage(
+            input_tokens=event.prompt_tokens,
+            output_tokens=event.output_tokens,
+            cached_input_tokens=event.cached_prompt_tokens,
+        ),
+        matched_stop=event.matched_stop,
     )
 
 

@@ -1,10 +1,12 @@
 """``EngineService`` over an :class:`engine.backend.EngineBackend`: thin async
 handlers that validate, convert and stream; the logic lives in the backend.
 
-Cancellation flows down: a ``cancel`` message or a cancelled call (client
-gone) aborts the backend request. A backend ``MeshError`` ends the call with
-its rich status, also mid-stream: an engine failure after some tokens ends
-the stream with UNAVAILABLE (``ENGINE_FAILED``, RetryInfo) after them.
+``GenerateSession`` (:mod:`engine.session`) carries many generations on
+one stream, as a region uses it. Cancellation flows down: a ``cancel``
+message or a cancelled call (client gone) aborts the backend request. A
+backend ``MeshError`` ends the call with its rich status, also mid-stream:
+an engine failure after some tokens ends the stream with UNAVAILABLE
+(``ENGINE_FAILED``, RetryInfo) after them.
 Feeds (``WatchLoad``, ``StreamKvEvents``) end cleanly when the pod starts
 draining, so a drain never waits on them.
 """
@@ -22,6 +24,7 @@ import grpc.aio
 
 from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
+from engine.session import GenerationSession
 from engine.validation import validate_generation
 from llmmesh.chat_tokenizer import tokenizer_response
 from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
@@ -68,12 +71,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             async with contextlib.aclosing(self._backend.generate(request)) as events:
                 async for event in events:
                     if isinstance(event, GenerationStarted):
-                        yield messages.started_response(request.request_id, pod_id, event)
+                        yield pb.GenerateResponse(started=messages.started(request.request_id, pod_id, event))
                     elif isinstance(event, GeneratedTokens):
                         deltas += 1
-                        yield messages.delta_response(deltas, event)
+                        yield pb.GenerateResponse(delta=messages.delta(deltas, event))
                     else:
-                        yield messages.finished_response(request.request_id, event)
+                        yield pb.GenerateResponse(finished=messages.finished(request.request_id, event))
         except MeshError as err:
             await err.abort(context)
         except asyncio.CancelledError:
@@ -82,6 +85,14 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             raise
         finally:
             await cancel_and_wait(watcher)
+
+    async def GenerateSession(
+        self, request_iterator: AsyncIterator[pb.GenerateSessionRequest], context: Context
+    ) -> AsyncIterator[pb.GenerateSessionResponse]:
+        session = GenerationSession(self._backend, self._generation_request, self._backend.info().pod_id)
+        async with contextlib.aclosing(session.serve(request_iterator)) as responses:
+            async for response in responses:
+                yield response
 
     async def CancelGeneration(
         self, request: pb.CancelGenerationRequest, context: Context

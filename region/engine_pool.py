@@ -20,6 +20,7 @@ from llmmesh.errors import Reason, Unavailable
 from llmmesh.grpcserver import open_channel
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
+from region.engine_session import EngineSession
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ class EnginePodHandle:
     channel: grpc.aio.Channel
     stub: engine_service_pb2_grpc.EngineServiceStub
     health: health_pb2_grpc.HealthStub
+    # The pod's GenerateSession stream, shared by the turns placed on it.
+    session: EngineSession
     pod_id: str = ""
     model: str = ""
     healthy: bool = False
@@ -48,12 +51,14 @@ class EnginePool:
         self._pods: list[EnginePodHandle] = []
         for address in addresses:
             channel = open_channel(address)
+            stub = engine_service_pb2_grpc.EngineServiceStub(channel)
             self._pods.append(
                 EnginePodHandle(
                     address=address,
                     channel=channel,
-                    stub=engine_service_pb2_grpc.EngineServiceStub(channel),
+                    stub=stub,
                     health=health_pb2_grpc.HealthStub(channel),
+                    session=EngineSession(stub, address),
                 )
             )
         self._interval_s = health_interval_s
@@ -147,4 +152,5 @@ class EnginePool:
     async def close(self) -> None:
         await cancel_and_wait(self._task)
         for pod in self._pods:
+            await pod.session.close()
             await pod.channel.close()

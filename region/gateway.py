@@ -25,7 +25,6 @@ region records first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import grpc
 import grpc.aio
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable, from_rpc_error
+from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -50,6 +49,7 @@ from region.admission import Admission, Admitted
 from region.context_builder import fit_context
 from region.conversations import CHAT_ROLES
 from region.engine_pool import EnginePodHandle, EnginePool
+from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.model_policy import require_allowed, turn_cost
@@ -360,25 +360,24 @@ class ChatGateway:
         await output.seed(meter.carried_text)
         # Counted before the first await: the router reads it for the next turn.
         pod.in_flight += 1
-        call = pod.stub.Generate()
-        forward = asyncio.create_task(self._forward_cancel(call, cancel, prepared.request_id))
+        generation: SessionGeneration | None = None
+        forward: asyncio.Task[None] | None = None
         produced = False
         try:
-            await call.write(
-                engine_service_pb2.GenerateRequest(
-                    start=engine_service_pb2.GenerateStart(
-                        request_id=prepared.request_id,
-                        model=prepared.model.name,
-                        # The prompt as the router tokenized it (a pod's own
-                        # tokens), so the pod does not render it again.
-                        prompt_token_ids=prepared.token_ids,
-                        sampling=start.sampling,
-                        priority=engine_priority(turn.caller.tier),
-                        resume_output_token_ids=start.continuation.emitted_token_ids,
-                    )
+            generation = await pod.session.start(
+                engine_service_pb2.GenerateStart(
+                    request_id=prepared.request_id,
+                    model=prepared.model.name,
+                    # The prompt as the router tokenized it (a pod's own
+                    # tokens), so the pod does not render it again.
+                    prompt_token_ids=prepared.token_ids,
+                    sampling=start.sampling,
+                    priority=engine_priority(turn.caller.tier),
+                    resume_output_token_ids=start.continuation.emitted_token_ids,
                 )
             )
-            async for resp in call:
+            forward = asyncio.create_task(self._forward_cancel(generation, cancel))
+            async for resp in generation:
                 kind = resp.WhichOneof("event")
                 if kind == "started":
                     produced = meter.started = True
@@ -422,31 +421,25 @@ class ChatGateway:
                     yield event
                 return
             raise Unavailable(Reason.ENGINE_FAILED, "the engine stream ended without a finish event")
-        except grpc.aio.AioRpcError as err:
-            if not produced and err.code() in _RETRYABLE_BEFORE_OUTPUT and not cancel.is_set():
-                raise _PodFailedEarly from err
-            error = from_rpc_error(err)
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
+        except MeshError as error:
+            if not produced and error.code in _RETRYABLE_BEFORE_OUTPUT and not cancel.is_set():
+                raise _PodFailedEarly from error
+            if error.code == grpc.StatusCode.UNAVAILABLE and error.reason != Reason.ENGINE_FAILED:
                 error = Unavailable(
                     Reason.ENGINE_FAILED,
-                    f"engine pod {pod.pod_id} failed mid-stream: {err.details()}",
+                    f"engine pod {pod.pod_id} failed mid-stream: {error.message}",
                     retry_after_s=1.0,
                 )
             if not produced:
-                raise error from err
-            meter.reason = common_pb2.FINISH_REASON_ERROR
-            yield chat_service_pb2.ChatResponse(error=error.to_stream_error())
-        except MeshError as error:
-            if not produced:
-                raise
+                raise error from None
             meter.reason = common_pb2.FINISH_REASON_ERROR
             yield chat_service_pb2.ChatResponse(error=error.to_stream_error())
         finally:
             pod.in_flight -= 1
             await cancel_and_wait(forward)
-            if not call.done():
-                # The pod aborts the request when its stream is cancelled.
-                call.cancel()
+            if generation is not None:
+                # The pod aborts a generation its turn stopped reading.
+                generation.abandon()
 
     @staticmethod
     def _deliver(
@@ -503,20 +496,9 @@ class ChatGateway:
         )
 
     @staticmethod
-    async def _forward_cancel(
-        call: grpc.aio.StreamStreamCall[
-            engine_service_pb2.GenerateRequest, engine_service_pb2.GenerateResponse
-        ],
-        cancel: asyncio.Event,
-        request_id: str,
-    ) -> None:
+    async def _forward_cancel(generation: SessionGeneration, cancel: asyncio.Event) -> None:
         await cancel.wait()
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-            await call.write(
-                engine_service_pb2.GenerateRequest(
-                    cancel=engine_service_pb2.GenerateCancel(request_id=request_id, reason="client cancelled")
-                )
-            )
+        await generation.cancel("client cancelled")
 
     async def drain(self) -> None:
         """Wait for the turn records still being written."""

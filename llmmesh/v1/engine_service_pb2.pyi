@@ -53,6 +53,116 @@ class GenerateRequest(_message.Message):
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
 @_typing.final
+class GenerateSessionRequest(_message.Message):
+    """A message from the client on a GenerateSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___GenerateStart:
+        """Starts a generation; its request_id must be unique on the stream
+        while it runs.
+        """
+
+    @_builtins.property
+    def cancel(self) -> Global___GenerateCancel:
+        """Stops the generation its request_id names; it finishes as CANCELLED."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___GenerateStart | None = ...,
+        cancel: Global___GenerateCancel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___GenerateSessionRequest: _TypeAlias = GenerateSessionRequest  # noqa: Y015
+
+@_typing.final
+class GenerateSessionResponse(_message.Message):
+    """A message from the server on a GenerateSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerationEvent]:
+        """Events of one or more generations, in order within each generation."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___GenerationEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateSessionResponse: _TypeAlias = GenerateSessionResponse  # noqa: Y015
+
+@_typing.final
+class GenerationEvent(_message.Message):
+    """One event of one generation on a GenerateSession stream. A generation's
+    events end with finished or error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The generation's request id, as its start message gave it."""
+    @_builtins.property
+    def started(self) -> Global___GenerateStarted:
+        """The generation was admitted."""
+
+    @_builtins.property
+    def delta(self) -> Global___TokenDelta:
+        """New output tokens."""
+
+    @_builtins.property
+    def finished(self) -> Global___GenerateFinished:
+        """The generation ended."""
+
+    @_builtins.property
+    def error(self) -> _common_pb2.StreamError:
+        """The generation failed, before or after output (the status Generate
+        would have ended with); the last event of the generation.
+        """
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        started: Global___GenerateStarted | None = ...,
+        delta: Global___TokenDelta | None = ...,
+        finished: Global___GenerateFinished | None = ...,
+        error: _common_pb2.StreamError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "error", b"error", "event", b"event", "finished", b"finished", "started", b"started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "error", b"error", "event", b"event", "finished", b"finished", "request_id", b"request_id", "started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["started", "delta", "finished", "error"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___GenerationEvent: _TypeAlias = GenerationEvent  # noqa: Y015
+
+@_typing.final
 class GenerateStart(_message.Message):
     """Starts one generation."""
 

@@ -41,6 +41,11 @@ class EngineServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateSession = channel.stream_stream(
+                '/llmmesh.v1.EngineService/GenerateSession',
+                request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionResponse.FromString,
+                _registered_method=True)
         self.CancelGeneration = channel.unary_unary(
                 '/llmmesh.v1.EngineService/CancelGeneration',
                 request_serializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationRequest.SerializeToString,
@@ -87,6 +92,21 @@ class EngineServiceServicer:
         """Runs one generation. The client sends a start message, then optionally a
         cancel; the server streams started, deltas and finished. Cancelling the
         call aborts the generation as well.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateSession(self, request_iterator, context):
+        """Runs many generations on one long-lived stream, as a region does with
+        each of its pods: starts and cancels go in, each naming its request id;
+        every message out carries the events the pod produced since the last
+        one, for all the stream's generations (one decode step's tokens of a
+        whole batch in one message). A stream costs one call set-up for its
+        whole life instead of one per generation. A generation's error before
+        or during its output is an event of that generation; the stream itself
+        stays up. Ending the stream (half-close or cancel) aborts every
+        generation still running on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +175,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.SerializeToString,
             ),
+            'GenerateSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateSession,
+                    request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionResponse.SerializeToString,
+            ),
             'CancelGeneration': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelGeneration,
                     request_deserializer=llmmesh_dot_v1_dot_engine__service__pb2.CancelGenerationRequest.FromString,
@@ -220,6 +245,33 @@ class EngineService:
             '/llmmesh.v1.EngineService/Generate',
             llmmesh_dot_v1_dot_engine__service__pb2.GenerateRequest.SerializeToString,
             llmmesh_dot_v1_dot_engine__service__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmmesh.v1.EngineService/GenerateSession',
+            llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionRequest.SerializeToString,
+            llmmesh_dot_v1_dot_engine__service__pb2.GenerateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

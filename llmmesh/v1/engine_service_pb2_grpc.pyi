@@ -40,6 +40,17 @@ class EngineServiceStub:
     cancel; the server streams started, deltas and finished. Cancelling the
     call aborts the generation as well.
     """
+    GenerateSession: _grpc.StreamStreamMultiCallable[_engine_service_pb2.GenerateSessionRequest, _engine_service_pb2.GenerateSessionResponse]
+    """Runs many generations on one long-lived stream, as a region does with
+    each of its pods: starts and cancels go in, each naming its request id;
+    every message out carries the events the pod produced since the last
+    one, for all the stream's generations (one decode step's tokens of a
+    whole batch in one message). A stream costs one call set-up for its
+    whole life instead of one per generation. A generation's error before
+    or during its output is an event of that generation; the stream itself
+    stays up. Ending the stream (half-close or cancel) aborts every
+    generation still running on it.
+    """
     CancelGeneration: _grpc.UnaryUnaryMultiCallable[_engine_service_pb2.CancelGenerationRequest, _engine_service_pb2.CancelGenerationResponse]
     """Aborts a running or waiting generation of this pod by request id, from
     outside its stream; its stream then finishes as cancelled. NOT_FOUND
@@ -75,6 +86,17 @@ class EngineServiceAsyncStub(EngineServiceStub):
     """Runs one generation. The client sends a start message, then optionally a
     cancel; the server streams started, deltas and finished. Cancelling the
     call aborts the generation as well.
+    """
+    GenerateSession: _aio.StreamStreamMultiCallable[_engine_service_pb2.GenerateSessionRequest, _engine_service_pb2.GenerateSessionResponse]  # type: ignore[assignment]
+    """Runs many generations on one long-lived stream, as a region does with
+    each of its pods: starts and cancels go in, each naming its request id;
+    every message out carries the events the pod produced since the last
+    one, for all the stream's generations (one decode step's tokens of a
+    whole batch in one message). A stream costs one call set-up for its
+    whole life instead of one per generation. A generation's error before
+    or during its output is an event of that generation; the stream itself
+    stays up. Ending the stream (half-close or cancel) aborts every
+    generation still running on it.
     """
     CancelGeneration: _aio.UnaryUnaryMultiCallable[_engine_service_pb2.CancelGenerationRequest, _engine_service_pb2.CancelGenerationResponse]  # type: ignore[assignment]
     """Aborts a running or waiting generation of this pod by request id, from
@@ -114,6 +136,23 @@ class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
         """Runs one generation. The client sends a start message, then optionally a
         cancel; the server streams started, deltas and finished. Cancelling the
         call aborts the generation as well.
+        """
+
+    @_abc_1.abstractmethod
+    def GenerateSession(
+        self,
+        request_iterator: _MaybeAsyncIterator[_engine_service_pb2.GenerateSessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_engine_service_pb2.GenerateSessionResponse], _abc.AsyncIterator[_engine_service_pb2.GenerateSessionResponse]]:
+        """Runs many generations on one long-lived stream, as a region does with
+        each of its pods: starts and cancels go in, each naming its request id;
+        every message out carries the events the pod produced since the last
+        one, for all the stream's generations (one decode step's tokens of a
+        whole batch in one message). A stream costs one call set-up for its
+        whole life instead of one per generation. A generation's error before
+        or during its output is an event of that generation; the stream itself
+        stays up. Ending the stream (half-close or cancel) aborts every
+        generation still running on it.
         """
 
     @_abc_1.abstractmethod

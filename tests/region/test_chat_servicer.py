@@ -242,3 +242,27 @@ async def test_no_serving_pod_is_unavailable_with_retry_info(stack: Stack) -> No
     error = await turn_error(stack, start())
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "ENGINE_UNAVAILABLE")
     assert error.retry_after_s is not None and error.retry_after_s > 0
+
+
+async def test_a_pod_dying_mid_turn_fails_its_turns_and_the_next_goes_elsewhere() -> None:
+    async with running_stack(pods=2) as stack:
+        await wait_until(lambda: len(stack.region.pool.healthy_pods) == 2, what="both pods up")
+        async with open_channel(stack.region.address) as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+            await call.write(start(max_tokens=2000))
+            started = (await call.read()).started
+            assert (await call.read()).HasField("delta")
+            dying = next(pod for pod in stack.engines if pod.backend.info().pod_id == started.pod_id)
+            await dying.stop(0)
+            rest = []
+            while (event := await call.read()) is not grpc.aio.EOF:
+                rest.append(event)
+        assert rest[-1].HasField("error"), "the turn did not end with an error event"
+        error = rest[-1].error
+        assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE.value[0], "ENGINE_FAILED")
+        assert await billed(stack, started.request_id)
+        # The region learns the pod is gone at once or at its next health check;
+        # either way the next turn is served.
+        events = await run_turn(stack, start(max_tokens=4))
+        assert events[0].started.pod_id != started.pod_id
+        assert events[-1].HasField("finished")
