@@ -30,6 +30,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from edge.region_session import RegionSession, region_session
 from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
@@ -110,6 +111,7 @@ class MeshClient:
         self._global_health = health_pb2_grpc.HealthStub(self._global)
         self._regions: dict[str, grpc.aio.Channel] = {}
         self._chat_stubs: dict[str, chat_service_pb2_grpc.ChatServiceStub] = {}
+        self._sessions: dict[str, RegionSession] = {}
         self._auth_cache: dict[str, tuple[float, Principal]] = {}
         self._auth_cache_s = auth_cache_s
         self._clock = clock
@@ -284,7 +286,17 @@ class MeshClient:
             stub = self._chat_stubs[address] = chat_service_pb2_grpc.ChatServiceStub(channel)
         return stub
 
+    def session(self, address: str) -> RegionSession:
+        """The ChatSession stream to a region, one per address, shared by
+        every turn this edge runs there."""
+        session = self._sessions.get(address)
+        if session is None:
+            session = self._sessions[address] = region_session(self.chat(address), address)
+        return session
+
     async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
         await self._refresh.close()
         await self._routes.close()
         await self.models.close()

@@ -1,11 +1,13 @@
 """Opening a chat turn on the tenant's regions, best first, and reading it.
 
-A region that cannot be reached before it accepts the turn is skipped for
-the next one of the zone; a region that answers with an error ends the turn
-with that error. Once accepted, a stream that breaks (the connection lost or
-reset, the stream ended without a finish, an error event saying the region
-or its engine failed, or no event for ``stall_timeout_s`` while generating)
-raises :class:`RegionLost`, which :mod:`edge.failover` continues elsewhere.
+Turns run on the edge's session stream to each region
+(:mod:`edge.region_session`). A region that cannot be reached, or that says
+it cannot serve (UNAVAILABLE), before it accepts the turn is skipped for the
+next one of the zone; a region that answers with another error ends the
+turn with that error. Once accepted, a stream that breaks (the connection
+lost or reset, an error event saying the region or its engine failed, or no
+event for ``stall_timeout_s`` while generating) raises :class:`RegionLost`,
+which :mod:`edge.failover` continues elsewhere.
 """
 
 from __future__ import annotations
@@ -14,30 +16,16 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
-from typing import TypeAlias
 
 import grpc
-import grpc.aio
 
 from edge.mesh_client import MeshClient, Principal
-from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error, from_stream_error
+from edge.region_session import SessionLost, SessionTurn, start_message
+from llmmesh.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
-# grpc ships no type stubs; the alias names what the value is.
-ChatCall: TypeAlias = grpc.aio.StreamStreamCall
-
-# Transport failures of an accepted stream: the region, or the way to it, broke.
-_BROKEN_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    }
-)
 # Error events that say the region or its engine failed, not the caller or the content.
 _FAILED_REASONS = frozenset({Reason.REGION_UNAVAILABLE, Reason.ENGINE_FAILED, Reason.ENGINE_UNAVAILABLE})
 
@@ -57,13 +45,13 @@ class RegionLost(Unavailable):
 
 @dataclass
 class OpenTurn:
-    """A turn a region has accepted.
+    """A turn a region has accepted, on the edge's session stream to it.
 
     ``first_delta_timeout_s`` bounds the wait for its first delta (queueing
     and prefill), ``stall_timeout_s`` every later gap; None waits forever.
     """
 
-    call: ChatCall
+    call: SessionTurn
     started: chat_service_pb2.ChatStarted
     usage: common_pb2.TokenUsage = field(default_factory=common_pb2.TokenUsage)
     reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -87,17 +75,10 @@ class OpenTurn:
                     event = await self.call.read()
             except TimeoutError:
                 raise RegionLost(self.region, f"no event for {timeout_s:g} s while generating") from None
-            except grpc.aio.AioRpcError as err:
-                if self.reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    break  # the turn had finished: a late transport error changes nothing
-                if err.code() in _BROKEN_CODES:
-                    raise RegionLost(
-                        self.region, f"stream broke ({err.code().name}: {err.details()})"
-                    ) from err
-                raise from_rpc_error(err) from err
-            if event is grpc.aio.EOF:
+            except SessionLost as err:
+                raise RegionLost(self.region, err.message) from err
+            if event is None:
                 break
-            assert isinstance(event, chat_service_pb2.ChatResponse)
             kind = event.WhichOneof("event")
             if kind == "delta":
                 timeout_s = self.stall_timeout_s
@@ -118,16 +99,11 @@ class OpenTurn:
 
     async def cancel(self, reason: str) -> None:
         """Ask the region to stop the turn; its usage is still metered."""
-        try:
-            await self.call.write(
-                chat_service_pb2.ChatRequest(cancel=chat_service_pb2.ChatCancel(reason=reason))
-            )
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            self.call.cancel()
+        await self.call.cancel(reason)
 
     def close(self) -> None:
-        if not self.call.done():
-            self.call.cancel()
+        """Stop reading; the region stops the turn unless it ended."""
+        self.call.abandon("the edge stopped reading")
 
 
 async def open_turn(
@@ -146,52 +122,46 @@ async def open_turn(
     ``prefer_region``, when it is one of the tenant's regions, is tried first
     (a conversation's follow-up goes to its home region); the others keep
     their order behind it. Regions in ``exclude`` are left out; each region
-    tried is added to ``tried``.
+    tried is added to ``tried``. ``start.request_id`` must be set: it names
+    the turn on the region's session stream.
     """
     regions = [r for r in await mesh.route(principal.tenant.id, model) if r.report.region not in exclude]
     if prefer_region:
         regions.sort(key=lambda r: r.report.region != prefer_region)
     last_error: MeshError | None = None
     for region in regions:
+        name = region.report.region
         if tried is not None:
-            tried.add(region.report.region)
-        address = region.report.chat_address
-        call: ChatCall = mesh.chat(address).Chat(metadata=(("authorization", f"Bearer {principal.secret}"),))
+            tried.add(name)
+        session = mesh.session(region.report.chat_address)
+        call = await session.start(start.request_id, start_message(start, principal.secret))
         try:
-            await call.write(chat_service_pb2.ChatRequest(start=start))
             async with asyncio.timeout(timeout_s):
                 first = await call.read()
         except TimeoutError:
-            call.cancel()
-            mesh.forget_region(region.report.region)
+            call.abandon("the region did not accept the turn in time")
+            mesh.forget_region(name)
             last_error = Unavailable(
-                Reason.REGION_UNAVAILABLE,
-                f"region {region.report.region} did not accept the turn in time",
-                retry_after_s=1.0,
+                Reason.REGION_UNAVAILABLE, f"region {name} did not accept the turn in time", retry_after_s=1.0
             )
             continue
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                log.warning(
-                    "region %s unreachable (%s); trying the next", region.report.region, err.details()
-                )
-                mesh.forget_region(region.report.region)
-                last_error = from_rpc_error(err)
-                continue
-            raise from_rpc_error(err) from err
-        if first is grpc.aio.EOF:
-            mesh.forget_region(region.report.region)
-            last_error = Unavailable(
-                Reason.REGION_UNAVAILABLE, "the region closed the stream", retry_after_s=1.0
-            )
+        except SessionLost as err:
+            log.warning("region %s unreachable (%s); trying the next", name, err.message)
+            mesh.forget_region(name)
+            last_error = err
             continue
-        assert isinstance(first, chat_service_pb2.ChatResponse)
-        kind = first.WhichOneof("event")
+        kind = first.WhichOneof("event") if first is not None else None
         if kind == "error":
-            call.cancel()
-            raise from_stream_error(first.error)
-        if kind != "started":
-            call.cancel()
+            assert first is not None
+            error = from_stream_error(first.error)
+            if error.code == grpc.StatusCode.UNAVAILABLE:
+                log.warning("region %s cannot serve the turn (%s); trying the next", name, error.message)
+                mesh.forget_region(name)
+                last_error = error
+                continue
+            raise error
+        if kind != "started" or first is None:
+            call.abandon("the turn opened without a started event")
             raise Unavailable(Reason.REGION_UNAVAILABLE, f"the region opened the stream with {kind!r}")
         return OpenTurn(call=call, started=first.started)
     raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region can serve this request")

@@ -2,10 +2,11 @@
 events of a decode step sent together.
 
 Each start runs its generation in a task of its own. The tasks put their
-events in one outbox, and the stream sends the whole outbox as one message
-each time it wakes. The backend hands a step's tokens to every generation
-of the batch at once, so all of them are in the outbox before the sender
-runs: one message per step for the batch, not one per generation and step.
+events in one :class:`~llmmesh.outbox.Outbox`, and the stream sends all it
+holds as one message each time it wakes. The backend hands a step's tokens
+to every generation of the batch at once, so all of them are in the outbox
+before the sender runs: one message per step for the batch, not one per
+generation and step.
 
 A generation's failure (validation, the backend's MeshError) is an
 ``error`` event of that generation; the stream stays up for the others.
@@ -25,6 +26,7 @@ import grpc.aio
 from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
 from llmmesh.errors import AlreadyExists, Internal, InvalidArgument, MeshError, Reason
+from llmmesh.outbox import Outbox
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2 as pb
 
@@ -42,8 +44,7 @@ class GenerationSession:
         self._backend = backend
         self._prepare = prepare
         self._pod_id = pod_id
-        self._outbox: list[pb.GenerationEvent] = []
-        self._wake = asyncio.Event()
+        self._outbox: Outbox[pb.GenerationEvent] = Outbox()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._half_closed = False
 
@@ -55,10 +56,7 @@ class GenerationSession:
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
-                if self._outbox:
-                    batch, self._outbox = self._outbox, []
+                if batch := await self._outbox.take():
                     yield pb.GenerateSessionResponse(events=batch)
                 if self._half_closed and not self._running:
                     return
@@ -78,7 +76,7 @@ class GenerationSession:
                 elif action == "cancel":
                     await self._cancel(request.cancel)
         self._half_closed = True
-        self._wake.set()
+        self._outbox.poke()
 
     def _begin(self, start: pb.GenerateStart) -> None:
         request_id = start.request_id
@@ -140,8 +138,7 @@ class GenerationSession:
             self._emit(pb.GenerationEvent(request_id=request_id, error=error.to_stream_error()))
         finally:
             del self._running[request_id]
-            self._wake.set()
+            self._outbox.poke()
 
     def _emit(self, event: pb.GenerationEvent) -> None:
-        self._outbox.append(event)
-        self._wake.set()
+        self._outbox.put(event)

@@ -20,7 +20,7 @@ from llmmesh.errors import Reason, Unavailable
 from llmmesh.grpcserver import open_channel
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
-from region.engine_session import EngineSession
+from region.engine_session import EngineSession, engine_session
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class EnginePool:
                     channel=channel,
                     stub=stub,
                     health=health_pb2_grpc.HealthStub(channel),
-                    session=EngineSession(stub, address),
+                    session=engine_session(stub, address),
                 )
             )
         self._interval_s = health_interval_s

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
+from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -207,7 +207,7 @@ class ChatGateway:
         secret: str | None,
         cancel: asyncio.Event,
         deadline_s: float | None = None,
-    ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
+    ) -> AsyncGenerator[chat_service_pb2.ChatResponse, None]:
         """Stream the events of one turn.
 
         Errors before the first event are raised as MeshError; later ones end
@@ -365,16 +365,19 @@ class ChatGateway:
         produced = False
         try:
             generation = await pod.session.start(
-                engine_service_pb2.GenerateStart(
-                    request_id=prepared.request_id,
-                    model=prepared.model.name,
-                    # The prompt as the router tokenized it (a pod's own
-                    # tokens), so the pod does not render it again.
-                    prompt_token_ids=prepared.token_ids,
-                    sampling=start.sampling,
-                    priority=engine_priority(turn.caller.tier),
-                    resume_output_token_ids=start.continuation.emitted_token_ids,
-                )
+                prepared.request_id,
+                engine_service_pb2.GenerateSessionRequest(
+                    start=engine_service_pb2.GenerateStart(
+                        request_id=prepared.request_id,
+                        model=prepared.model.name,
+                        # The prompt as the router tokenized it (a pod's own
+                        # tokens), so the pod does not render it again.
+                        prompt_token_ids=prepared.token_ids,
+                        sampling=start.sampling,
+                        priority=engine_priority(turn.caller.tier),
+                        resume_output_token_ids=start.continuation.emitted_token_ids,
+                    )
+                ),
             )
             forward = asyncio.create_task(self._forward_cancel(generation, cancel))
             async for resp in generation:
@@ -400,6 +403,8 @@ class ChatGateway:
                         yield self._deliver(meter, base_sequence, release.text, release.token_ids)
                     elif output.stopped is not None:
                         break
+                elif kind == "error":
+                    raise from_stream_error(resp.error)
                 elif kind == "finished":
                     finished = resp.finished
                     if finished.HasField("usage"):
@@ -439,7 +444,7 @@ class ChatGateway:
             await cancel_and_wait(forward)
             if generation is not None:
                 # The pod aborts a generation its turn stopped reading.
-                generation.abandon()
+                generation.abandon("the turn stopped reading")
 
     @staticmethod
     def _deliver(

@@ -15,6 +15,7 @@ from llmmesh import apikeys
 from llmmesh.errors import InvalidArgument, MeshError, Reason
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region.chat_session import ChatSessionRun
 from region.conversations import ConversationService
 from region.gateway import ChatGateway
 
@@ -68,6 +69,13 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
                 await err.abort(context)
         finally:
             await cancel_and_wait(watcher)
+
+    async def ChatSession(
+        self, request_iterator: AsyncIterator[chat_service_pb2.ChatSessionRequest], context: Context
+    ) -> AsyncIterator[chat_service_pb2.ChatSessionResponse]:
+        async with contextlib.aclosing(ChatSessionRun(self._gateway).serve(request_iterator)) as responses:
+            async for response in responses:
+                yield response
 
     @staticmethod
     async def _watch_controls(

@@ -41,6 +41,148 @@ SAFETY_STAGE_OUTPUT: SafetyStage.ValueType  # 2
 Global___SafetyStage: _TypeAlias = SafetyStage  # noqa: Y015
 
 @_typing.final
+class ChatSessionRequest(_message.Message):
+    """A message from the client on a ChatSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___SessionTurnStart:
+        """Starts a turn."""
+
+    @_builtins.property
+    def cancel(self) -> Global___SessionTurnCancel:
+        """Stops the turn its request_id names, as Chat's cancel does."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___SessionTurnStart | None = ...,
+        cancel: Global___SessionTurnCancel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___ChatSessionRequest: _TypeAlias = ChatSessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionTurnStart(_message.Message):
+    """Starts one turn on a ChatSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    api_key: _builtins.str
+    """The caller's API key, as Chat takes it from `authorization: Bearer`."""
+    @_builtins.property
+    def start(self) -> Global___ChatStart:
+        """The turn; its request_id is required, unique on the stream while the
+        turn runs, and names the turn's events.
+        """
+
+    def __init__(
+        self,
+        *,
+        start: Global___ChatStart | None = ...,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionTurnStart: _TypeAlias = SessionTurnStart  # noqa: Y015
+
+@_typing.final
+class SessionTurnCancel(_message.Message):
+    """Stops one turn on a ChatSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's request id."""
+    reason: _builtins.str
+    """Why, for logs."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionTurnCancel: _TypeAlias = SessionTurnCancel  # noqa: Y015
+
+@_typing.final
+class ChatSessionResponse(_message.Message):
+    """A message from the server on a ChatSession stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnEvent]:
+        """Events of one or more turns, in order within each turn."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___TurnEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatSessionResponse: _TypeAlias = ChatSessionResponse  # noqa: Y015
+
+@_typing.final
+class TurnEvent(_message.Message):
+    """One event of one turn on a ChatSession stream. A turn's events end with
+    finished or error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's request id."""
+    @_builtins.property
+    def response(self) -> Global___ChatResponse:
+        """The event, as Chat would stream it."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        response: Global___ChatResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnEvent: _TypeAlias = TurnEvent  # noqa: Y015
+
+@_typing.final
 class ChatRequest(_message.Message):
     """A message from the client on a Chat stream."""
 

@@ -42,6 +42,11 @@ class ChatServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatResponse.FromString,
                 _registered_method=True)
+        self.ChatSession = channel.stream_stream(
+                '/llmmesh.v1.ChatService/ChatSession',
+                request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionResponse.FromString,
+                _registered_method=True)
         self.CreateConversation = channel.unary_unary(
                 '/llmmesh.v1.ChatService/CreateConversation',
                 request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.CreateConversationRequest.SerializeToString,
@@ -84,6 +89,20 @@ class ChatServiceServicer:
         """Runs one chat turn. The client sends a start message, then optionally a
         cancel; the server streams started, deltas, safety, usage and finished,
         or an error. Cancelling the call aborts the turn; its tokens are billed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChatSession(self, request_iterator, context):
+        """Runs many turns on one long-lived stream, as an edge does with each
+        region: starts and cancels go in, each naming its turn's request id and
+        each start carrying its caller's API key (a session serves many keys);
+        every message out carries the events the region produced since the
+        last one, for all the stream's turns. A turn's events are those Chat
+        would stream, its errors included (an error before the turn was
+        accepted is its one event). Ending the stream cancels every turn still
+        running on it; what they delivered is still metered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +157,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.Chat,
                     request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatResponse.SerializeToString,
+            ),
+            'ChatSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.ChatSession,
+                    request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionResponse.SerializeToString,
             ),
             'CreateConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateConversation,
@@ -200,6 +224,33 @@ class ChatService:
             '/llmmesh.v1.ChatService/Chat',
             llmmesh_dot_v1_dot_chat__service__pb2.ChatRequest.SerializeToString,
             llmmesh_dot_v1_dot_chat__service__pb2.ChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/llmmesh.v1.ChatService/ChatSession',
+            llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionRequest.SerializeToString,
+            llmmesh_dot_v1_dot_chat__service__pb2.ChatSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,16 @@ class ChatServiceStub:
     cancel; the server streams started, deltas, safety, usage and finished,
     or an error. Cancelling the call aborts the turn; its tokens are billed.
     """
+    ChatSession: _grpc.StreamStreamMultiCallable[_chat_service_pb2.ChatSessionRequest, _chat_service_pb2.ChatSessionResponse]
+    """Runs many turns on one long-lived stream, as an edge does with each
+    region: starts and cancels go in, each naming its turn's request id and
+    each start carrying its caller's API key (a session serves many keys);
+    every message out carries the events the region produced since the
+    last one, for all the stream's turns. A turn's events are those Chat
+    would stream, its errors included (an error before the turn was
+    accepted is its one event). Ending the stream cancels every turn still
+    running on it; what they delivered is still metered.
+    """
     CreateConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.CreateConversationRequest, _chat_service_pb2.CreateConversationResponse]
     """Creates an empty conversation homed in this region."""
     GetConversation: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetConversationRequest, _chat_service_pb2.GetConversationResponse]
@@ -66,6 +76,16 @@ class ChatServiceAsyncStub(ChatServiceStub):
     """Runs one chat turn. The client sends a start message, then optionally a
     cancel; the server streams started, deltas, safety, usage and finished,
     or an error. Cancelling the call aborts the turn; its tokens are billed.
+    """
+    ChatSession: _aio.StreamStreamMultiCallable[_chat_service_pb2.ChatSessionRequest, _chat_service_pb2.ChatSessionResponse]  # type: ignore[assignment]
+    """Runs many turns on one long-lived stream, as an edge does with each
+    region: starts and cancels go in, each naming its turn's request id and
+    each start carrying its caller's API key (a session serves many keys);
+    every message out carries the events the region produced since the
+    last one, for all the stream's turns. A turn's events are those Chat
+    would stream, its errors included (an error before the turn was
+    accepted is its one event). Ending the stream cancels every turn still
+    running on it; what they delivered is still metered.
     """
     CreateConversation: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.CreateConversationRequest, _chat_service_pb2.CreateConversationResponse]  # type: ignore[assignment]
     """Creates an empty conversation homed in this region."""
@@ -95,6 +115,22 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         """Runs one chat turn. The client sends a start message, then optionally a
         cancel; the server streams started, deltas, safety, usage and finished,
         or an error. Cancelling the call aborts the turn; its tokens are billed.
+        """
+
+    @_abc_1.abstractmethod
+    def ChatSession(
+        self,
+        request_iterator: _MaybeAsyncIterator[_chat_service_pb2.ChatSessionRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_chat_service_pb2.ChatSessionResponse], _abc.AsyncIterator[_chat_service_pb2.ChatSessionResponse]]:
+        """Runs many turns on one long-lived stream, as an edge does with each
+        region: starts and cancels go in, each naming its turn's request id and
+        each start carrying its caller's API key (a session serves many keys);
+        every message out carries the events the region produced since the
+        last one, for all the stream's turns. A turn's events are those Chat
+        would stream, its errors included (an error before the turn was
+        accepted is its one event). Ending the stream cancels every turn still
+        running on it; what they delivered is still metered.
         """
 
     @_abc_1.abstractmethod
