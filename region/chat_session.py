@@ -7,7 +7,8 @@ stream sends all it holds as one message each time it wakes. The pod's
 session delivers a decode step's tokens to every turn at once, so a step
 reaches the edge as one message too.
 
-A turn's error is an event of that turn, whether it came before the turn
+A stopping region drains its sessions (:class:`ChatSessions`). A turn's
+error is an event of that turn, whether it came before the turn
 was accepted (a refused key, a shed turn) or after. When the client
 half-closes, the stream ends once its turns have; a cancelled stream
 cancels every turn still running, whose delivered tokens are metered as
@@ -23,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc.aio
 
-from llmmesh.errors import AlreadyExists, Internal, InvalidArgument, MeshError, Reason
+from llmmesh.errors import AlreadyExists, Internal, InvalidArgument, MeshError, Reason, Unavailable
 from llmmesh.outbox import Outbox
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2
@@ -32,11 +33,40 @@ from region.gateway import ChatGateway
 log = logging.getLogger(__name__)
 
 
-class ChatSessionRun:
-    """One ``ChatSession`` call over ``gateway``."""
+class ChatSessions:
+    """The region's open ChatSession streams, so that a stopping region can
+    drain them: each refuses new turns (UNAVAILABLE, so the edge starts them
+    in another region of the zone) and ends once its running turns have."""
 
-    def __init__(self, gateway: ChatGateway) -> None:
+    def __init__(self) -> None:
+        self._runs: set[ChatSessionRun] = set()
+        self.draining = False
+
+    @property
+    def streams(self) -> int:
+        """ChatSession streams open now."""
+        return len(self._runs)
+
+    def open(self, gateway: ChatGateway) -> ChatSessionRun:
+        run = ChatSessionRun(gateway, self)
+        self._runs.add(run)
+        return run
+
+    def closed(self, run: ChatSessionRun) -> None:
+        self._runs.discard(run)
+
+    def drain(self) -> None:
+        self.draining = True
+        for run in self._runs:
+            run.wake()
+
+
+class ChatSessionRun:
+    """One ``ChatSession`` call over ``gateway``, one of ``sessions``."""
+
+    def __init__(self, gateway: ChatGateway, sessions: ChatSessions) -> None:
         self._gateway = gateway
+        self._sessions = sessions
         self._outbox: Outbox[chat_service_pb2.TurnEvent] = Outbox()
         self._turns: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._half_closed = False
@@ -51,14 +81,18 @@ class ChatSessionRun:
             while True:
                 if batch := await self._outbox.take():
                     yield chat_service_pb2.ChatSessionResponse(events=batch)
-                if self._half_closed and not self._turns:
+                if (self._half_closed or self._sessions.draining) and not self._turns:
                     return
         finally:
+            self._sessions.closed(self)
             await cancel_and_wait(reader)
             tasks = [task for task, _ in self._turns.values()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def wake(self) -> None:
+        self._outbox.poke()
 
     async def _read(self, requests: AsyncIterator[chat_service_pb2.ChatSessionRequest]) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
@@ -80,6 +114,9 @@ class ChatSessionRun:
                 metadata={"param": "request_id"},
             )
             self._fail("", error)
+        elif self._sessions.draining:
+            error = Unavailable(Reason.REGION_UNAVAILABLE, "the region is stopping", retry_after_s=1.0)
+            self._fail(request_id, error)
         elif request_id in self._turns:
             error = AlreadyExists(
                 Reason.DUPLICATE_REQUEST,

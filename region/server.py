@@ -28,6 +28,7 @@ from llmmesh.v1 import (
     policy_service_pb2_grpc,
 )
 from region.admission import Admission
+from region.chat_session import ChatSessions
 from region.conversations import ConversationService
 from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
@@ -84,6 +85,7 @@ class RegionPlane:
     feeds: KvEventFeeds | None
     redis: redis.asyncio.Redis | None
     models: ModelResolver
+    sessions: ChatSessions
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -120,6 +122,7 @@ class RegionPlane:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain streams, stop reporting, deliver pending usage."""
+        self.sessions.drain()
         await self.server.stop(grace_s)
         await self.heartbeat.close()
         await self.policy.close()
@@ -202,7 +205,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         assert plane is not None
         return plane.info()
 
-    servicer = ChatServicer(gateway, conversations, info)
+    sessions = ChatSessions()
+    servicer = ChatServicer(gateway, conversations, info, sessions)
     server = GrpcServer(
         lambda s: chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, s),
         [SERVICE_NAME],
@@ -232,6 +236,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         feeds,
         shared,
         models,
+        sessions,
     )
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)

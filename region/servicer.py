@@ -15,7 +15,7 @@ from llmmesh import apikeys
 from llmmesh.errors import InvalidArgument, MeshError, Reason
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
-from region.chat_session import ChatSessionRun
+from region.chat_session import ChatSessions
 from region.conversations import ConversationService
 from region.gateway import ChatGateway
 
@@ -41,8 +41,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         gateway: ChatGateway,
         conversations: ConversationService,
         region_info: Callable[[], chat_service_pb2.GetRegionInfoResponse],
+        sessions: ChatSessions,
     ) -> None:
         self._gateway = gateway
+        self._sessions = sessions
         self._conversations = conversations
         self._region_info = region_info
 
@@ -73,7 +75,8 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
     async def ChatSession(
         self, request_iterator: AsyncIterator[chat_service_pb2.ChatSessionRequest], context: Context
     ) -> AsyncIterator[chat_service_pb2.ChatSessionResponse]:
-        async with contextlib.aclosing(ChatSessionRun(self._gateway).serve(request_iterator)) as responses:
+        run = self._sessions.open(self._gateway)
+        async with contextlib.aclosing(run.serve(request_iterator)) as responses:
             async for response in responses:
                 yield response
 

@@ -161,3 +161,18 @@ async def test_an_error_mid_stream_raises_from_the_sdk_stream() -> None:
                 pass
         assert "injected fault" in failed.value.message
         await client.close()
+
+
+async def test_concurrent_turns_of_an_edge_share_one_session_stream_to_the_region(stack: Stack) -> None:
+    client = async_client(stack)
+
+    async def ask() -> str:
+        stream = await client.chat.completions.create(
+            model="auto", messages=MESSAGES, stream=True, max_tokens=40, extra_body={"ignore_eos": True}
+        )
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+
+    replies = await asyncio.gather(*(ask() for _ in range(4)))
+    assert all(replies)
+    assert stack.region.sessions.streams == 1
+    await client.close()

@@ -156,3 +156,25 @@ async def test_ending_the_stream_cancels_its_turns_and_bills_them(stack: Stack) 
             while (await engine.GetLoad(engine_service_pb2.GetLoadRequest())).report.running:
                 await asyncio.sleep(0.02)
     assert await billed(stack, "a") and await billed(stack, "b")
+
+
+async def test_a_draining_region_refuses_new_turns_and_ends_the_stream_after_the_running_ones(
+    stack: Stack, session: Call
+) -> None:
+    await session.write(start("running", max_tokens=30))
+    async with asyncio.timeout(10):
+        while not any(e.request_id == "running" for e in (await session.read()).events):
+            pass
+    stack.region.sessions.drain()
+    await session.write(start("late"))
+    events = await read_until_ended(session, {"running", "late"})
+    late = of(events, "late")
+    assert [r.WhichOneof("event") for r in late] == ["error"]
+    assert (late[0].error.code, late[0].error.reason) == (
+        grpc.StatusCode.UNAVAILABLE.value[0],
+        "REGION_UNAVAILABLE",
+    )
+    assert of(events, "running")[-1].finished.reason == common_pb2.FINISH_REASON_LENGTH
+    async with asyncio.timeout(10):
+        assert await session.read() is grpc.aio.EOF
+    assert await session.code() == grpc.StatusCode.OK
