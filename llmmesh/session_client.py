@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
-from llmmesh.errors import MeshError
+from llmmesh.errors import AlreadyExists, MeshError, Reason
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,15 @@ class SessionClient(Generic[Request, Event]):
         return len(self._requests)
 
     async def start(self, request_id: str, message: Request) -> SessionRequest[Request, Event]:
-        """Send ``message``, which starts the request ``request_id`` (unique
-        among the running ones); its events follow on the returned request."""
+        """Send ``message``, which starts the request ``request_id``; its
+        events follow on the returned request. Raises AlreadyExists when a
+        request of that id runs on the session."""
         if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already runs on the session to {self._name}")
+            raise AlreadyExists(
+                Reason.DUPLICATE_REQUEST,
+                f"request {request_id!r} already runs on {self._name}",
+                metadata={"param": "request_id"},
+            )
         request = SessionRequest(self, request_id)
         self._requests[request_id] = request
         if self._call is None:

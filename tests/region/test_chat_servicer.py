@@ -266,3 +266,15 @@ async def test_a_pod_dying_mid_turn_fails_its_turns_and_the_next_goes_elsewhere(
         events = await run_turn(stack, start(max_tokens=4))
         assert events[0].started.pod_id != started.pod_id
         assert events[-1].HasField("finished")
+
+
+async def test_two_running_turns_with_one_request_id_refuse_the_second(stack: Stack) -> None:
+    request = start(max_tokens=2000)
+    request.start.request_id = "req-same"
+    async with open_channel(stack.region.address) as channel:
+        first = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+        await first.write(request)
+        assert (await first.read()).HasField("started")
+        error = await turn_error(stack, request)
+        assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, "DUPLICATE_REQUEST")
+        first.cancel()
