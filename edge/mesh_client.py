@@ -12,15 +12,18 @@ Keys and routes are remembered: a key for ``auth_cache_s``, a tenant's route
 for ``route_cache_s`` (:class:`edge.route_cache.RouteCache`), so a turn does
 not ask the global plane twice. Both are refreshed in the background once
 past half their time (:mod:`llmmesh.refresh`): steady traffic never waits on
-the global plane. While the global plane is unreachable, the
-last answers younger than ``outage_grace_s`` are still used (bounded
-staleness, as the regions serve on their cached policy snapshot): the mesh
+the global plane, and requests that find one unknown or expired together
+(the first burst after an idle spell) wait for one call, not one each.
+While the global plane is unreachable, the last answers younger than
+``outage_grace_s`` are still used (bounded staleness, as the regions serve
+on their cached policy snapshot): the mesh
 keeps serving known keys through a global-plane outage, and a key revoked
 during one stays usable at the edge for at most that long.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -132,7 +135,8 @@ class MeshClient:
                 if refresh_due(age, self._auth_cache_s) and not self.outage.down:
                     self._refresh.start(secret, lambda: self._ask_key(secret, hit))
                 return hit[1]
-        return await self._ask_key(secret, hit)
+        # Requests that find the key unknown or expired together wait for one call.
+        return await asyncio.shield(self._refresh.start(secret, lambda: self._ask_key(secret, hit)))
 
     async def _ask_key(self, secret: str, hit: tuple[float, Principal] | None) -> Principal:
         """``AuthenticateKey``, remembered; while the global plane is

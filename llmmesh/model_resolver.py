@@ -3,11 +3,14 @@
 A cached answer keeps a plane serving known models while the registry is
 unreachable; only a never-seen name needs the global plane. An answer past
 half its time to live is used and refreshed in the background
-(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry.
+(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry;
+requests that find a name unknown or expired at the same time wait for one
+call, not one each.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -50,7 +53,8 @@ class ModelResolver:
                 if refresh_due(age, self._ttl_s) and not self.outage.down:
                     self._refresh.start(key, lambda: self._ask(key, tier, hit))
                 return hit[1]
-        return await self._ask(key, tier, hit)
+        # Requests that find the name unknown or expired together wait for one call.
+        return await asyncio.shield(self._refresh.start(key, lambda: self._ask(key, tier, hit)))
 
     async def _ask(
         self,

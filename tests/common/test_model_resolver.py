@@ -44,16 +44,20 @@ async def test_cached_answers_outlive_the_registry() -> None:
 
 class CountingRegistry:
     """Resolves every name to a model of that name, counting calls; fails
-    with ``error`` when one is set."""
+    with ``error`` when one is set; an answer takes ``latency_s`` when one
+    is set."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.error: grpc.StatusCode | None = None
+        self.latency_s = 0.0
 
     async def ResolveModel(
         self, request: model_registry_service_pb2.ResolveModelRequest, **options: float
     ) -> model_registry_service_pb2.ResolveModelResponse:
         self.calls += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         if self.error is not None:
             raise grpc.aio.AioRpcError(self.error, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
         return model_registry_service_pb2.ResolveModelResponse(
@@ -94,5 +98,23 @@ async def test_a_model_the_registry_stops_resolving_is_forgotten() -> None:
         with pytest.raises(MeshError) as gone:
             await resolver.resolve("m", common_pb2.TIER_PRO)
         assert gone.value.code == grpc.StatusCode.NOT_FOUND
+    finally:
+        await resolver.close()
+
+
+async def test_requests_that_find_a_name_unknown_or_expired_together_wait_for_one_call() -> None:
+    now = [0.0]
+    registry = CountingRegistry()
+    registry.latency_s = 0.01
+    resolver = ModelResolver(registry, ttl_s=30, clock=lambda: now[0])  # type: ignore[arg-type]
+    try:
+        burst = await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_PRO) for _ in range(8)))
+        assert [model.name for model in burst] == ["m-v1"] * 8
+        now[0] = 60.0  # expired: the burst after an idle spell
+        burst = await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_PRO) for _ in range(8)))
+        assert [model.name for model in burst] == ["m-v2"] * 8
+        # Another tier is another question: its own call.
+        await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_FREE) for _ in range(4)))
+        assert registry.calls == 3
     finally:
         await resolver.close()

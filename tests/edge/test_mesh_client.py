@@ -31,17 +31,21 @@ def unreachable() -> grpc.aio.AioRpcError:
 
 
 class FakeGlobal:
-    """Answers AuthenticateKey and Route until ``down`` is set."""
+    """Answers AuthenticateKey and Route until ``down`` is set; a key's
+    answer takes ``latency_s`` when one is set."""
 
     def __init__(self) -> None:
         self.down = False
         self.revoked = False
         self.calls = 0
+        self.latency_s = 0.0
 
     async def AuthenticateKey(
         self, request: policy_service_pb2.AuthenticateKeyRequest, **options: float
     ) -> policy_service_pb2.AuthenticateKeyResponse:
         self.calls += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         if self.down:
             raise unreachable()
         if self.revoked:
@@ -147,5 +151,44 @@ async def test_a_key_revoked_meanwhile_is_refused_on_the_next_request() -> None:
         with pytest.raises(MeshError) as refused:
             await mesh.authenticate("sk-1")
         assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await mesh.close()
+
+
+async def test_requests_that_find_a_key_unknown_or_expired_together_wait_for_one_call() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    fake.latency_s = 0.01
+    try:
+        first = await asyncio.gather(*(mesh.authenticate("sk-1") for _ in range(8)))
+        assert [principal.key_id for principal in first] == ["k1"] * 8
+        assert fake.calls == 1
+        clock.now += 10.0  # expired: the burst after an idle spell
+        await asyncio.gather(*(mesh.authenticate("sk-1") for _ in range(8)))
+        assert fake.calls == 2
+        fake.revoked = True
+        clock.now += 10.0
+        burst = (mesh.authenticate("sk-1") for _ in range(4))
+        refusals = await asyncio.gather(*burst, return_exceptions=True)
+        assert [error.code for error in refusals if isinstance(error, MeshError)] == [
+            grpc.StatusCode.UNAUTHENTICATED
+        ] * 4
+        assert fake.calls == 3
+    finally:
+        await mesh.close()
+
+
+async def test_a_caller_that_gives_up_does_not_cancel_the_call_others_wait_for() -> None:
+    clock = Clock()
+    mesh, fake = await client(clock)
+    fake.latency_s = 0.05
+    try:
+        impatient = asyncio.create_task(mesh.authenticate("sk-1"))
+        patient = asyncio.create_task(mesh.authenticate("sk-1"))
+        await asyncio.sleep(0.01)
+        impatient.cancel()
+        assert (await patient).key_id == "k1"
+        assert impatient.cancelled()
+        assert fake.calls == 1
     finally:
         await mesh.close()
