@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import sqlite3
@@ -198,6 +199,7 @@ class SqlStore:
         self._max_attempts = max_attempts
         self._min_backoff_s = min_backoff_s
         self._max_backoff_s = max_backoff_s
+        self._group = _GroupCommit(self)
 
     async def transaction(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in one transaction on a worker thread; commit if it returns.
@@ -207,6 +209,19 @@ class SqlStore:
         have no side effects outside the connection.
         """
         return await asyncio.to_thread(self.run_transaction, work)
+
+    async def grouped(self, work: Callable[[Connection], T]) -> T:
+        """:meth:`transaction`, committed together with the other grouped
+        work that arrives while a group is being written (group commit).
+
+        Turns that end on the same decode step each write their record at
+        once; one transaction for all of them costs one thread hop, one
+        ``BEGIN`` and one commit instead of one each. Each ``work`` runs in
+        a savepoint of its own, so one that raises rolls back only its own
+        writes and gets its own error; a conflict that aborts the
+        transaction runs the whole group again.
+        """
+        return await self._group.run(work)
 
     def run_transaction(self, work: Callable[[Connection], T]) -> T:
         """:meth:`transaction` on the calling thread (which it blocks)."""
@@ -238,3 +253,77 @@ class SqlStore:
 
     def _exclusive(self) -> contextlib.AbstractContextManager[Any]:
         return self._serial if self._serial is not None else contextlib.nullcontext()
+
+
+class _Grouped:
+    """One piece of grouped work and where its outcome goes."""
+
+    def __init__(self, work: Callable[[Connection], Any]) -> None:
+        self.work = work
+        self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # Retrieved here, so the error of a member whose caller went away is not reported as lost.
+        self.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _GroupCommit:
+    """The grouping behind :meth:`SqlStore.grouped`: work that arrives while
+    a group is in a worker thread waits and goes in the next group."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self._store = store
+        self._pending: list[_Grouped] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def run(self, work: Callable[[Connection], T]) -> T:
+        item = _Grouped(work)
+        self._pending.append(item)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        # Shielded: a caller that goes away does not take the group's write with it.
+        result: T = await asyncio.shield(item.outcome)
+        return result
+
+    async def _write(self) -> None:
+        while self._pending:
+            group, self._pending = self._pending, []
+            try:
+                write = functools.partial(_run_group, group=group)
+                await asyncio.to_thread(self._store.run_transaction, write)
+            except BaseException as err:  # the commit itself failed: every member fails with it
+                for item in group:
+                    _settle(item.outcome, None, err)
+                if isinstance(err, asyncio.CancelledError):
+                    raise
+                continue
+            for item in group:
+                _settle(item.outcome, item.result, item.error)
+
+
+def _run_group(conn: Connection, group: Sequence[_Grouped]) -> None:
+    """Each member in a savepoint of its own. An error that calls for the
+    whole transaction to run again (a conflict, a locked database) is raised
+    for :meth:`SqlStore.run_transaction` to retry; any other is the member's."""
+    for item in group:
+        item.result, item.error = None, None
+        try:
+            with conn.begin_nested():
+                item.result = item.work(conn)
+        except sa.exc.DBAPIError as err:
+            if is_retryable(err):
+                raise
+            item.error = err
+        except Exception as err:
+            item.error = err
+
+
+def _settle(outcome: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if outcome.done():
+        return
+    if isinstance(error, asyncio.CancelledError):
+        outcome.cancel()
+    elif error is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(result)

@@ -323,7 +323,7 @@ class ZoneStore(SqlStore):
             touch(conn, conversation.id, now)
             return TurnRecord(request_id, False, tuple(stored))
 
-        return await self.transaction(record)
+        return await self.grouped(record)
 
     async def record_continuation(
         self,
@@ -424,7 +424,7 @@ class ZoneStore(SqlStore):
             touch(conn, conversation.id, now)
             return TurnRecord(request_id, False, tuple(stored))
 
-        return await self.transaction(record)
+        return await self.grouped(record)
 
     @staticmethod
     def _recorded_before(conn: Connection, tenant_id: str, request_id: str, original: str) -> TurnRecord:
