@@ -9,8 +9,9 @@ region's reset connection fails at once. They also retry connecting at least eve
 second, so a region that comes back is reached as soon as it is routed to.
 
 Keys and routes are remembered: a key for ``auth_cache_s``, a tenant's route
-for ``route_cache_s`` (:class:`edge.route_cache.RouteCache`), so a turn does
-not ask the global plane twice. Both are refreshed in the background once
+for ``route_cache_s`` and used while refreshed until ``route_stale_s``
+(:class:`edge.route_cache.RouteCache`), so a turn does not ask the global
+plane twice. Both are refreshed in the background once
 past half their time (:mod:`llmmesh.refresh`): steady traffic never waits on
 the global plane, and requests that find one unknown or expired together
 (the first burst after an idle spell) wait for one call, not one each.
@@ -102,6 +103,7 @@ class MeshClient:
         *,
         region_keepalive_ms: int = 1_000,
         route_cache_s: float = 1.0,
+        route_stale_s: float = 30.0,
         outage_grace_s: float = 300.0,
     ) -> None:
         self._global = open_channel(global_address)
@@ -119,7 +121,7 @@ class MeshClient:
         self._auth_cache_s = auth_cache_s
         self._clock = clock
         self._region_options = region_channel_options(region_keepalive_ms)
-        self._routes = RouteCache(ttl_s=route_cache_s, clock=clock)
+        self._routes = RouteCache(ttl_s=route_cache_s, clock=clock, stale_s=route_stale_s)
         self._outage_grace_s = outage_grace_s
         # The last answer of each route call, kept for global-plane outages.
         self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}

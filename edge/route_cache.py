@@ -10,8 +10,16 @@ failed (:meth:`RouteCache.invalidate_region`), or a tenant's routes
 (:meth:`RouteCache.invalidate_tenant`). Concurrent misses of one key share one
 ``Route`` call. A turn that finds its route past half its TTL uses it and
 asks for a fresh one in the background (:mod:`llmmesh.refresh`), so steady
-traffic never waits on geo-routing. Errors are never remembered: a tenant
-whose zone has no region now is asked again on its next turn.
+traffic never waits on geo-routing.
+
+A route past its TTL but younger than ``stale_s`` is still used, while a
+fresh one is fetched behind it (stale-while-revalidate): a tenant whose
+turns come a little less often than the TTL, or that comes back after an
+idle spell, would otherwise wait on geo-routing at almost every turn. It is
+safe for the same reason a second-old route is: a region that stopped
+serving meanwhile refuses or drops the turn, which fails over and forgets
+every route through it. Errors are never remembered: a tenant whose zone has
+no region now is asked again on its next turn.
 """
 
 from __future__ import annotations
@@ -39,17 +47,26 @@ class _Entry:
 
 
 class RouteCache:
-    """Routes by (tenant id, model) for ``ttl_s`` seconds, at most ``capacity``
-    of them (the least recently used go first). Not thread-safe: one event loop."""
+    """Routes by (tenant id, model) for ``ttl_s`` seconds, and used while
+    refreshed until ``stale_s`` (``ttl_s`` when not given: never past the
+    TTL); at most ``capacity`` of them (the least recently used go first).
+    Not thread-safe: one event loop."""
 
     def __init__(
-        self, ttl_s: float = 1.0, capacity: int = 10_000, clock: Callable[[], float] = time.monotonic
+        self,
+        ttl_s: float = 1.0,
+        capacity: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        stale_s: float | None = None,
     ) -> None:
         if ttl_s < 0:
             raise ValueError("ttl_s must be >= 0")
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
+        if stale_s is not None and not stale_s >= ttl_s:
+            raise ValueError("stale_s must be at least ttl_s")
         self._ttl_s = ttl_s
+        self._stale_s = ttl_s if stale_s is None else stale_s
         self._capacity = capacity
         self._clock = clock
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
@@ -60,6 +77,7 @@ class RouteCache:
         self.hits = 0
         self.misses = 0
         self.refreshes = 0
+        self.stale_hits = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,8 +88,10 @@ class RouteCache:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if self._clock() - entry.fetched_at >= self._ttl_s:
-            del self._entries[key]
+        age = self._clock() - entry.fetched_at
+        if age >= self._ttl_s:
+            if age >= self._stale_s:
+                del self._entries[key]
             return None
         self._entries.move_to_end(key)
         return entry.route
@@ -93,7 +113,8 @@ class RouteCache:
         Concurrent misses of one key await one ``fetch``; its error reaches
         each of them and nothing is remembered. A caller cancelled while
         waiting does not cancel the fetch the others wait for. A hit past
-        half the TTL starts that fetch without waiting for it.
+        half the TTL, and a route past the TTL but younger than ``stale_s``,
+        start that fetch without waiting for it.
         """
         key = (tenant_id, model)
         cached = self.get(tenant_id, model)
@@ -104,6 +125,13 @@ class RouteCache:
                 self.refreshes += 1
                 self._start_fetch(key, fetch)
             return cached
+        stale = self._entries.get(key)
+        if stale is not None and self._clock() - stale.fetched_at < self._stale_s:
+            self.stale_hits += 1
+            self._entries.move_to_end(key)
+            if key not in self._fetching:
+                self._start_fetch(key, fetch)
+            return stale.route
         self.misses += 1
         return await asyncio.shield(self._start_fetch(key, fetch))
 

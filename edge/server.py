@@ -78,6 +78,7 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
         auth_cache_s=settings.auth_cache_ms / 1000,
         region_keepalive_ms=settings.region_keepalive_ms,
         route_cache_s=settings.route_cache_ms / 1000,
+        route_stale_s=settings.route_stale_ms / 1000,
         outage_grace_s=settings.global_outage_grace_s,
     )
     app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))

@@ -47,6 +47,12 @@ class EdgeSettings:
     route_cache_ms: int = setting(
         1_000, "milliseconds a tenant's route (its zone's regions, best first) is reused without asking"
     )
+    route_stale_ms: int = setting(
+        30_000,
+        "milliseconds an older route is still used while a fresh one is fetched behind it "
+        "(a region that stopped serving meanwhile fails over as it would with a fresh route; "
+        "equal to route_cache_ms: never)",
+    )
     global_outage_grace_s: float = setting(
         300.0,
         "while the global plane is unreachable, keys and routes it answered this recently are still used",
@@ -63,8 +69,11 @@ class EdgeSettings:
             "failover_deadline_ms",
             "region_keepalive_ms",
             "route_cache_ms",
+            "route_stale_ms",
             "global_outage_grace_s",
         ):
             # Written so that NaN fails too.
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if self.route_stale_ms < self.route_cache_ms:
+            raise ValueError("route_stale_ms must be at least route_cache_ms")

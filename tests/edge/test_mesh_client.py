@@ -68,7 +68,14 @@ class FakeGlobal:
 
 
 async def client(clock: Clock) -> tuple[MeshClient, FakeGlobal]:
-    mesh = MeshClient("127.0.0.1:1", auth_cache_s=5.0, clock=clock, route_cache_s=1.0, outage_grace_s=60.0)
+    mesh = MeshClient(
+        "127.0.0.1:1",
+        auth_cache_s=5.0,
+        clock=clock,
+        route_cache_s=1.0,
+        route_stale_s=30.0,
+        outage_grace_s=60.0,
+    )
     fake = FakeGlobal()
     mesh.policy = fake  # type: ignore[assignment]
     mesh.geo = fake  # type: ignore[assignment]
@@ -85,9 +92,13 @@ async def test_a_route_is_reused_for_its_ttl_and_forgotten_with_a_failed_region(
         mesh.forget_region("us-east")
         await mesh.route("t1", "m")
         assert fake.calls == 2
-        clock.now += 1.5
+        clock.now += 1.5  # past the TTL, inside the stale bound: used, and asked again behind it
         await mesh.route("t1", "m")
+        await asyncio.sleep(0)
         assert fake.calls == 3
+        clock.now += 31  # too old to use: asked on the turn's path
+        await mesh.route("t1", "m")
+        assert fake.calls == 4
     finally:
         await mesh.close()
 

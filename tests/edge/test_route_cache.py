@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from edge.route_cache import RouteCache
+from edge.settings import EdgeSettings
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 
 
@@ -92,6 +93,10 @@ def test_bad_settings_are_refused() -> None:
         RouteCache(ttl_s=-1)
     with pytest.raises(ValueError, match="capacity"):
         RouteCache(capacity=0)
+    with pytest.raises(ValueError, match="stale_s"):
+        RouteCache(ttl_s=2.0, stale_s=1.0)
+    with pytest.raises(ValueError, match="route_stale_ms"):
+        EdgeSettings(route_cache_ms=5_000, route_stale_ms=1_000)
 
 
 @pytest.mark.asyncio
@@ -221,3 +226,41 @@ async def test_closing_cancels_a_refresh_still_running() -> None:
     await asyncio.sleep(0)
     clock.now = 1.1  # the cancelled refresh stored nothing
     assert cache.get("t1", "m") is None
+
+
+@pytest.mark.asyncio
+async def test_a_route_past_its_ttl_is_used_while_refreshed_until_it_is_too_old() -> None:
+    clock = Clock()
+    cache = RouteCache(ttl_s=1.0, stale_s=30.0, clock=clock)
+    fetch = Fetcher("eu-west")
+    await cache.route("t1", "m", fetch)
+    fetch.regions = ["eu-central"]
+    fetch.gate = asyncio.Event()
+    clock.now = 13.0  # back after an idle spell: answered at once, refreshed behind
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-west"]
+    await asyncio.sleep(0)
+    assert (fetch.calls, cache.stale_hits, cache.misses) == (2, 2, 1)  # one refresh for both
+    assert cache.get("t1", "m") is None  # past the TTL: not a fresh route
+    fetch.gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert names(cache.get("t1", "m")) == ["eu-central"]
+    # Too old to be used: the turn waits for geo-routing.
+    fetch.regions = ["eu-north"]
+    clock.now = 50.0
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-north"]
+    assert (fetch.calls, cache.misses) == (3, 2)
+
+
+@pytest.mark.asyncio
+async def test_a_stale_route_through_a_failed_region_is_not_used() -> None:
+    clock = Clock()
+    cache = RouteCache(ttl_s=1.0, stale_s=30.0, clock=clock)
+    fetch = Fetcher("eu-west")
+    await cache.route("t1", "m", fetch)
+    clock.now = 5.0
+    cache.invalidate_region("eu-west")
+    fetch.regions = ["eu-central"]
+    assert names(await cache.route("t1", "m", fetch)) == ["eu-central"]
+    assert cache.stale_hits == 0
