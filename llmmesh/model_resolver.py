@@ -3,8 +3,12 @@
 A cached answer keeps a plane serving known models while the registry is
 unreachable; only a never-seen name needs the global plane. An answer past
 half its time to live is used and refreshed in the background
-(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry;
-requests that find a name unknown or expired at the same time wait for one
+(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry. An
+answer past its TTL but younger than ``stale_s`` is used the same way
+(stale-while-revalidate): what a name means changes only when an operator
+changes the registry, so the first turn after an idle spell need not wait
+for it; a name the refresh finds gone is refused from the next turn on.
+Requests that find a name unknown or too old at the same time wait for one
 call, not one each.
 """
 
@@ -33,9 +37,13 @@ class ModelResolver:
         stub: model_registry_service_pb2_grpc.ModelRegistryServiceStub,
         ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        stale_s: float = 300.0,
     ) -> None:
+        if not stale_s >= ttl_s:
+            raise ValueError("stale_s must be at least ttl_s")
         self._stub = stub
         self._ttl_s = ttl_s
+        self._stale_s = stale_s
         self._clock = clock
         self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
         self.outage = OutageGate(clock=clock)
@@ -49,11 +57,11 @@ class ModelResolver:
         hit = self._cache.get(key)
         if hit is not None:
             age = self._clock() - hit[0]
-            if age < self._ttl_s:
+            if age < self._stale_s:
                 if refresh_due(age, self._ttl_s) and not self.outage.down:
                     self._refresh.start(key, lambda: self._ask(key, tier, hit))
                 return hit[1]
-        # Requests that find the name unknown or expired together wait for one call.
+        # Requests that find the name unknown or too old together wait for one call.
         return await asyncio.shield(self._refresh.start(key, lambda: self._ask(key, tier, hit)))
 
     async def _ask(

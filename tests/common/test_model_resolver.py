@@ -102,7 +102,7 @@ async def test_a_model_the_registry_stops_resolving_is_forgotten() -> None:
         await resolver.close()
 
 
-async def test_requests_that_find_a_name_unknown_or_expired_together_wait_for_one_call() -> None:
+async def test_requests_that_find_a_name_unknown_or_too_old_together_wait_for_one_call() -> None:
     now = [0.0]
     registry = CountingRegistry()
     registry.latency_s = 0.01
@@ -110,11 +110,30 @@ async def test_requests_that_find_a_name_unknown_or_expired_together_wait_for_on
     try:
         burst = await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_PRO) for _ in range(8)))
         assert [model.name for model in burst] == ["m-v1"] * 8
-        now[0] = 60.0  # expired: the burst after an idle spell
+        now[0] = 400.0  # too old to use: the burst after a long idle spell
         burst = await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_PRO) for _ in range(8)))
         assert [model.name for model in burst] == ["m-v2"] * 8
         # Another tier is another question: its own call.
         await asyncio.gather(*(resolver.resolve("m", common_pb2.TIER_FREE) for _ in range(4)))
         assert registry.calls == 3
+    finally:
+        await resolver.close()
+
+
+async def test_an_answer_past_its_ttl_is_used_while_refreshed_until_it_is_too_old() -> None:
+    now = [0.0]
+    registry = CountingRegistry()
+    resolver = ModelResolver(registry, ttl_s=30, stale_s=300, clock=lambda: now[0])  # type: ignore[arg-type]
+    try:
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        registry.latency_s = 0.01
+        now[0] = 100.0  # back after an idle spell: answered at once, refreshed behind
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v1"
+        await asyncio.sleep(0.05)
+        assert registry.calls == 2  # one refresh for both
+        assert (await resolver.resolve("m", common_pb2.TIER_PRO)).name == "m-v2"
+        with pytest.raises(ValueError, match="stale_s"):
+            ModelResolver(registry, ttl_s=30, stale_s=10)  # type: ignore[arg-type]
     finally:
         await resolver.close()
