@@ -35,6 +35,15 @@ for one (the report counts any that do not). Each level runs in rounds,
 the systems alternating ABBA, after a warm-up of each at the busiest
 level; a system's figures pool its rounds.
 
+Each round starts with one request of its own through its system, kept
+out of the round's figures. The alternation leaves each system idle for
+the other's round, longer than the edge trusts a key without asking the
+global plane again (5 s), which a steady load at the level never does: a
+round's first burst would otherwise measure a cold start. The cold start
+is reported on its own instead: what the mesh adds to the time to first
+token of those requests, each sent after its system idled
+(``added_ttft_after_idle_ms``, the median over rounds).
+
 Each request is sent after a seeded random delay of up to one decode step,
 outside its TTFT. Without it, a closed loop sends each request right after
 the step that ended the previous one, so requests reach a busy pod at a
@@ -70,6 +79,7 @@ from llmmesh.bench.overhead_sse import SseChatClient
 from llmmesh.bench.overhead_systems import KV_BLOCKS, running_mesh, safety_backends
 from llmmesh.bench.processes import StartupError
 from llmmesh.bench.routing_systems import API_KEY
+from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatWorkload
 
 Progress = Callable[[str], None]
@@ -126,12 +136,12 @@ class OverheadBench:
                 direct_client = EngineGrpcClient(mesh.engine_address, plan.request_timeout_s, ignore_eos)
                 try:
                     clients: dict[str, StreamingClient] = {DIRECT: direct_client, MESH: mesh_client}
-                    runs = await self._measure_levels(clients, progress)
+                    runs, after_idle = await self._measure_levels(clients, progress)
                 finally:
                     await direct_client.close()
             finally:
                 await mesh_client.close()
-        return self._run(safety, runs, ignore_eos)
+        return self._run(safety, runs, after_idle, ignore_eos)
 
     async def _mesh_honours_ignore_eos(
         self, client: StreamingClient, run_dir: Path, progress: Progress
@@ -152,7 +162,9 @@ class OverheadBench:
 
     async def _measure_levels(
         self, clients: Mapping[str, StreamingClient], progress: Progress
-    ) -> dict[str, list[LevelRun]]:
+    ) -> tuple[dict[str, list[LevelRun]], dict[str, list[RequestRecord]]]:
+        """Each system's rounds by ``{system}/c{level}``, and the request
+        that began each of its rounds after it idled."""
         plan = self.plan
         busiest = max(plan.levels)
         if plan.warmup:
@@ -163,18 +175,30 @@ class OverheadBench:
         # One delay stream per system from one seed: both draw the same delays.
         jittered = {system: ArrivalJitter(clients[system], plan.jitter_s, ARRIVAL_SEED) for system in SYSTEMS}
         runs: dict[str, list[LevelRun]] = {}
+        after_idle: dict[str, list[RequestRecord]] = {}
         for level in plan.levels:
             sizes = plan.round_sizes(level)
             for round_index, size in enumerate(sizes):
                 requests = self.workload.requests(f"c{level}-r{round_index}", size, plan.max_tokens)
+                first = self.workload.requests(f"c{level}-r{round_index}-start", 1, plan.max_tokens)[0]
                 order = SYSTEMS if round_index % 2 == 0 else tuple(reversed(SYSTEMS))
                 for system in order:
                     name = f"{key(system, level)} round {round_index + 1}/{len(sizes)}"
+                    start = await clients[system].generate(first)
+                    if not start.ok:
+                        progress(f"{name}: its first request failed: {start.error}")
+                    after_idle.setdefault(key(system, level), []).append(start)
                     run = await measure_level(name, jittered[system], requests, level, progress)
                     runs.setdefault(key(system, level), []).append(run)
-        return runs
+        return runs, after_idle
 
-    def _run(self, safety: bool, runs: Mapping[str, list[LevelRun]], ignore_eos: bool) -> OverheadRun:
+    def _run(
+        self,
+        safety: bool,
+        runs: Mapping[str, list[LevelRun]],
+        after_idle: Mapping[str, list[RequestRecord]],
+        ignore_eos: bool,
+    ) -> OverheadRun:
         results = {
             name: PathMetrics.of(
                 [record for run in level_runs for record in run.records],
@@ -187,7 +211,7 @@ class OverheadBench:
             for level in self.plan.levels
         }
         setup = {"safety_backends": safety_backends(safety), "ignore_eos": ignore_eos}
-        return OverheadRun(safety, results, mismatches, setup)
+        return OverheadRun(safety, results, mismatches, setup, after_idle)
 
     def _setup(self) -> dict[str, object]:
         """What every run shares; each run's own setting is in its

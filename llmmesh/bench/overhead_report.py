@@ -128,13 +128,16 @@ _FILTER_ADDED = {
 class OverheadRun:
     """One whole measurement in its own mesh, the region's safety filters
     on or off: results keyed ``{system}/c{level}`` (``direct/c16``,
-    ``mesh/c16``), replies whose lengths differed by level, and what the
-    run's setup adds to the report's (``setup``)."""
+    ``mesh/c16``), replies whose lengths differed by level, what the
+    run's setup adds to the report's (``setup``), and under the same keys
+    the request that began each round after its system idled
+    (``after_idle``, kept out of ``results``)."""
 
     safety: bool
     results: Mapping[str, PathMetrics]
     length_mismatches: Mapping[str, int] = field(default_factory=dict)
     setup: Mapping[str, object] = field(default_factory=dict)
+    after_idle: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -148,7 +151,19 @@ class OverheadRun:
         }
 
     def errors(self) -> int:
-        return sum(path.metrics.errors for path in self.results.values())
+        idle_failures = sum(not record.ok for records in self.after_idle.values() for record in records)
+        return sum(path.metrics.errors for path in self.results.values()) + idle_failures
+
+    def added_after_idle_ms(self, level: int) -> float | None:
+        """What the mesh adds to the time to first token of a round's first
+        request, sent after the system idled: the medians over rounds, mesh
+        minus direct; None when not measured or every such request failed."""
+        medians: dict[str, float | None] = {}
+        for system in SYSTEMS:
+            records = self.after_idle.get(key(system, level), ())
+            ttfts = [ttft for record in records if (ttft := record.ttft_s) is not None]
+            medians[system] = percentile(ttfts, 50) if ttfts else None
+        return _added_ms(medians[MESH], medians[DIRECT])
 
     def results_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
         return {
@@ -159,9 +174,12 @@ class OverheadRun:
 
     def ratios_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
         return {
-            level: {name: _round(value, 4) for name, value in values.items()}
-            | {"length_mismatches": self.length_mismatches.get(level, 0)}
-            for level, values in self.deltas(levels).items()
+            f"c{level}": {name: _round(value, 4) for name, value in values.items()}
+            | {
+                "added_ttft_after_idle_ms": _round(self.added_after_idle_ms(level), 4),
+                "length_mismatches": self.length_mismatches.get(f"c{level}", 0),
+            }
+            for level, values in zip(levels, self.deltas(levels).values(), strict=True)
         }
 
 
@@ -322,13 +340,14 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
             )
     lines += [
         "what the mesh adds",
-        f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7}",
+        f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7} "
+        f"{'ttft after idle':>16}",
     ]
-    for name, values in run.deltas(levels).items():
+    for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
         lines.append(
             f"{name:<8} {_added(values['added_ttft_p50_ms'])} {_added(values['added_ttft_p90_ms'])} "
             f"{_added(values['added_ttft_p99_ms'])} {_added(values['added_itl_p50_ms'])} "
-            f"{_share(values['output_tok_s_ratio'])}"
+            f"{_share(values['output_tok_s_ratio'])} {_added(run.added_after_idle_ms(level)):>16}"
         )
     return lines
 

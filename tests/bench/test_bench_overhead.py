@@ -355,6 +355,25 @@ def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
     strict = Targets(added_ttft_p50_ms_max=1.0)
     assert strict.met(report.deltas()["c16"])["all"] is False
     assert "what the mesh adds" in report.to_table()
+    assert ratios["added_ttft_after_idle_ms"] is None  # no round starts in this run
+
+
+def test_round_starts_after_idle_are_reported_apart_and_their_failures_counted() -> None:
+    levels = (16,)
+    run = _run(levels)
+    direct_starts = _records(0.040, 0.015, 4, 2)  # 40 ms each
+    mesh_starts = _records(0.046, 0.016, 4, 1) + _records(0.050, 0.016, 4, 1) + _records(0.090, 0.016, 4, 1)
+    idle = OverheadRun(
+        False, run.results, {}, {}, {key("direct", 16): direct_starts, key("mesh", 16): mesh_starts}
+    )
+    body = json.loads(_report(levels, idle).to_json())
+    # The median of the mesh's (50 ms) less direct's (40 ms); the round figures are untouched.
+    assert body["ratios"]["c16"]["added_ttft_after_idle_ms"] == pytest.approx(10.0)
+    assert body["ratios"]["c16"]["added_ttft_p99_ms"] == pytest.approx(2.0)
+    assert body["results"]["mesh/c16"]["requests"] == 10
+    assert "+10.0" in _report(levels, idle).to_table()
+    mesh_starts[0].fail("region lost")
+    assert idle.errors() == 1
 
 
 def test_report_without_the_targets_level_has_no_verdict() -> None:
@@ -503,6 +522,7 @@ def test_quick_overhead_run_measures_the_transport_and_the_filter_through_the_re
             assert ratios["added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
             share = mesh["output_tok_s"] / direct["output_tok_s"]
             assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
+            assert isinstance(ratios["added_ttft_after_idle_ms"], float)
     for level in ("c1", "c2"):
         on, off = filtered["ratios"][level], report["ratios"][level]
         expected = on["added_ttft_p50_ms"] - off["added_ttft_p50_ms"]
