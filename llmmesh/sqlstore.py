@@ -16,7 +16,9 @@ callers write plain read-then-write code and rely on constraints (primary
 keys, unique names) for correctness under concurrency. On SQLite every write
 transaction begins ``IMMEDIATE`` (one writer at a time across processes) and
 calls from one process are serialized on a lock, since the embedded database
-has a single writer anyway.
+has a single writer anyway. Writes that arrive together (the records of the
+turns one decode step ends) can share one transaction, each in a savepoint
+of its own: :meth:`SqlStore.grouped`.
 
 The column types here (:class:`ExactDecimal`, :class:`UtcDateTime`) keep
 money exact and times aware on every backend.
