@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import Message
 
 from llmmesh.errors import AlreadyExists, MeshError, Reason
 
@@ -32,6 +33,12 @@ Request = TypeVar("Request")
 Event = TypeVar("Event")
 Call: TypeAlias = grpc.aio.StreamStreamCall
 _WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+
+
+def ends_its_request(event: Message) -> bool:
+    """Whether a session event, whose oneof is ``event``, is its request's
+    last: ``finished`` or ``error``."""
+    return event.WhichOneof("event") in ("finished", "error")
 
 
 class SessionRequest(Generic[Request, Event]):

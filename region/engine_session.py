@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import TypeAlias
 
 from llmmesh.errors import Reason, Unavailable
-from llmmesh.session_client import SessionClient, SessionRequest
+from llmmesh.session_client import SessionClient, SessionRequest, ends_its_request
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
@@ -33,7 +33,7 @@ def engine_session(stub: pb_grpc.EngineServiceStub, pod_name: str) -> EngineSess
         pod_name,
         stub.GenerateSession,
         events_of,
-        lambda event: event.WhichOneof("event") in ("finished", "error"),
+        ends_its_request,
         cancel,
         broken,
     )
