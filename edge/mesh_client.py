@@ -38,7 +38,9 @@ from edge.region_session import RegionSession, region_session
 from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
+from llmmesh.identity import Role, role_name
 from llmmesh.model_resolver import ModelResolver
+from llmmesh.mtls import MeshSecurity, open_secure_channel
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.pages import collect_pages
 from llmmesh.refresh import SingleFlight, refresh_due
@@ -105,8 +107,12 @@ class MeshClient:
         route_cache_s: float = 1.0,
         route_stale_s: float = 30.0,
         outage_grace_s: float = 300.0,
+        security: MeshSecurity | None = None,
     ) -> None:
-        self._global = open_channel(global_address)
+        # mTLS with the edge's certificate, expecting the global plane's and
+        # regions' identities, unless ``security`` is None or insecure.
+        self._security = security
+        self._global = open_channel(global_address, security, role_name(Role.GLOBAL))
         self.policy = policy_service_pb2_grpc.PolicyServiceStub(self._global)
         self.geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(self._global)
         self.registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(self._global)
@@ -286,8 +292,10 @@ class MeshClient:
         """A ChatService stub for a region, one channel (and stub) per address."""
         stub = self._chat_stubs.get(address)
         if stub is None:
-            channel = self._regions[address] = grpc.aio.insecure_channel(
-                address, options=self._region_options
+            channel = self._regions[address] = (
+                open_secure_channel(address, self._security, role_name(Role.REGION), self._region_options)
+                if self._security is not None
+                else grpc.aio.insecure_channel(address, options=self._region_options)
             )
             stub = self._chat_stubs[address] = chat_service_pb2_grpc.ChatServiceStub(channel)
         return stub

@@ -80,6 +80,7 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
         route_cache_s=settings.route_cache_ms / 1000,
         route_stale_s=settings.route_stale_ms / 1000,
         outage_grace_s=settings.global_outage_grace_s,
+        security=settings.mesh_security("edge"),
     )
     app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))
     config = uvicorn.Config(

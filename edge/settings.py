@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmesh.config import setting
+from llmmesh.mtls import MeshTlsSettings
 
 
 @dataclass(frozen=True)
-class EdgeSettings:
+class EdgeSettings(MeshTlsSettings):
     """Where the edge listens, where the global plane is, and how long
     streams stay resumable."""
 

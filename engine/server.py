@@ -16,10 +16,31 @@ from engine.sim.backend import SimBackend
 from engine.sim.faults import exit_process
 from engine.tiny_model import resolve_model_dir
 from llmmesh import lifecycle
+from llmmesh.access import AccessPolicy
 from llmmesh.grpcserver import GrpcServer
+from llmmesh.identity import Role
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+
+# Only the region that owns a pod (its certificate names the pod's zone and
+# region) drives it; an operator's admin certificate may look at it.
+_PODS_REGION = (Role.REGION, Role.ADMIN)
+ENGINE_ACCESS = dict.fromkeys(
+    (
+        "Generate",
+        "GenerateSession",
+        "CancelGeneration",
+        "Tokenize",
+        "GetTokenizer",
+        "GetEngineInfo",
+        "GetLoad",
+        "WatchLoad",
+        "StreamKvEvents",
+    ),
+    _PODS_REGION,
+)
 
 
 class BackendNotAvailable(ValueError):
@@ -84,6 +105,9 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     ``on_crash`` stands in for the process exit of an injected crash, so an
     in-process pod (tests, the embedded mesh) never kills its host process;
     only :func:`serve` exits."""
+    security = settings.mesh_security(f"engine-{settings.pod_id}")
+    own = security.expect_role(Role.ENGINE)
+    access = AccessPolicy(ENGINE_ACCESS, zone=own.zone, region=own.region) if own else None
     backend = create_backend(settings, on_crash)
     await backend.start()
     servicer = EngineServicer(backend, settings.load_interval_ms)
@@ -91,7 +115,9 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     def register(server: grpc.aio.Server) -> None:
         pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
 
-    server = GrpcServer(register, [SERVICE_NAME], settings.host, settings.port)
+    server = GrpcServer(
+        register, [SERVICE_NAME], settings.host, settings.port, security=security, access=access
+    )
     try:
         metrics = MetricsEndpoint(backend.prometheus_registry(), settings.host, settings.metrics_port)
     except BaseException:

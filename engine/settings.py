@@ -46,12 +46,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmesh.config import setting
+from llmmesh.mtls import MeshTlsSettings
 
 SUPPORTED_BACKENDS = ("sim", "vllm")
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class EngineSettings(MeshTlsSettings):
     """Everything an engine pod process needs; see the module docstring."""
 
     host: str = setting("127.0.0.1", "interface the gRPC server binds")

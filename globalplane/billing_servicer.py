@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from globalplane.protoconv import datetime_of
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
+from globalplane.tenant_book import TenantBook
 from globalplane.usage_ledger import UsageLedger, UsageRecord
+from llmmesh.access import require_caller
+from llmmesh.errors import PermissionDenied, Reason
+from llmmesh.identity import PlaneIdentity, Role
 from llmmesh.pricing import format_usd
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import billing_service_pb2_grpc
@@ -29,13 +35,34 @@ def usage_record_from_proto(record: bpb.UsageRecord) -> UsageRecord:
 class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
     """Usage ingestion, totals and reconciliation."""
 
-    def __init__(self, ledger: UsageLedger) -> None:
+    def __init__(self, ledger: UsageLedger, tenants: TenantBook) -> None:
         self._ledger = ledger
+        self._tenants = tenants
+
+    async def _check_reporter(self, region: PlaneIdentity, records: Sequence[bpb.UsageRecord]) -> None:
+        """A region ships only its own turns, of tenants of its own zone."""
+        for record in records:
+            if record.region != region.region:
+                raise PermissionDenied(
+                    Reason.PEER_NOT_ALLOWED,
+                    f"{region} may not record usage for region {record.region!r}",
+                    metadata={"peer": region.uri},
+                )
+        for tenant_id in {r.tenant_id for r in records}:
+            if await self._tenants.zone_of(tenant_id) != region.zone:
+                raise PermissionDenied(
+                    Reason.PEER_NOT_ALLOWED,
+                    f"{region} may not record usage for tenant {tenant_id!r} of another zone",
+                    metadata={"peer": region.uri},
+                )
 
     async def RecordUsage(
         self, request: bpb.RecordUsageRequest, context: ServicerContext
     ) -> bpb.RecordUsageResponse:
         async with abort_on_mesh_error(context):
+            region = require_caller((Role.REGION,), "record usage")
+            if region is not None:
+                await self._check_reporter(region, request.records)
             outcome = await self._ledger.record([usage_record_from_proto(r) for r in request.records])
             return bpb.RecordUsageResponse(accepted=outcome.accepted, duplicates=outcome.duplicates)
 

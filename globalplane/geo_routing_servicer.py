@@ -6,6 +6,8 @@ from globalplane.protoconv import health_from_proto, health_to_proto, timestamp
 from globalplane.region_directory import GeoPoint, RegionDirectory, RegionReport, RegionStatus
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
+from llmmesh.access import require_caller
+from llmmesh.identity import Role
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 
@@ -79,7 +81,14 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         self, request: gpb.HeartbeatRequest, context: ServicerContext
     ) -> gpb.HeartbeatResponse:
         async with abort_on_mesh_error(context):
-            self._directory.heartbeat(report_from_proto(request.report))
+            report = request.report
+            require_caller(
+                (Role.REGION,),
+                f"report for region {report.region} of zone {report.zone}",
+                zone=report.zone,
+                region=report.region,
+            )
+            self._directory.heartbeat(report_from_proto(report))
             return gpb.HeartbeatResponse(
                 interval_ms=self._directory.interval_ms,
                 missed_heartbeats_until_down=self._directory.missed_until_down,

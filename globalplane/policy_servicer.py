@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
+from globalplane.audit import AuditLog, audited
+from globalplane.paging import page_of, page_window
 from globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, TenantUpdate
 from globalplane.protoconv import datetime_of, required_tier, tier_from_proto, tier_to_proto, timestamp
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
+from llmmesh.access import require_caller
 from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.identity import Role
 from llmmesh.v1 import policy_service_pb2 as ppb
 from llmmesh.v1 import policy_service_pb2_grpc
 
@@ -91,8 +97,45 @@ def tenant_update_from_proto(tenant: ppb.Tenant, fields: list[str]) -> TenantUpd
 class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     """Tenants, API keys and zone policy snapshots."""
 
-    def __init__(self, book: TenantBook) -> None:
+    def __init__(self, book: TenantBook, audit: AuditLog) -> None:
         self._book = book
+        self._audit = audit
+        audited(
+            self,
+            audit,
+            [
+                ("CreateTenant", lambda req, resp: resp.tenant.id),
+                ("UpdateTenant", lambda req, resp: resp.tenant.id),
+                ("CreateApiKey", lambda req, resp: resp.api_key.id),
+                ("RevokeApiKey", lambda req, resp: resp.api_key.id),
+            ],
+        )
+
+    async def ListAuditEvents(
+        self, request: ppb.ListAuditEventsRequest, context: ServicerContext
+    ) -> ppb.ListAuditEventsResponse:
+        async with abort_on_mesh_error(context):
+            after, size = page_window(request.page_size, request.page_token)
+            if after is not None and not after.isdigit():
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST, "malformed page_token", metadata={"param": "page_token"}
+                )
+            # Ids are zero-padded in the token so that they order as text.
+            page = page_of(await self._audit.list(size + 1, int(after or 0)), lambda e: f"{e.id:020d}", size)
+            return ppb.ListAuditEventsResponse(
+                events=[
+                    ppb.AuditEvent(
+                        id=e.id,
+                        event_time=timestamp(e.event_time),
+                        actor=e.actor,
+                        method=e.method,
+                        target=e.target,
+                        request_json=json.dumps(e.request_fields, sort_keys=True),
+                    )
+                    for e in page.items
+                ],
+                next_page_token=page.next_page_token,
+            )
 
     async def CreateTenant(
         self, request: ppb.CreateTenantRequest, context: ServicerContext
@@ -171,6 +214,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
         self, request: ppb.GetPolicySnapshotRequest, context: ServicerContext
     ) -> ppb.GetPolicySnapshotResponse:
         async with abort_on_mesh_error(context):
+            require_caller((Role.REGION,), f"read the policy of zone {request.zone!r}", zone=request.zone)
             snapshot = await self._book.snapshot(request.zone)
             if request.known_version and request.known_version == snapshot.version:
                 return ppb.GetPolicySnapshotResponse(not_modified=True)

@@ -101,5 +101,20 @@ usage_totals = sa.Table(
     sa.Column("cost_usd", ExactDecimal, nullable=False),
 )
 
+audit_events = sa.Table(
+    "audit_events",
+    metadata,
+    # One row per administrative change, written after the change succeeded.
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("event_time", UtcDateTime, nullable=False, index=True),
+    # The caller's mesh identity (its certificate's URI), or "insecure".
+    sa.Column("actor", sa.String(256), nullable=False),
+    sa.Column("method", sa.String(64), nullable=False),
+    # The tenant, key or model the change was made to.
+    sa.Column("target", sa.String(128), nullable=False),
+    # The request's fields (names, limits, tiers, prices; secrets never).
+    sa.Column("request_fields", sa.JSON, nullable=False),
+)
+
 CONTROL_PLANE_TABLES = (tenants, api_keys, policy_version, models, model_prices)
 """Read everywhere, written rarely: GLOBAL tables in a multi-region CockroachDB."""

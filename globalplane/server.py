@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import grpc.aio
 
+from globalplane import access as global_access
 from globalplane import billing_servicer, geo_routing_servicer, policy_servicer, registry_servicer
+from globalplane.audit import AuditLog
 from globalplane.billing_servicer import BillingServicer
 from globalplane.clock import Clock, utc_now
 from globalplane.geo_routing_servicer import GeoRoutingServicer
@@ -22,8 +24,10 @@ from globalplane.tenant_book import TenantBook
 from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger
 from llmmesh import lifecycle
+from llmmesh.access import AccessPolicy
 from llmmesh.errors import AlreadyExists, Reason, Unauthenticated
 from llmmesh.grpcserver import GrpcServer
+from llmmesh.identity import Role
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
     geo_routing_service_pb2_grpc,
@@ -92,6 +96,8 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
     is non-empty, tenant ``settings.dev_tenant`` (zone ``dev_zone``, tier
     ``dev_tier``) exists with an API key whose secret is ``dev_key``.
     """
+    security = settings.mesh_security("global")
+    security.expect_role(Role.GLOBAL)
     store = await GlobalStore.open(settings.database_url or default_database_url())
     try:
         tenants = TenantBook(store, clock)
@@ -105,12 +111,17 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
         catalog = ModelCatalog(store, deployments, clock)
         await catalog.add_missing([default_model(settings)])
         ledger = UsageLedger(store, clock)
+        audit = AuditLog(store, clock)
         if settings.dev_key:
             await ensure_dev_tenant(tenants, settings)
 
         def register(server: grpc.aio.Server) -> None:
-            policy_service_pb2_grpc.add_PolicyServiceServicer_to_server(PolicyServicer(tenants), server)
-            billing_service_pb2_grpc.add_BillingServiceServicer_to_server(BillingServicer(ledger), server)
+            policy_service_pb2_grpc.add_PolicyServiceServicer_to_server(
+                PolicyServicer(tenants, audit), server
+            )
+            billing_service_pb2_grpc.add_BillingServiceServicer_to_server(
+                BillingServicer(ledger, tenants), server
+            )
             model_registry_service_pb2_grpc.add_ModelRegistryServiceServicer_to_server(
                 ModelRegistryServicer(catalog), server
             )
@@ -118,7 +129,14 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
                 GeoRoutingServicer(directory, tenants), server
             )
 
-        server = GrpcServer(register, SERVICE_NAMES, settings.host, settings.port)
+        server = GrpcServer(
+            register,
+            SERVICE_NAMES,
+            settings.host,
+            settings.port,
+            security=security,
+            access=AccessPolicy(global_access.GLOBAL_ACCESS),
+        )
         address = await server.start()
     except BaseException:
         store.dispose()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmesh.config import setting
+from llmmesh.mtls import MeshTlsSettings
 
 
 @dataclass(frozen=True)
-class GlobalSettings:
+class GlobalSettings(MeshTlsSettings):
     """Everything the global plane needs to start; see :func:`llmmesh.config.load`."""
 
     host: str = setting("127.0.0.1", "Interface the gRPC server binds.")

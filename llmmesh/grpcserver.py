@@ -1,5 +1,6 @@
 """gRPC plumbing every plane shares: a server with ``grpc.health.v1``,
-reflection and graceful drain, and channels with the mesh's options."""
+reflection, graceful drain, mTLS and per-RPC authorization
+(:mod:`llmmesh.access`), and channels with the mesh's options."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.access import AccessPolicy, Caller, set_caller
+from llmmesh.errors import InvalidArgument, MeshError, Reason
+from llmmesh.mtls import MeshSecurity, open_secure_channel, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,17 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """An insecure channel to a mesh peer (mTLS is the front proxy's job)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def open_channel(
+    address: str, security: MeshSecurity | None = None, server_name: str = ""
+) -> grpc.aio.Channel:
+    """A channel to a mesh peer: mTLS with ``security``, expecting the server
+    to answer to ``server_name`` (:func:`llmmesh.identity.role_name`), or
+    plaintext when ``security`` is None or insecure."""
+    if security is None or not security.enabled:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    if not server_name:
+        raise ValueError("a secure channel needs the name its server answers to")
+    return open_secure_channel(address, security, server_name, list(CHANNEL_OPTIONS))
 
 
 class _Undecodable:
@@ -78,10 +89,31 @@ async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerConte
         yield request
 
 
-def _checking(handler: Any) -> Any:
-    """``handler`` (an RpcMethodHandler) answering an undecodable request
-    with INVALID_ARGUMENT and ErrorInfo, instead of the INTERNAL grpc gives
-    when a deserializer raises."""
+class _Gate:
+    """The check every call passes before its handler runs: on a secured
+    server, the caller's identity against the server's access policy."""
+
+    def __init__(self, secured: bool, access: AccessPolicy | None) -> None:
+        self._secured = secured
+        self._access = access
+
+    async def admit(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        if not self._secured:
+            return
+        caller = Caller(True, peer_identity(context))
+        try:
+            assert self._access is not None
+            self._access.check(method, caller)
+        except MeshError as err:
+            log.warning("refused %s to %s: %s", method, caller.identity, err.message)
+            await err.abort(context)
+        set_caller(caller)
+
+
+def _checking(handler: Any, method: str, gate: _Gate) -> Any:
+    """``handler`` (an RpcMethodHandler) admitting only callers ``gate``
+    lets in, and answering an undecodable request with INVALID_ARGUMENT and
+    ErrorInfo, instead of the INTERNAL grpc gives when a deserializer raises."""
     kind = next(
         k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream") if getattr(handler, k)
     )
@@ -89,6 +121,7 @@ def _checking(handler: Any) -> Any:
     if kind.startswith("unary"):
 
         async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await gate.admit(method, context)
             if isinstance(request, _Undecodable):
                 await request.invalid().abort(context)
             return request
@@ -111,6 +144,7 @@ def _checking(handler: Any) -> Any:
         async def stream_stream(
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
+            await gate.admit(method, context)
             async for response in inner(_checked(requests, context), context):
                 yield response
 
@@ -118,6 +152,7 @@ def _checking(handler: Any) -> Any:
     else:
 
         async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            await gate.admit(method, context)
             return await inner(_checked(requests, context), context)
 
         behavior = stream_unary
@@ -128,9 +163,9 @@ class _DecodeCheckingServer:
     """What generated ``add_*Servicer_to_server`` functions register on:
     the real server, with every method handler made :func:`_checking`."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, gate: _Gate) -> None:
         self._server = server
-        self._handlers: dict[str, Mapping[str, Any]] = {}
+        self._gate = gate
 
     def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
         # Generated code registers each service both ways; the registered
@@ -138,7 +173,10 @@ class _DecodeCheckingServer:
         del handlers
 
     def add_registered_method_handlers(self, service_name: str, method_handlers: Mapping[str, Any]) -> None:
-        wrapped = {name: _checking(handler) for name, handler in method_handlers.items()}
+        wrapped = {
+            name: _checking(handler, f"/{service_name}/{name}", self._gate)
+            for name, handler in method_handlers.items()
+        }
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, wrapped),))
         self._server.add_registered_method_handlers(service_name, wrapped)
 
@@ -147,7 +185,10 @@ class GrpcServer:
     """A ``grpc.aio`` server with health and reflection.
 
     ``register`` callbacks add servicers; ``service_names`` are the full names
-    of the services they add, reported through health and reflection.
+    of the services they add, reported through health and reflection. With a
+    secured ``security`` it serves mTLS only, and ``access`` says which
+    identities may call which of the servicers' methods (health and
+    reflection answer any holder of a mesh certificate).
     """
 
     def __init__(
@@ -156,14 +197,20 @@ class GrpcServer:
         service_names: Sequence[str],
         host: str = "127.0.0.1",
         port: int = 0,
+        *,
+        security: MeshSecurity | None = None,
+        access: AccessPolicy | None = None,
     ) -> None:
+        self._security = security or MeshSecurity.insecure()
+        if self._security.enabled and access is None:
+            raise ValueError("a secured server needs an access policy")
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._health = health.aio.HealthServicer()
         self._service_names = list(service_names)
         self._host = host
         self._port = port
         self.address = ""
-        register(_DecodeCheckingServer(self._server))
+        register(_DecodeCheckingServer(self._server, _Gate(self._security.enabled, access)))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
@@ -171,7 +218,11 @@ class GrpcServer:
 
     async def start(self) -> str:
         """Bind, start serving and return ``host:port``."""
-        bound = self._server.add_insecure_port(f"{self._host}:{self._port}")
+        where = f"{self._host}:{self._port}"
+        if self._security.enabled:
+            bound = self._server.add_secure_port(where, self._security.server_credentials())
+        else:
+            bound = self._server.add_insecure_port(where)
         if bound == 0:
             raise OSError(f"cannot bind {self._host}:{self._port}")
         await self._server.start()

@@ -47,10 +47,17 @@ class EnginePodHandle:
 class EnginePool:
     """Tracks the pods of a region and picks one per turn."""
 
-    def __init__(self, addresses: list[str], health_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        health_interval_s: float = 1.0,
+        dial: Callable[[str], grpc.aio.Channel] = open_channel,
+    ) -> None:
+        """``dial`` opens the channel to a pod (mTLS, expecting an engine
+        identity of this region, in a secured region)."""
         self._pods: list[EnginePodHandle] = []
         for address in addresses:
-            channel = open_channel(address)
+            channel = dial(address)
             stub = engine_service_pb2_grpc.EngineServiceStub(channel)
             self._pods.append(
                 EnginePodHandle(

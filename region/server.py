@@ -13,8 +13,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from llmmesh import lifecycle
+from llmmesh.access import AccessPolicy
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
+from llmmesh.identity import Role, role_name
 from llmmesh.ids import is_valid_name
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import (
@@ -53,6 +55,21 @@ from region.zone_store.store import ZoneStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmmesh.v1.ChatService"
+
+# Turns and conversations come from the edge, from a gRPC client holding a
+# client certificate (with its API key, as at the edge), or an operator;
+# only the edge may continue a failed-over turn (checked per turn).
+_SPEAKERS = (Role.EDGE, Role.CLIENT, Role.ADMIN)
+REGION_ACCESS = {
+    "Chat": _SPEAKERS,
+    "ChatSession": _SPEAKERS,
+    "CreateConversation": _SPEAKERS,
+    "GetConversation": _SPEAKERS,
+    "ListConversations": _SPEAKERS,
+    "DeleteConversation": _SPEAKERS,
+    "ListMessages": _SPEAKERS,
+    "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),
+}
 
 
 def parse_location(text: str) -> common_pb2.GeoPoint:
@@ -153,7 +170,14 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             Reason.INVALID_REQUEST,
             f"unknown routing policy {settings.routing_policy!r}; use one of {choices}",
         )
-    global_channel = open_channel(settings.global_address)
+    security = settings.mesh_security(f"region-{settings.region}")
+    own = security.expect_role(Role.REGION)
+    if own is not None and (own.zone, own.region) != (settings.zone, settings.region):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"this region's certificate names {own}, not region {settings.region} of zone {settings.zone}",
+        )
+    global_channel = open_channel(settings.global_address, security, role_name(Role.GLOBAL))
     policy = PolicyCache(
         policy_service_pb2_grpc.PolicyServiceStub(global_channel),
         settings.zone,
@@ -162,7 +186,12 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     )
     models = ModelResolver(model_registry_service_pb2_grpc.ModelRegistryServiceStub(global_channel))
     routing = RoutingPolicy(settings.routing_policy)
-    pool = EnginePool(settings.engine_address_list(), settings.engine_health_interval_ms / 1000)
+    pod_name = role_name(Role.ENGINE, settings.zone, settings.region)
+    pool = EnginePool(
+        settings.engine_address_list(),
+        settings.engine_health_interval_ms / 1000,
+        dial=lambda address: open_channel(address, security, pod_name),
+    )
     store = await ZoneStore.open(settings.zone_store_database_url(), settings.zone, settings.region)
     billing = billing_service_pb2_grpc.BillingServiceStub(global_channel)
     shipper = UsageShipper(store, billing)
@@ -212,6 +241,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         [SERVICE_NAME],
         settings.host,
         settings.port,
+        security=security,
+        access=AccessPolicy(REGION_ACCESS, zone=settings.zone),
     )
     await pool.check()
     await policy.refresh()

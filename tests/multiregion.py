@@ -142,7 +142,7 @@ async def running_multiregion(
     ``specs`` with its pods, and an edge; stop them all afterwards. A zone's
     store is ``store_urls[zone]``, else an SQLite file in ``store_dir``."""
     glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://")
+        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
     )
     regions: dict[str, RunningRegion] = {}
     urls = {spec.zone: _store_url(spec.zone, store_dir, store_urls or {}) for spec in specs}
@@ -152,7 +152,7 @@ async def running_multiregion(
             pods = tuple(
                 [
                     await start_engine(
-                        EngineSettings(pod_id=f"{spec.name}-pod-{n}", **spec.engine)  # type: ignore[arg-type]
+                        EngineSettings(pod_id=f"{spec.name}-pod-{n}", insecure=True, **spec.engine)  # type: ignore[arg-type]
                     )
                     for n in range(spec.pods)
                 ]
@@ -169,7 +169,7 @@ async def running_multiregion(
             plane = await start_region(settings)
             regions[spec.name] = RunningRegion(spec, settings, plane, pods)
         server = await start_edge(
-            EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, **(edge or {}))  # type: ignore[arg-type]
+            EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True, **(edge or {}))  # type: ignore[arg-type]
         )
         mesh = MultiRegionMesh(glob, regions, server, urls)
         await wait_until(lambda: all(mesh.routable(name) for name in regions), 10.0, "every region routed")

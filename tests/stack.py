@@ -52,16 +52,16 @@ async def running_stack(
     """Start every plane in this process (``pods`` engine pods behind the
     region); stop them all afterwards."""
     glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url=database_url)
+        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url=database_url, insecure=True)
     )
     engines = [
-        await start_engine(EngineSettings(pod_id=f"us-east-pod-{n}", **engine_overrides))  # type: ignore[arg-type]
+        await start_engine(EngineSettings(pod_id=f"us-east-pod-{n}", insecure=True, **engine_overrides))  # type: ignore[arg-type]
         for n in range(pods)
     ]
     engine = engines[0]
     region = await start_region(region_settings(glob.address, engines, **(region_overrides or {})))
     edge = (
-        await start_edge(EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0))
+        await start_edge(EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True))
         if with_edge
         else None
     )
@@ -85,6 +85,7 @@ def region_settings(global_address: str, engines: Sequence[EnginePod], **overrid
         "policy_refresh_ms": 200,
         "engine_health_interval_ms": 100,
         "zone_store_url": "sqlite://",
+        "insecure": True,
         **overrides,
     }
     return RegionSettings(**values)  # type: ignore[arg-type]

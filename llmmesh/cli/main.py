@@ -85,6 +85,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return run_chat(args)
 
 
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from llmmesh.cli.certs import run_certs
+
+    return run_certs(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from llmmesh.cli.bench import run_bench
 
@@ -103,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     from globalplane.settings import GlobalSettings
     from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.bench import add_bench_arguments
+    from llmmesh.cli.certs import add_certs_arguments
     from llmmesh.cli.chat import add_chat_arguments
     from llmmesh.cli.drill import add_drill_arguments
     from llmmesh.cli.model import add_model_arguments
@@ -134,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="build the models the mesh serves")
     add_model_arguments(model)
     model.set_defaults(func=_cmd_model)
+
+    certs = sub.add_parser("certs", help="create the mesh CA, issue and rotate the planes' certificates")
+    add_certs_arguments(certs)
+    certs.set_defaults(func=_cmd_certs)
 
     bench = sub.add_parser(
         "bench", help="run a benchmark against a peer in the same run; the last line is one JSON object"

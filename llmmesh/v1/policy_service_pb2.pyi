@@ -683,3 +683,101 @@ class GetPolicySnapshotResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetPolicySnapshotResponse: _TypeAlias = GetPolicySnapshotResponse  # noqa: Y015
+
+@_typing.final
+class AuditEvent(_message.Message):
+    """One administrative change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    REQUEST_JSON_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Position in the log; later events have larger ids."""
+    actor: _builtins.str
+    """The caller's mesh identity (its certificate's URI), or "insecure"."""
+    method: _builtins.str
+    """The RPC that made the change, e.g. "CreateApiKey"."""
+    target: _builtins.str
+    """The tenant, key or model changed."""
+    request_json: _builtins.str
+    """The request's fields as JSON, secrets redacted."""
+    @_builtins.property
+    def event_time(self) -> _timestamp_pb2.Timestamp:
+        """When the change was made."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        event_time: _timestamp_pb2.Timestamp | None = ...,
+        actor: _builtins.str = ...,
+        method: _builtins.str = ...,
+        target: _builtins.str = ...,
+        request_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event_time", b"event_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "event_time", b"event_time", "id", b"id", "method", b"method", "request_json", b"request_json", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditEvent: _TypeAlias = AuditEvent  # noqa: Y015
+
+@_typing.final
+class ListAuditEventsRequest(_message.Message):
+    """Asks for audit events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Most items to return; 0 means 50, at most 500."""
+    page_token: _builtins.str
+    """From a previous response; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditEventsRequest: _TypeAlias = ListAuditEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListAuditEventsResponse(_message.Message):
+    """A page of audit events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditEvent]:
+        """The events, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___AuditEvent] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditEventsResponse: _TypeAlias = ListAuditEventsResponse  # noqa: Y015

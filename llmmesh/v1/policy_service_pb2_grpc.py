@@ -80,6 +80,11 @@ class PolicyServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotResponse.FromString,
                 _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/llmmesh.v1.PolicyService/ListAuditEvents',
+                request_serializer=llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
 
 
 class PolicyServiceServicer:
@@ -150,6 +155,13 @@ class PolicyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditEvents(self, request, context):
+        """Lists administrative changes (who changed which tenant, key or model), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolicyServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +209,11 @@ def add_PolicyServiceServicer_to_server(servicer, server):
                     servicer.GetPolicySnapshot,
                     request_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotResponse.SerializeToString,
+            ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +460,33 @@ class PolicyService:
             '/llmmesh.v1.PolicyService/GetPolicySnapshot',
             llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotRequest.SerializeToString,
             llmmesh_dot_v1_dot_policy__service__pb2.GetPolicySnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.PolicyService/ListAuditEvents',
+            llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsRequest.SerializeToString,
+            llmmesh_dot_v1_dot_policy__service__pb2.ListAuditEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,8 @@ class PolicyServiceStub:
     """
     GetPolicySnapshot: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.GetPolicySnapshotRequest, _policy_service_pb2.GetPolicySnapshotResponse]
     """Returns the policy snapshot of a zone unless the caller's is current."""
+    ListAuditEvents: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.ListAuditEventsRequest, _policy_service_pb2.ListAuditEventsResponse]
+    """Lists administrative changes (who changed which tenant, key or model), oldest first."""
 
 @_typing.type_check_only
 class PolicyServiceAsyncStub(PolicyServiceStub):
@@ -79,6 +81,8 @@ class PolicyServiceAsyncStub(PolicyServiceStub):
     """
     GetPolicySnapshot: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.GetPolicySnapshotRequest, _policy_service_pb2.GetPolicySnapshotResponse]  # type: ignore[assignment]
     """Returns the policy snapshot of a zone unless the caller's is current."""
+    ListAuditEvents: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.ListAuditEventsRequest, _policy_service_pb2.ListAuditEventsResponse]  # type: ignore[assignment]
+    """Lists administrative changes (who changed which tenant, key or model), oldest first."""
 
 class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
     """Tenants, API keys and the policy snapshots regions enforce."""
@@ -156,5 +160,13 @@ class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_policy_service_pb2.GetPolicySnapshotResponse, _abc.Awaitable[_policy_service_pb2.GetPolicySnapshotResponse]]:
         """Returns the policy snapshot of a zone unless the caller's is current."""
+
+    @_abc_1.abstractmethod
+    def ListAuditEvents(
+        self,
+        request: _policy_service_pb2.ListAuditEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_policy_service_pb2.ListAuditEventsResponse, _abc.Awaitable[_policy_service_pb2.ListAuditEventsResponse]]:
+        """Lists administrative changes (who changed which tenant, key or model), oldest first."""
 
 def add_PolicyServiceServicer_to_server(servicer: PolicyServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,6 +14,7 @@ from llmmesh.v1 import common_pb2
 
 # Fast steps: a 16-token reply takes a few milliseconds.
 SIM = EngineSettings(
+    insecure=True,
     max_num_seqs=4,
     sim_prefill_overhead_s=0.0001,
     sim_prefill_per_token_s=0.000001,

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.asyncio
 
 async def test_cached_answers_outlive_the_registry() -> None:
     now = [0.0]
-    plane = await start_global_plane(GlobalSettings(database_url="sqlite://"))
+    plane = await start_global_plane(GlobalSettings(database_url="sqlite://", insecure=True))
     async with open_channel(plane.address) as channel:
         resolver = ModelResolver(
             model_registry_service_pb2_grpc.ModelRegistryServiceStub(channel), ttl_s=30, clock=lambda: now[0]

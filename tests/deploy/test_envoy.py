@@ -211,7 +211,7 @@ async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
     # Slow enough decoding that a stream spans many reads.
     async with running_stack(with_edge=True, sim_inter_token_s=0.02) as stack:
         assert stack.edge is not None
-        pod = await start_engine(EngineSettings(pod_id="us-west-pod-0", sim_inter_token_s=0.02))
+        pod = await start_engine(EngineSettings(pod_id="us-west-pod-0", sim_inter_token_s=0.02, insecure=True))
         west = await start_region(
             region_settings(stack.global_plane.address, [pod], region="us-west", location="45.6,-121.2")
         )

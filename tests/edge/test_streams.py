@@ -104,7 +104,9 @@ async def usage_totals(client: httpx.AsyncClient, stack: Stack) -> dict[str, Any
 async def edge_on(stack: Stack, **settings: Any) -> AsyncIterator[tuple[EdgeServer, httpx.AsyncClient]]:
     """An edge of ``stack``'s mesh with ``settings``, and a client of it."""
     edge = await start_edge(
-        EdgeSettings(port=0, global_address=stack.global_plane.address, auth_cache_ms=0, **settings)
+        EdgeSettings(
+            port=0, global_address=stack.global_plane.address, auth_cache_ms=0, insecure=True, **settings
+        )
     )
     try:
         async with httpx.AsyncClient(base_url=edge.url, timeout=30) as client:

@@ -22,6 +22,7 @@ from engine.sim.step_plan import StepPlan
 
 # Steps take well under a millisecond, so a whole reply takes a few ms.
 FAST = EngineSettings(
+    insecure=True,
     context_window=512,
     block_size=4,
     max_num_seqs=4,

@@ -36,6 +36,8 @@ ALLOWED_COLUMNS: dict[str, set[str]] = {
         "cached_input_tokens", "cost_usd", "end_time", "ingest_time",
     },
     "usage_totals": {"tenant_id", "period", "input_tokens", "output_tokens", "requests", "cost_usd"},
+    # Admin requests only (tenants, keys, models): no RPC that carries a turn is audited.
+    "audit_events": {"id", "event_time", "actor", "method", "target", "request_fields"},
 }  # fmt: skip
 CONTENT_WORDS = frozenset(
     {"message", "conversation", "content", "prompt", "completion", "text", "body", "transcript", "turn"}

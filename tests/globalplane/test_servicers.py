@@ -36,7 +36,7 @@ def clock() -> ManualClock:
 
 @pytest_asyncio.fixture
 async def plane(clock: ManualClock) -> AsyncIterator[GlobalPlane]:
-    running = await start_global_plane(GlobalSettings(dev_zone="eu", database_url="sqlite://"), clock)
+    running = await start_global_plane(GlobalSettings(dev_zone="eu", database_url="sqlite://", insecure=True), clock)
     yield running
     await running.stop(0)
 
@@ -73,7 +73,7 @@ async def test_dev_key_authenticates(plane: GlobalPlane, channel: grpc.aio.Chann
 
 @pytest.mark.asyncio
 async def test_no_dev_tenant_without_dev_key() -> None:
-    plane = await start_global_plane(GlobalSettings(dev_key="", database_url="sqlite://"))
+    plane = await start_global_plane(GlobalSettings(dev_key="", database_url="sqlite://", insecure=True))
     try:
         assert (await plane.tenants.list_tenants()).items == []
     finally:

@@ -113,7 +113,7 @@ async def test_tiny_prices_and_huge_counts_stay_exact(store: GlobalStore) -> Non
 @pytest.mark.asyncio
 async def test_a_file_store_survives_a_restart(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'nested' / 'global.db'}"
-    settings = GlobalSettings(dev_key="sk-llmmesh-restart", database_url=url)
+    settings = GlobalSettings(dev_key="sk-llmmesh-restart", database_url=url, insecure=True)
     for _ in range(2):
         store = await GlobalStore.open(url)
         try:
