@@ -23,7 +23,7 @@ GLOBAL_ACCESS = {
     "RevokeApiKey": _ADMIN,
     "ListApiKeys": _ADMIN,
     "ListAuditEvents": _ADMIN,
-    "AuthenticateKey": (Role.EDGE, Role.REGION),
+    "AuthenticateKey": (Role.EDGE, Role.REGION, Role.ADMIN),
     "GetPolicySnapshot": (Role.REGION,),
     # BillingService
     "RecordUsage": (Role.REGION,),

@@ -193,6 +193,16 @@ def open_secure_channel(
     return grpc.aio.secure_channel(address, security.channel_credentials(), options=named)
 
 
+def holder_security(stem: str, *, insecure: bool = False, directory: Path | None = None) -> MeshSecurity:
+    """The security of a command-line tool holding certificate ``STEM``
+    (``admin``, ``client``) in ``directory`` (default
+    ``$LLMMESH_HOME/certs``): plaintext when ``insecure``."""
+    if insecure:
+        return MeshSecurity.insecure()
+    base = directory or mesh_home() / "certs"
+    return MeshSecurity.mtls(CertFiles(base / f"{stem}.pem", base / f"{stem}.key", base / "ca.pem"))
+
+
 @lru_cache(maxsize=1024)
 def parse_peer(uri: bytes) -> PlaneIdentity | None:
     try:

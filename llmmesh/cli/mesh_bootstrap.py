@@ -17,6 +17,8 @@ import grpc.aio
 from llmmesh.cli.supervisor import MeshStartError
 from llmmesh.errors import Reason, from_rpc_error
 from llmmesh.grpcserver import open_channel
+from llmmesh.identity import Role, role_name
+from llmmesh.mtls import MeshSecurity
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc, policy_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb
@@ -48,14 +50,16 @@ def dev_tenants(zones: Sequence[str], primary_zone: str, dev_key: str) -> list[D
     ]
 
 
-async def ensure_dev_tenants(global_address: str, tenants: Sequence[DevTenant]) -> dict[str, str]:
+async def ensure_dev_tenants(
+    global_address: str, tenants: Sequence[DevTenant], security: MeshSecurity
+) -> dict[str, str]:
     """Make every tenant exist in its zone with its key, and return their ids by zone.
 
     Idempotent, since the global store outlives the mesh. MeshStartError
     when a key or a tenant name is already taken in another zone (zones
-    never change) or a key is revoked.
+    never change) or a key is revoked. ``security`` is an admin's.
     """
-    channel = open_channel(global_address)
+    channel = open_channel(global_address, security, role_name(Role.GLOBAL))
     async with channel:
         policy = policy_service_pb2_grpc.PolicyServiceStub(channel)
         return {tenant.zone: await _ensure(policy, tenant) for tenant in tenants}
@@ -102,7 +106,11 @@ def _in_zone(dev: DevTenant, tenant: ppb.Tenant) -> str:
 
 
 async def wait_regions_serving(
-    global_address: str, regions: Sequence[str], timeout_s: float, check: Callable[[], None]
+    global_address: str,
+    regions: Sequence[str],
+    timeout_s: float,
+    check: Callable[[], None],
+    security: MeshSecurity,
 ) -> None:
     """Return once geo-routing lists every region of ``regions`` as SERVING.
 
@@ -110,7 +118,7 @@ async def wait_regions_serving(
     a stop was asked for); MeshStartError when ``timeout_s`` runs out.
     """
     deadline = time.monotonic() + timeout_s
-    channel = open_channel(global_address)
+    channel = open_channel(global_address, security, role_name(Role.GLOBAL))
     async with channel:
         geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
         while True:
