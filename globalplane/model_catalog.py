@@ -37,6 +37,24 @@ SIM_FAMILY = "llmmesh-sim"
 """Tokenizer and chat template family of the project's own small model and the simulator."""
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_NAME_RULE = "1 to 128 letters, digits and . _ : / -, the first a letter or digit"
+
+
+def _shown(name: str) -> str:
+    """``name`` quoted for a message, cut short: an error echoing a huge
+    name would outgrow the metadata limits of the status that carries it."""
+    return repr(name if len(name) <= 64 else name[:64] + "...")
+
+
+def require_model_name(name: str, param: str = "name") -> str:
+    """``name`` if it could name a model; INVALID_ARGUMENT otherwise."""
+    if not _MODEL_NAME.match(name):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"{_shown(name)} cannot be a model name: a name is {_NAME_RULE}",
+            metadata={"param": param},
+        )
+    return name
 
 
 class ModelTier(StrEnum):
@@ -147,7 +165,7 @@ def find_model(conn: Connection, name: str) -> Model:
     """The model ``name`` at its current price; NOT_FOUND ``UNKNOWN_MODEL`` otherwise."""
     row = conn.execute(_priced_models().where(schema.models.c.name == name)).first()
     if row is None:
-        raise NotFound(Reason.UNKNOWN_MODEL, f"unknown model {name!r}", metadata={"model": name})
+        raise NotFound(Reason.UNKNOWN_MODEL, f"unknown model {_shown(name)}", metadata={"model": name[:128]})
     return _model_of(row)
 
 
@@ -232,7 +250,9 @@ class ModelCatalog:
         return Page([self._deployed(m) for m in page.items], page.next_page_token)
 
     async def get_model(self, name: str) -> Model:
-        """The model ``name``; NOT_FOUND ``UNKNOWN_MODEL`` otherwise."""
+        """The model ``name``; NOT_FOUND ``UNKNOWN_MODEL`` otherwise, and
+        INVALID_ARGUMENT for a name no model could have."""
+        require_model_name(name)
         return self._deployed(await self._store.transaction(lambda conn: find_model(conn, name)))
 
     async def upsert_model(self, model: Model) -> Model:
@@ -256,7 +276,8 @@ class ModelCatalog:
 
         ``"auto"`` (or empty) is the tier's default. NOT_FOUND
         ``UNKNOWN_MODEL`` for an unknown name or a tier without default;
-        PERMISSION_DENIED ``MODEL_NOT_ALLOWED`` when the model excludes the tier.
+        PERMISSION_DENIED ``MODEL_NOT_ALLOWED`` when the model excludes the
+        tier; INVALID_ARGUMENT for a name no model could have.
         """
         if name in ("", AUTO):
             # Catalogs are small; JSON containment differs per database, so filter here.
@@ -287,10 +308,11 @@ class ModelCatalog:
             return await self._store.transaction(work)
 
     def _validate(self, model: Model) -> None:
-        if model.name == AUTO or not _MODEL_NAME.match(model.name):
+        require_model_name(model.name)
+        if model.name == AUTO:
             raise InvalidArgument(
                 Reason.INVALID_REQUEST,
-                f"invalid model name {model.name!r} ('auto' is reserved)",
+                "'auto' is reserved: no model can be named so",
                 metadata={"param": "name"},
             )
         if model.context_window <= 0:

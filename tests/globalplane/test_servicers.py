@@ -36,7 +36,9 @@ def clock() -> ManualClock:
 
 @pytest_asyncio.fixture
 async def plane(clock: ManualClock) -> AsyncIterator[GlobalPlane]:
-    running = await start_global_plane(GlobalSettings(dev_zone="eu", database_url="sqlite://", insecure=True), clock)
+    running = await start_global_plane(
+        GlobalSettings(dev_zone="eu", database_url="sqlite://", insecure=True), clock
+    )
     yield running
     await running.stop(0)
 
@@ -191,6 +193,22 @@ async def test_model_registry(plane: GlobalPlane, channel: grpc.aio.Channel) -> 
     assert invalid.metadata["param"] == "pricing.input_per_1k_usd"
     listed = await registry.ListModels(mpb.ListModelsRequest())
     assert [m.name for m in listed.models] == ["llmmesh-big", "llmmesh-tiny"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["x" * 20_000, "m" * 129, "no spaces", "-leading", "nul\x00"])
+async def test_a_name_no_model_could_have_is_an_invalid_argument(
+    channel: grpc.aio.Channel, name: str
+) -> None:
+    registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(channel)
+    for call in (
+        registry.GetModel(mpb.GetModelRequest(name=name)),
+        registry.ResolveModel(mpb.ResolveModelRequest(name=name, tenant_tier=common_pb2.TIER_FREE)),
+    ):
+        # Not the RESOURCE_EXHAUSTED of a status whose message echoes the name past gRPC's limits.
+        refused = await _fails(call)
+        assert (refused.code, refused.reason) == (grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_REQUEST)
+        assert refused.metadata["param"] == "name" and len(refused.message) < 300
 
 
 @pytest.mark.asyncio
