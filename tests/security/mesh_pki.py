@@ -1,0 +1,117 @@
+"""An mTLS mesh in this process for the trust-boundary tests: a CA in a
+temporary directory, a certificate for every holder the tests play (the
+planes, and attackers holding certificates of the wrong role or place),
+and the global plane, a pod, a region and optionally the edge serving with
+them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc.aio
+
+from edge.server import EdgeServer, start_edge
+from edge.settings import EdgeSettings
+from engine.server import EnginePod, start_engine
+from engine.settings import EngineSettings
+from globalplane.server import GlobalPlane, start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.certs import CertFiles, CertificateAuthority
+from llmmesh.grpcserver import open_channel
+from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.mtls import MeshSecurity
+from region.server import RegionPlane, start_region
+from tests.stack import DEV_KEY, region_settings
+
+GLOBAL = PlaneIdentity(Role.GLOBAL, "global")
+EDGE = PlaneIdentity(Role.EDGE, "edge")
+ADMIN = PlaneIdentity(Role.ADMIN, "admin")
+CLIENT = PlaneIdentity(Role.CLIENT, "client")
+US_EAST = PlaneIdentity(Role.REGION, "us-east", "us", "us-east")
+US_WEST = PlaneIdentity(Role.REGION, "us-west", "us", "us-west")
+EU_WEST = PlaneIdentity(Role.REGION, "eu-west", "eu", "eu-west")
+POD = PlaneIdentity(Role.ENGINE, "us-east-pod-0", "us", "us-east")
+
+
+@dataclass
+class Pki:
+    """The mesh CA and a foreign one (certificates no plane trusts)."""
+
+    ca: CertificateAuthority
+    foreign: CertificateAuthority
+
+    def files(self, identity: PlaneIdentity) -> CertFiles:
+        held = self.ca.files_of(identity)
+        return held if held.exist() else self.ca.issue(identity)
+
+    def security(self, identity: PlaneIdentity) -> MeshSecurity:
+        return MeshSecurity.mtls(self.files(identity))
+
+    def settings(self, identity: PlaneIdentity) -> dict[str, object]:
+        files = self.files(identity)
+        return {"tls_cert": str(files.cert), "tls_key": str(files.key), "tls_ca": str(files.ca)}
+
+    def channel(self, address: str, holder: PlaneIdentity, server_name: str) -> grpc.aio.Channel:
+        return open_channel(address, self.security(holder), server_name)
+
+    def foreign_security(self, identity: PlaneIdentity) -> MeshSecurity:
+        """``identity``'s certificate from a CA the mesh does not trust
+        (with the mesh's CA, to check servers)."""
+        issued = self.foreign.issue(identity)
+        return MeshSecurity.mtls(CertFiles(issued.cert, issued.key, self.ca.files_of(identity).ca))
+
+
+def make_pki(root: Path) -> Pki:
+    return Pki(CertificateAuthority.open(root / "mesh"), CertificateAuthority.open(root / "foreign"))
+
+
+@dataclass
+class SecureStack:
+    pki: Pki
+    global_plane: GlobalPlane
+    engine: EnginePod
+    region: RegionPlane
+    edge: EdgeServer | None
+
+
+@asynccontextmanager
+async def secure_stack(
+    root: Path, *, with_edge: bool = False, **region_overrides: object
+) -> AsyncIterator[SecureStack]:
+    """The global plane, one pod, region us-east and optionally the edge, all on mTLS."""
+    pki = make_pki(root)
+    glob = await start_global_plane(
+        GlobalSettings(
+            dev_key=DEV_KEY,
+            heartbeat_interval_ms=200,
+            database_url="sqlite://",
+            **pki.settings(GLOBAL),  # type: ignore[arg-type]
+        )
+    )
+    engine = await start_engine(EngineSettings(pod_id=POD.name, **pki.settings(POD)))  # type: ignore[arg-type]
+    region = await start_region(
+        region_settings(glob.address, [engine], insecure=False, **pki.settings(US_EAST), **region_overrides)
+    )
+    edge = (
+        await start_edge(
+            EdgeSettings(
+                port=0,
+                global_address=glob.address,
+                auth_cache_ms=0,
+                **pki.settings(EDGE),  # type: ignore[arg-type]
+            )
+        )
+        if with_edge
+        else None
+    )
+    try:
+        yield SecureStack(pki, glob, engine, region, edge)
+    finally:
+        if edge is not None:
+            await edge.stop()
+        await region.stop(0.5)
+        await engine.stop(0.5)
+        await glob.stop(0.5)
