@@ -25,10 +25,11 @@ import grpc.aio
 from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
 from engine.session import GenerationSession
-from engine.validation import validate_generation
+from engine.validation import validate_generation, validate_roles
 from llmmesh.chat_tokenizer import tokenizer_response
 from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.tasks import cancel_and_wait, wait_event
+from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
@@ -38,6 +39,9 @@ SERVICE_NAME = "llmmesh.v1.EngineService"
 
 Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
 T = TypeVar("T")
+
+CHAT_ROLES = frozenset(common_pb2.ChatRole.values()) - {common_pb2.CHAT_ROLE_UNSPECIFIED}
+"""The roles a message may have."""
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
@@ -65,7 +69,10 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except MeshError as err:
             await err.abort(context)
         pod_id = self._backend.info().pod_id
-        watcher = asyncio.create_task(self._watch_for_cancel(request_iterator, request.request_id))
+        second_start = asyncio.Event()
+        watcher = asyncio.create_task(
+            self._watch_requests(request_iterator, request.request_id, second_start)
+        )
         deltas = 0
         try:
             async with contextlib.aclosing(self._backend.generate(request)) as events:
@@ -77,6 +84,13 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                         yield pb.GenerateResponse(delta=messages.delta(deltas, event))
                     else:
                         yield pb.GenerateResponse(finished=messages.finished(request.request_id, event))
+            if second_start.is_set():
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST,
+                    "a Generate stream carries one generation; it was stopped at a second start "
+                    "(GenerateSession carries many)",
+                    metadata={"param": "start"},
+                )
         except MeshError as err:
             await err.abort(context)
         except asyncio.CancelledError:
@@ -123,6 +137,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 metadata={"param": "messages"},
             )
         prompt_token_ids: list[int] = list(start.prompt_token_ids)
+        validate_roles([message.role for message in start.messages], CHAT_ROLES)
         if start.messages:
             if not any(message.content for message in start.messages):
                 raise InvalidArgument(
@@ -139,30 +154,43 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         validate_generation(request, info)
         return request
 
-    async def _watch_for_cancel(
-        self, request_iterator: AsyncIterator[pb.GenerateRequest], request_id: str
+    async def _watch_requests(
+        self,
+        request_iterator: AsyncIterator[pb.GenerateRequest],
+        request_id: str,
+        second_start: asyncio.Event,
     ) -> None:
         """Abort on a cancel message. The stream carries one generation, so a
-        cancel stops it whatever request id it names."""
+        cancel stops it whatever request id it names. A second start is a
+        caller's mistake, never silently dropped: it stops the generation
+        too, and sets ``second_start`` so that the call ends refusing it."""
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
             async for message in request_iterator:
-                if message.WhichOneof("action") == "cancel":
+                action = message.WhichOneof("action")
+                if action == "cancel":
                     log.info("cancel of %s requested: %s", request_id, message.cancel.reason or "no reason")
-                    await self._backend.abort(request_id)
-                    return
+                elif action == "start":
+                    second_start.set()
+                else:
+                    continue
+                await self._backend.abort(request_id)
+                return
 
     def _check_model(self, model: str) -> None:
         served = self._backend.info().model
         if model and model != served:
+            # Cut short: a status echoing a huge name would outgrow gRPC's metadata limit.
+            shown = model if len(model) <= 64 else model[:64] + "..."
             raise NotFound(
                 Reason.UNKNOWN_MODEL,
-                f"this pod serves {served!r}, not {model!r}",
+                f"this pod serves {served!r}, not {shown!r}",
                 metadata={"param": "model"},
             )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
         try:
             self._check_model(request.model)
+            validate_roles([message.role for message in request.messages], CHAT_ROLES)
             prompt = messages.chat_turns(request.messages) if request.messages else request.text
             token_ids = await self._backend.tokenize(prompt, request.add_generation_prompt)
         except MeshError as err:

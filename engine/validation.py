@@ -8,6 +8,7 @@ OpenAI's error object without parsing messages.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 
 from engine.backend import EngineInfo, GenerationRequest
 from llmmesh.errors import InvalidArgument, Reason
@@ -15,6 +16,17 @@ from llmmesh.errors import InvalidArgument, Reason
 
 def _invalid(reason: Reason, message: str, param: str) -> InvalidArgument:
     return InvalidArgument(reason, message, metadata={"param": param})
+
+
+def validate_roles(roles: Sequence[int], known: Collection[int]) -> None:
+    """Raise ``InvalidArgument`` unless every message's role is one of the
+    ``known`` chat roles. The wire carries any number in an enum field; an
+    unknown one (or none) must be refused here, not fail deeper down."""
+    for i, role in enumerate(roles):
+        if role not in known:
+            raise _invalid(
+                Reason.INVALID_REQUEST, f"messages[{i}].role {role} is not a chat role", "messages"
+            )
 
 
 def validate_generation(request: GenerationRequest, info: EngineInfo) -> None:

@@ -120,6 +120,40 @@ async def test_a_cancel_message_ends_with_cancelled_and_usage(
     assert await running(slow_stub) == 0
 
 
+async def read_to_end(call: grpc.aio.StreamStreamCall, into: list[pb.GenerateResponse]) -> None:
+    while (message := await call.read()) is not grpc.aio.EOF:
+        into.append(message)
+
+
+@pytest.mark.asyncio
+async def test_a_second_start_stops_the_generation_and_is_refused(
+    slow_stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    call = slow_stub.Generate()
+    await call.write(start("first"))
+    assert (await call.read()).WhichOneof("event") == "started"
+    await call.write(start("second"))
+    rest: list[pb.GenerateResponse] = []
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await read_to_end(call, rest)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    error = from_rpc_error(raised.value)
+    assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "start")
+    # The first generation stopped there, its usage reported.
+    assert rest[-1].finished.reason == common_pb2.FINISH_REASON_CANCELLED
+    assert await running(slow_stub) == 0
+
+
+@pytest.mark.asyncio
+async def test_tokenize_refuses_an_unknown_role(stub: pb_grpc.EngineServiceAsyncStub) -> None:
+    request = pb.TokenizeRequest(messages=[common_pb2.ChatMessage(role=77, content="hi")])  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.Tokenize(request)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    error = from_rpc_error(raised.value)
+    assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "messages")
+
+
 @pytest.mark.asyncio
 async def test_cancelling_the_call_aborts_the_generation(
     slow_pod: EnginePod, slow_stub: pb_grpc.EngineServiceAsyncStub
@@ -162,6 +196,12 @@ def bad(**fields: object) -> pb.GenerateRequest:
         (bad(prompt_token_ids=[10**6]), "INVALID_ARGUMENT", "INVALID_REQUEST", "prompt_token_ids"),
         (
             bad(messages=[common_pb2.ChatMessage(content="no role")]),
+            "INVALID_ARGUMENT",
+            "INVALID_REQUEST",
+            "messages",
+        ),
+        (
+            bad(messages=[common_pb2.ChatMessage(role=77, content="a role the contract lacks")]),  # type: ignore[arg-type]
             "INVALID_ARGUMENT",
             "INVALID_REQUEST",
             "messages",

@@ -105,6 +105,21 @@ async def test_a_bad_start_fails_its_generation_only(stub: pb_grpc.EngineService
     call.cancel()
 
 
+async def test_an_unknown_role_fails_its_generation_with_a_reason(
+    stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    call = stub.GenerateSession()
+    role = 77  # no ChatRole: the wire carries any number in an enum field
+    await call.write(start("bad", messages=[common_pb2.ChatMessage(role=role, content="hi")]))  # type: ignore[arg-type]
+    (event,) = events_of(await read_until_ended(call, {"bad"}), "bad")
+    assert (event.error.code, event.error.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        "INVALID_REQUEST",
+    )
+    assert event.error.metadata["param"] == "messages"
+    call.cancel()
+
+
 async def test_a_start_without_id_or_with_a_running_id_is_refused(
     slow_stub: pb_grpc.EngineServiceAsyncStub,
 ) -> None:
