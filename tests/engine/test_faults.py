@@ -275,7 +275,7 @@ async def wait_for_ready(process: asyncio.subprocess.Process, ready: Path, log: 
 @pytest.mark.asyncio
 async def test_the_pod_process_exits_with_70_on_an_injected_crash(tmp_path: Path) -> None:
     ready, log = tmp_path / "engine.json", tmp_path / "engine.log"
-    flags = ["--port", "0", "--ready-file", str(ready), "--sim-crash-after-generations", "1"]
+    flags = ["--port", "0", "--ready-file", str(ready), "--sim-crash-after-generations", "1", "--insecure"]
     with log.open("w") as out:
         # A file, not a pipe: nobody drains a pipe while the test waits.
         process = await asyncio.create_subprocess_exec(
