@@ -25,6 +25,13 @@ log = logging.getLogger(__name__)
 Context: TypeAlias = grpc.aio.ServicerContext
 
 
+_SECOND_START = InvalidArgument(
+    Reason.INVALID_REQUEST,
+    "a Chat stream carries one turn; it was stopped at a second start (ChatSession carries many)",
+    metadata={"param": "start"},
+)
+
+
 def caller_secret(context: Context) -> str | None:
     """The API key from ``authorization: Bearer`` metadata."""
     for key, value in context.invocation_metadata() or ():
@@ -54,8 +61,8 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("action") != "start":
             await InvalidArgument(Reason.INVALID_REQUEST, "the first message must be 'start'").abort(context)
-        cancel = asyncio.Event()
-        watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel))
+        cancel, second_start = asyncio.Event(), asyncio.Event()
+        watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel, second_start))
         emitted = False
         try:
             turn = self._gateway.run_turn(
@@ -64,7 +71,11 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             async for event in turn:
                 emitted = True
                 yield event
-        except MeshError as err:
+            if second_start.is_set():
+                raise _SECOND_START
+        except MeshError as raised:
+            # However the stopped turn ended, the caller hears why it was stopped.
+            err = _SECOND_START if second_start.is_set() else raised
             if emitted:
                 yield chat_service_pb2.ChatResponse(error=err.to_stream_error())
             else:
@@ -82,14 +93,25 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
 
     @staticmethod
     async def _watch_controls(
-        request_iterator: AsyncIterator[chat_service_pb2.ChatRequest], cancel: asyncio.Event
+        request_iterator: AsyncIterator[chat_service_pb2.ChatRequest],
+        cancel: asyncio.Event,
+        second_start: asyncio.Event,
     ) -> None:
+        """Cancel the turn on a cancel message. A second start is a caller's
+        mistake, never silently dropped: it cancels the turn too (which is
+        still metered), and sets ``second_start`` so that the stream ends
+        refusing it."""
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
             async for request in request_iterator:
-                if request.WhichOneof("action") == "cancel":
+                action = request.WhichOneof("action")
+                if action == "cancel":
                     log.info("turn cancelled by client: %s", request.cancel.reason or "no reason given")
-                    cancel.set()
-                    return
+                elif action == "start":
+                    second_start.set()
+                else:
+                    continue
+                cancel.set()
+                return
 
     async def GetRegionInfo(
         self,

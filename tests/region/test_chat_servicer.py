@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.errors import MeshError, from_rpc_error
+from llmmesh.errors import MeshError, from_rpc_error, from_stream_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import (
     chat_service_pb2,
@@ -110,7 +110,9 @@ async def test_continuation_goes_on_from_the_delivered_tokens(stack: Stack) -> N
     cut = len(deltas[0].token_ids)
     request = start("Continue me.", max_tokens=40, seed=7)
     request.start.continuation.CopyFrom(
-        chat_service_pb2.Continuation(emitted_token_ids=tokens[:cut], last_sequence=1)
+        chat_service_pb2.Continuation(
+            original_request_id=whole[0].started.request_id, emitted_token_ids=tokens[:cut], last_sequence=1
+        )
     )
     rest = await run_turn(stack, request)
     rest_deltas = [e.delta for e in rest if e.HasField("delta")]
@@ -198,6 +200,45 @@ async def test_cancel_message_ends_the_turn_and_bills_it(stack: Stack) -> None:
     streamed = sum(len(e.delta.token_ids) for e in events if e.HasField("delta"))
     assert events[-2].usage.usage.output_tokens >= streamed
     assert await billed(stack, events[0].started.request_id)
+
+
+async def test_a_second_start_stops_the_turn_bills_it_and_is_refused(stack: Stack) -> None:
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+        await call.write(start(max_tokens=2000))
+        events = [await call.read(), await call.read()]
+        await call.write(start("And another thing."))
+        while (event := await call.read()) is not grpc.aio.EOF:
+            events.append(event)
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[-3:] == ["usage", "finished", "error"]
+    assert events[-2].finished.reason == common_pb2.FINISH_REASON_CANCELLED
+    error = events[-1].error
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_REQUEST")
+    assert error.metadata["param"] == "start"
+    assert kinds.count("started") == 1, "the second start ran a turn"
+    assert await billed(stack, events[0].started.request_id)
+
+
+async def test_two_starts_at_once_are_refused(stack: Stack) -> None:
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+        await call.write(start(max_tokens=2000))
+        await call.write(start("And another thing."))
+        await call.done_writing()
+        events: list[chat_service_pb2.ChatResponse] = []
+        try:
+            events += [event async for event in call]
+            error = from_stream_error(events[-1].error)
+        except grpc.aio.AioRpcError as err:
+            # Refused before the turn sent anything: the call's own status.
+            error = from_rpc_error(err)
+    assert (error.code, error.reason, error.metadata["param"]) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        "start",
+    )
+    assert [e.WhichOneof("event") for e in events].count("started") <= 1
 
 
 async def test_client_cancellation_aborts_the_engine_request(stack: Stack) -> None:
