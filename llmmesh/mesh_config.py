@@ -99,7 +99,9 @@ class MeshConfig:
     """Engine backend of the pods of regions that name none."""
     redis_url: str = ""
     """Redis shared by the regions (rate limits, prefix index) and the edge
-    (stream log); empty keeps that state in each process."""
+    (stream log); empty: ``llmmesh up`` runs a ``redis-server`` of its own
+    when one is on the PATH, else keeps that state in each process
+    (:func:`llmmesh.cli.embedded_redis.choose_redis`)."""
     global_store_url: str = ""
     """SQLAlchemy URL of the global plane's store; empty for SQLite under the mesh home."""
 
@@ -121,10 +123,16 @@ class MeshConfig:
         return region.backend or self.backend
 
     def with_overrides(
-        self, *, backend: str | None = None, edge_port: int | None = None, host: str | None = None
+        self,
+        *,
+        backend: str | None = None,
+        edge_port: int | None = None,
+        host: str | None = None,
+        redis_url: str | None = None,
     ) -> MeshConfig:
         """This configuration with command-line values put over it; validated again."""
         changes: dict[str, Any] = {"backend": backend, "edge_port": edge_port, "host": host}
+        changes["redis_url"] = redis_url
         updated = dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
         validate(updated)
         return updated

@@ -17,8 +17,12 @@ geo-routing lists every region as serving, and removed on exit. It holds:
   and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
   (``global``, ``edge``, each region and pod by name).
 
-With ``--redis embedded`` it also holds ``redis_url`` and ``pids.redis``:
-a ``redis-server`` child the regions and the edge share.
+Redis (``--redis``, :func:`~llmmesh.cli.embedded_redis.choose_redis`):
+by default the config's ``redis_url``, else a ``redis-server`` child the
+regions and the edge share, so a key's RPM and TPM hold across every region
+of its zone; then ``mesh.json`` also holds ``redis_url`` and ``pids.redis``.
+With no ``redis-server`` on the PATH, or ``--redis none``, every region
+counts limits on its own, and a warning says so.
 
 A plane that exits on its own is reported and restarted with the same
 command line, environment and ports (:class:`~llmmesh.cli.supervisor.RestartPolicy`:
@@ -54,7 +58,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from llmmesh.cli.embedded_redis import start_embedded_redis
+from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
 from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
 from llmmesh.home import mesh_home
@@ -110,10 +114,12 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--redis",
-        choices=("embedded",),
-        default=None,
-        help="embedded: run a redis-server of the mesh's own for the regions and the edge "
-        "(in place of the config's redis_url)",
+        choices=REDIS_MODES,
+        default="auto",
+        help="what the regions and the edge share rate limits, the prefix index and stream logs in: "
+        "auto (default) the config's redis_url, else a redis-server of the mesh's own when one is on "
+        "the PATH; embedded: always the mesh's own; none: each process alone, so RPM/TPM hold per "
+        "region, not per key",
     )
 
 
@@ -154,10 +160,7 @@ class MeshLauncher:
 
     def start(self) -> None:
         config, host = self.config, self.config.host
-        if self.embedded_redis:
-            self.progress("starting redis-server")
-            self.redis, self.redis_url = start_embedded_redis(self.sup, host, self.sup.run_dir)
-            self.progress(f"redis-server serving on {self.redis.address()}")
+        self.start_redis()
         self.progress("starting the global plane")
         flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
         flags += ["--dev-zone", self.primary_zone]
@@ -178,6 +181,13 @@ class MeshLauncher:
         self.progress(f"geo-routing lists all {len(names)} regions as serving")
         if not _wait_healthy(str(self.edge.info["url"]), 15.0):
             raise MeshStartError("the edge's /healthz does not answer 200")
+
+    def start_redis(self) -> None:
+        """Start the mesh's own redis-server, when it runs one."""
+        if self.embedded_redis:
+            self.progress("starting redis-server")
+            self.redis, self.redis_url = start_embedded_redis(self.sup, self.config.host, self.sup.run_dir)
+            self.progress(f"redis-server serving on {self.redis.address()}")
 
     def _check(self) -> None:
         if self.sup.stopping:
@@ -323,7 +333,10 @@ def run_up(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        launcher = MeshLauncher(sup, config, zone, args.dev_key, embedded_redis=args.redis == "embedded")
+        config, redis = choose_redis(args.redis, config)
+        if redis.warning:
+            print(f"llmmesh up: warning: {redis.warning}", file=sys.stderr, flush=True)
+        launcher = MeshLauncher(sup, config, zone, args.dev_key, embedded_redis=redis.embedded)
         status = 0
         try:
             launcher.start()
@@ -381,6 +394,8 @@ def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path
         lines.append(f"  zone store     {zone}  {detail['store_url']}")
     if "redis_url" in mesh:
         lines.append(f"  redis          {mesh['redis_url']}  (embedded)")
+    elif not launcher.redis_url:
+        lines.append("  redis          none: rate limits count per region, not per key")
     lines += [f"  edge           {mesh['edge_url']}", f"  OpenAI base    {mesh['edge_url']}/v1"]
     for tenant in launcher.tenants:
         lines.append(f"  dev API key    {tenant.key}  (tenant {tenant.name}, zone {tenant.zone})")

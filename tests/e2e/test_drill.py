@@ -36,9 +36,12 @@ FIELDS = {
 
 @pytest.fixture(scope="module")
 def drill_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    """A default mesh of its own: the drills kill and stop its processes."""
+    """A default mesh of its own, but with no Redis (the redis drill's
+    refusal needs one without; test_killing_the_embedded_redis drills the
+    Redis): the drills kill and stop its processes."""
     home = tmp_path_factory.mktemp("llmmesh-drill")
-    running = start_up(home, "--engine", "sim", "--edge-port", "0", "--dev-key", "sk-llmmesh-drill")
+    flags = ["--engine", "sim", "--edge-port", "0", "--dev-key", "sk-llmmesh-drill", "--redis", "none"]
+    running = start_up(home, *flags)
     yield running
     if running.process.poll() is None:
         status, out = stop_up(running)

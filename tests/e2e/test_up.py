@@ -37,6 +37,14 @@ def test_mesh_json_names_every_plane(mesh: RunningMesh) -> None:
     assert all(r["address"] and len(r["engines"]) == 1 and r["engines"][0]["address"] for r in regions)
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_the_default_mesh_shares_its_own_redis(mesh: RunningMesh) -> None:
+    # Rate limits count per key across the regions of a zone only through a shared Redis.
+    assert str(mesh.info["redis_url"]).startswith("redis://127.0.0.1:")
+    assert mesh.pids["redis"] in child_pids(mesh.process.pid)
+    assert "llmmesh up: warning" not in mesh.log()
+
+
 def test_healthz_covers_the_whole_path(mesh: RunningMesh) -> None:
     resp = httpx.get(mesh.edge_url + "/healthz", timeout=10)
     assert resp.status_code == 200, resp.text
@@ -170,10 +178,26 @@ def test_sigterm_stops_every_process(tmp_path_factory: pytest.TempPathFactory) -
     home = tmp_path_factory.mktemp("llmmesh-stop")
     running = start_up(home, "--edge-port", "0", "--dev-key", "sk-stop")
     children = child_pids(running.process.pid)
-    # The global plane, four engine pods, four regions and the edge.
-    assert len(children) == 10, children
+    # The global plane, four engine pods, four regions, the edge and Redis where installed.
+    assert len(children) == 10 + (shutil.which("redis-server") is not None), children
     assert set(children) == set(running.pids.values())
     status, out = stop_up(running)
     assert status == 0, out
     assert not [pid for pid in children if pid_alive(pid)]
     assert not (home / "mesh.json").exists()
+
+
+def test_redis_none_runs_without_redis_and_warns(tmp_path_factory: pytest.TempPathFactory) -> None:
+    home = tmp_path_factory.mktemp("llmmesh-no-redis")
+    config = home / "mesh.toml"
+    config.write_text("[mesh]\nedge_port = 0\n[zones.us.regions.us-east]\n")
+    running = start_up(home, "--config", str(config), "--dev-key", "sk-no-redis", "--redis", "none")
+    try:
+        assert "redis_url" not in running.info and "redis" not in running.pids
+        assert len(child_pids(running.process.pid)) == 4  # global, pod, region, edge
+        log = running.log()
+        assert "warning: --redis none: rate limits (RPM, TPM) are counted by each region" in log
+        assert "redis          none: rate limits count per region" in log
+    finally:
+        status, out = stop_up(running)
+    assert status == 0, out

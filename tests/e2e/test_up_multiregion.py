@@ -69,6 +69,7 @@ def test_mesh_json_maps_zones_regions_tenants_and_processes(mesh: RunningMesh) -
     }
     assert mesh.tenant_id("us") != mesh.tenant_id("eu")
     planes = {"global", "edge"} | set(mesh.zone_of()) | {f"{r}-pod-0" for r in mesh.zone_of()}
+    planes |= {"redis"} if "redis_url" in info else set()  # the mesh's own, where installed
     assert set(mesh.pids) == planes
     assert set(mesh.pids.values()) == set(child_pids(mesh.process.pid))
 
