@@ -1,5 +1,20 @@
-"""Per-key rate limits in Redis (:class:`RedisRateLimiter`), shared by
-gateway replicas; the algorithm and its error bound are :mod:`region.ratelimit`'s."""
+"""Per-key rate limits in Redis (:class:`RedisRateLimiter`), shared by every
+gateway replica of every region of a zone (the region keys them under
+``llmmesh:<zone>:rl:``); the algorithm and its error bound are
+:mod:`region.ratelimit`'s.
+
+When Redis cannot be reached a reservation raises the client's
+``RedisError`` and counts nothing. The gateway (:mod:`region.admission`)
+then counts the key in its own process, and tries Redis again 5 s later.
+So while Redis is down, in any window a key gets at most its limit once
+per gateway process of the zone (R regions of one replica each: R times
+the limit), plus what Redis counted in that window before it went away:
+(R + 1) times the limit over an outage, (R + 2) times if Redis comes back
+empty within the window (the embedded one keeps nothing across a restart).
+Edges count nothing: every turn is counted by the region that admits it.
+A settle that cannot reach Redis leaves the reservation counted in full,
+which only limits sooner.
+"""
 
 from __future__ import annotations
 
@@ -111,7 +126,7 @@ return 1
 
 
 class RedisRateLimiter(RateLimiter):
-    """The rate limiter shared by every gateway replica of a region.
+    """The rate limiter shared by every gateway replica of a zone's regions.
 
     ``clock`` (seconds) replaces Redis's clock, for tests only: key expiry
     still runs on Redis's clock.

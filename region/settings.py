@@ -35,8 +35,11 @@ class RegionSettings(SafetySettings, MeshTlsSettings):
     )
     redis_url: str = setting(
         "",
-        "Redis URL shared by this region's gateway replicas (rate limits, prefix index); "
-        "empty keeps them in this process",
+        "Redis URL shared by every region of the zone and their replicas: a key's RPM/TPM count once "
+        "across all of them (and this region's prefix index lives there). Empty keeps both in this "
+        "process, so each region enforces the full limits alone. While Redis is unreachable each "
+        "process counts alone, retrying Redis every 5 s: a key gets at most its limit per region "
+        "process per minute, plus what Redis had counted",
     )
     load_refresh_ms: int = setting(200, "milliseconds between engine load polls for routing")
     admission_overcommit: float = setting(
