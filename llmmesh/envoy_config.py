@@ -10,6 +10,10 @@ request cannot have been served (connect failure, reset, refused stream,
 gRPC ``UNAVAILABLE``), and a region's cluster fails over to the other regions
 of its zone, never outside it.
 
+Both listeners serve TLS, Envoy calls the regions with mutual TLS and, where
+they serve HTTPS, the edge instances over TLS (:mod:`llmmesh.envoy_tls`);
+plaintext only when a topology says so (``tls=None``, ``--plaintext``).
+
 ``deploy/envoy/front-proxy.yaml`` is this module's output for the default
 embedded topology (``python -m llmmesh.envoy_config``); tests render configs
 for the ports their in-process planes bound.
@@ -18,12 +22,22 @@ for the ports their in-process planes bound.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmmesh.envoy_tls import (
+    DEFAULT_CERTS_DIR,
+    EDGE_SERVER_NAME,
+    ProxyTls,
+    downstream_socket,
+    edge_socket,
+    region_socket,
+)
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.ids import is_valid_name
 from llmmesh.yaml_text import to_yaml
@@ -66,10 +80,12 @@ class RegionUpstream:
 
 @dataclass(frozen=True)
 class FrontProxy:
-    """What the proxy fronts, where it listens, and its streaming limits."""
+    """What the proxy fronts, its certificates (``tls`` None: plaintext on
+    every hop, for development), where it listens, and its streaming limits."""
 
     edges: tuple[Upstream, ...]
     regions: tuple[RegionUpstream, ...]
+    tls: ProxyTls | None
     listen_host: str = "0.0.0.0"
     http_port: int = 10000
     grpc_port: int = 10001
@@ -97,10 +113,14 @@ class FrontProxy:
         return [r for r in self.regions if r.zone == zone]
 
 
-def embedded_front_proxy() -> FrontProxy:
+EXAMPLE_TLS = ProxyTls.in_directory()
+"""The certificates of the documented layout, under ``/etc/llmmesh/certs``."""
+
+
+def embedded_front_proxy(tls: ProxyTls | None = EXAMPLE_TLS) -> FrontProxy:
     """The documented example topology: two edge instances, zone ``us``
     (us-east, us-west) and zone ``eu`` (eu-west, eu-central), all on
-    loopback."""
+    loopback, with the certificates of ``/etc/llmmesh/certs``."""
     regions = (
         ("us-east", "us", 50061),
         ("us-west", "us", 50062),
@@ -112,6 +132,7 @@ def embedded_front_proxy() -> FrontProxy:
         regions=tuple(
             RegionUpstream(name, zone, Upstream("127.0.0.1", port)) for name, zone, port in regions
         ),
+        tls=tls,
     )
 
 
@@ -124,16 +145,16 @@ def envoy_config(proxy: FrontProxy) -> Doc:
     for region in proxy.regions:
         peers = [r for r in proxy.zone_regions(region.zone) if r != region]
         # The home region first; its zone's other regions only when it fails.
-        clusters.append(_chat_cluster(f"region-{region.region}", [[region], peers], proxy))
+        clusters.append(_chat_cluster(f"region-{region.region}", region.zone, [[region], peers], proxy))
     for zone in proxy.zones():
-        clusters.append(_chat_cluster(f"zone-{zone}", [proxy.zone_regions(zone)], proxy))
+        clusters.append(_chat_cluster(f"zone-{zone}", zone, [proxy.zone_regions(zone)], proxy))
     return {
         "node": {"id": "front-proxy", "cluster": "llmmesh-front-proxy"},
         "admin": {"address": _address("127.0.0.1", proxy.admin_port)},
         "static_resources": {
             "listeners": [
-                _listener("http", proxy.http_port, [http_route], proxy, http2=False),
-                _listener("grpc", proxy.grpc_port, grpc_routes, proxy, http2=True),
+                _listener("http", proxy.http_port, [http_route], proxy, grpc=False),
+                _listener("grpc", proxy.grpc_port, grpc_routes, proxy, grpc=True),
             ],
             "clusters": clusters,
         },
@@ -160,7 +181,7 @@ def _address(host: str, port: int) -> Doc:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _listener(name: str, port: int, routes: list[Doc], proxy: FrontProxy, *, http2: bool) -> Doc:
+def _listener(name: str, port: int, routes: list[Doc], proxy: FrontProxy, *, grpc: bool) -> Doc:
     manager: Doc = {
         "@type": _TYPE + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": name,
@@ -192,19 +213,23 @@ def _listener(name: str, port: int, routes: list[Doc], proxy: FrontProxy, *, htt
             }
         ],
     }
-    if http2:
+    if grpc:
         manager["http2_protocol_options"] = {
             "max_concurrent_streams": 1000,
             "initial_stream_window_size": 65536,
             "initial_connection_window_size": 1048576,
         }
+    chain: Doc = {
+        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]
+    }
+    if proxy.tls is not None:
+        alpn = ["h2"] if grpc else ["h2", "http/1.1"]
+        chain["transport_socket"] = downstream_socket(proxy.tls, alpn, verify_clients=grpc)
     return {
         "name": name,
         "address": _address(proxy.listen_host, port),
         "per_connection_buffer_limit_bytes": 1048576,
-        "filter_chains": [
-            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
-        ],
+        "filter_chains": [chain],
     }
 
 
@@ -256,14 +281,19 @@ def _route_action(cluster: str, retry_on: str, proxy: FrontProxy) -> Doc:
     }
 
 
-def _cluster(name: str, hosts: Sequence[Upstream], proxy: FrontProxy, protocol: Doc, check: Doc) -> Doc:
+def _cluster(
+    name: str, hosts: Sequence[Upstream], proxy: FrontProxy, protocol: Doc, check: Doc, tls: Doc | None
+) -> Doc:
     resolved = all(_is_ip(h.host) for h in hosts)
     interval = _duration(proxy.health_check_interval_s)
+    # Health checks go over the cluster's transport socket, so they check its TLS too.
+    secured = {"transport_socket": tls} if tls is not None else {}
     return {
         "name": name,
         "type": "STATIC" if resolved else "STRICT_DNS",
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
+        **secured,
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -303,14 +333,16 @@ def _edge_cluster(proxy: FrontProxy) -> Doc:
         proxy,
         {"http_protocol_options": {}},
         {"http_health_check": {"path": "/healthz"}},
+        edge_socket(proxy.tls) if proxy.tls is not None and proxy.tls.edge_https else None,
     )
     endpoints = [{"endpoint": {"address": _address(e.host, e.port)}} for e in proxy.edges]
     cluster["load_assignment"] = {"cluster_name": "edge", "endpoints": [{"lb_endpoints": endpoints}]}
     return cluster
 
 
-def _chat_cluster(name: str, tiers: Sequence[Sequence[RegionUpstream]], proxy: FrontProxy) -> Doc:
-    """A ChatService cluster: one locality per region, ``tiers[n]`` at priority n."""
+def _chat_cluster(name: str, zone: str, tiers: Sequence[Sequence[RegionUpstream]], proxy: FrontProxy) -> Doc:
+    """A ChatService cluster of ``zone``'s regions: one locality per region,
+    ``tiers[n]`` at priority n."""
     hosts = [r.address for tier in tiers for r in tier]
     cluster = _cluster(
         name,
@@ -318,6 +350,7 @@ def _chat_cluster(name: str, tiers: Sequence[Sequence[RegionUpstream]], proxy: F
         proxy,
         {"http2_protocol_options": {"connection_keepalive": {"interval": "30s", "timeout": "5s"}}},
         {"grpc_health_check": {"service_name": CHAT_SERVICE}},
+        region_socket(proxy.tls, zone) if proxy.tls is not None else None,
     )
     localities = [
         {
@@ -361,6 +394,56 @@ def _region_flag(text: str) -> RegionUpstream:
     return RegionUpstream(name, zone, _edge_flag(address))
 
 
+def _tls_arguments(parser: argparse.ArgumentParser) -> None:
+    tls = parser.add_argument_group("TLS (deploy/envoy/README.md lists the files)")
+    tls.add_argument(
+        "--certs-dir",
+        default=DEFAULT_CERTS_DIR,
+        help="directory of front-proxy.pem/.key, client-front-proxy.pem/.key and ca.pem",
+    )
+    tls.add_argument(
+        "--server-cert", default="", help="certificate for the public names (default in --certs-dir)"
+    )
+    tls.add_argument("--server-key", default="", help="key of --server-cert (default in --certs-dir)")
+    tls.add_argument(
+        "--client-ca", default="", help="require gRPC clients to present a certificate from this CA"
+    )
+    tls.add_argument(
+        "--edge-http", action="store_true", help="the edge instances serve plain HTTP (default: HTTPS)"
+    )
+    tls.add_argument(
+        "--edge-ca", default="", help="CA of the edges' HTTPS certificate (default: the mesh CA)"
+    )
+    tls.add_argument(
+        "--edge-server-name", default=EDGE_SERVER_NAME, help="name the edges' HTTPS certificate answers to"
+    )
+    tls.add_argument(
+        "--plaintext", action="store_true", help="no TLS on any hop (development only; never the default)"
+    )
+
+
+def _tls_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ProxyTls | None:
+    if args.plaintext:
+        if args.client_ca or args.edge_http or args.server_cert or args.server_key:
+            parser.error("--plaintext takes no certificate options")
+        return None
+    # Envoy reads a relative path from its own working directory, not this one's.
+    tls = ProxyTls.in_directory(
+        os.path.abspath(args.certs_dir),
+        client_ca=args.client_ca and os.path.abspath(args.client_ca),
+        edge_https=not args.edge_http,
+        edge_ca=args.edge_ca and os.path.abspath(args.edge_ca),
+        edge_server_name=args.edge_server_name,
+    )
+    if bool(args.server_cert) != bool(args.server_key):
+        parser.error("--server-cert and --server-key go together")
+    if args.server_cert:
+        tls = dataclasses.replace(
+            tls, server_cert=os.path.abspath(args.server_cert), server_key=os.path.abspath(args.server_key)
+        )
+    return tls
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the front proxy's config: the example topology, or the one given."""
     parser = argparse.ArgumentParser(prog="python -m llmmesh.envoy_config", description=main.__doc__)
@@ -372,12 +455,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--http-port", type=int, default=10000, help="port of the edge (HTTP + SSE) listener")
     parser.add_argument("--grpc-port", type=int, default=10001, help="port of the ChatService listener")
     parser.add_argument("--admin-port", type=int, default=9901, help="port of the admin interface (loopback)")
+    _tls_arguments(parser)
     args = parser.parse_args(argv)
     example = embedded_front_proxy()
     try:
         proxy = FrontProxy(
             edges=tuple(args.edge) or example.edges,
             regions=tuple(args.region) or example.regions,
+            tls=_tls_of(args, parser),
             listen_host=args.listen_host,
             http_port=args.http_port,
             grpc_port=args.grpc_port,

@@ -1,59 +1,50 @@
-"""The Envoy front proxy: its configs pass ``envoy --mode validate``, and a
-real Envoy streams SSE from the edge and ``ChatService`` turns from the
-regions, failing over to the zone's other region when the home one stops."""
+"""The Envoy front proxy's configs: the example is the rendered default
+topology, TLS is on for every hop unless a topology asks for plaintext, and
+the configs pass ``envoy --mode validate`` with the files they name; and a
+plaintext Envoy (development) streams a turn longer than its first-byte
+guard. tests/deploy/test_envoy_tls.py runs the TLS one."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import itertools
-import json
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
-import pytest_asyncio
 
-from engine.server import start_engine
-from engine.settings import EngineSettings
 from llmmesh.envoy_config import (
     HEADER,
     REGION_HEADER,
-    ZONE_HEADER,
     FrontProxy,
     RegionUpstream,
     Upstream,
     embedded_front_proxy,
     envoy_config,
+    main,
 )
-from llmmesh.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from llmmesh.envoy_tls import DEFAULT_CERTS_DIR, ProxyTls
+from llmmesh.v1 import common_pb2
 from llmmesh.yaml_text import to_yaml
-from region.server import RegionPlane, start_region
-from tests.stack import DEV_KEY, Stack, region_settings, running_stack
+from tests.deploy.envoy_process import chat_through, running_envoy, validate
+from tests.deploy.tls_mesh import issue_certificates
+from tests.stack import running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "envoy" / "front-proxy.yaml"
-ENVOY = Path(sys.executable).parent / "envoy"
-STARTUP_TIMEOUT_S = 30.0
-# Each Envoy of a run gets its own shared-memory id, so parallel runs never meet.
-_BASE_IDS = itertools.count(os.getpid() % 10_000 * 100)
+TLS_SOCKET = "envoy.transport_sockets.tls"
 
 
-def validate(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(ENVOY), "--mode", "validate", "-c", str(config), "--disable-hot-restart", "--log-level", "warn"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def _listeners(config: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item for item in config["static_resources"]["listeners"]}
+
+
+def _clusters(config: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item for item in config["static_resources"]["clusters"]}
+
+
+def _tls_context(socket: dict[str, Any]) -> dict[str, Any]:
+    assert socket["name"] == TLS_SOCKET
+    return socket["typed_config"]  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------- the configs
@@ -65,12 +56,19 @@ def test_example_config_is_the_rendered_embedded_topology() -> None:
     )
 
 
-def test_example_config_validates() -> None:
-    result = validate(EXAMPLE)
+def test_example_config_validates_with_the_certificates_it_names(tmp_path: Path) -> None:
+    """Envoy reads every certificate a config names while validating it, so
+    the example is checked with its certificate directory moved to one
+    that holds the documented layout."""
+    certs = issue_certificates(tmp_path).mesh.ca.directory
+    config = tmp_path / "front-proxy.yaml"
+    config.write_text(EXAMPLE.read_text().replace(DEFAULT_CERTS_DIR + "/", f"{certs}/"))
+    result = validate(config)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_rendered_config_with_dns_names_validates(tmp_path: Path) -> None:
+    certs = issue_certificates(tmp_path)
     proxy = FrontProxy(
         edges=(
             Upstream.parse("edge-0.llmmesh.internal:8080"),
@@ -81,16 +79,90 @@ def test_rendered_config_with_dns_names_validates(tmp_path: Path) -> None:
             RegionUpstream("eu-central", "eu", Upstream.parse("chat.eu-central.llmmesh.internal:50051")),
             RegionUpstream("us-east", "us", Upstream.parse("10.0.0.7:50051")),
         ),
+        tls=certs.proxy_tls(),
         http_port=8443,
         grpc_port=8444,
     )
-    config = tmp_path / "envoy.yaml"
-    config.write_text(to_yaml(envoy_config(proxy)))
-    result = validate(config)
-    assert result.returncode == 0, result.stdout + result.stderr
-    clusters = {c["name"]: c for c in envoy_config(proxy)["static_resources"]["clusters"]}
+    for variant in (proxy, dataclasses.replace(proxy, tls=None)):
+        config = tmp_path / "envoy.yaml"
+        config.write_text(to_yaml(envoy_config(variant)))
+        result = validate(config)
+        assert result.returncode == 0, result.stdout + result.stderr
+    clusters = _clusters(envoy_config(proxy))
     assert clusters["region-eu-west"]["type"] == "STRICT_DNS"
     assert clusters["region-us-east"]["type"] == "STATIC"
+
+
+def test_every_hop_of_the_example_is_tls() -> None:
+    config = envoy_config(embedded_front_proxy())
+    listeners = _listeners(config)
+    for name, alpn in (("http", ["h2", "http/1.1"]), ("grpc", ["h2"])):
+        context = _tls_context(listeners[name]["filter_chains"][0]["transport_socket"])
+        common = context["common_tls_context"]
+        assert common["alpn_protocols"] == alpn
+        assert common["tls_certificates"] == [
+            {
+                "certificate_chain": {"filename": f"{DEFAULT_CERTS_DIR}/front-proxy.pem"},
+                "private_key": {"filename": f"{DEFAULT_CERTS_DIR}/front-proxy.key"},
+            }
+        ]
+        # Callers authenticate with API keys unless a client CA is configured.
+        assert "require_client_certificate" not in context
+    for name, cluster in _clusters(config).items():
+        context = _tls_context(cluster["transport_socket"])
+        validation = context["common_tls_context"]["validation_context"]
+        assert validation["trusted_ca"] == {"filename": f"{DEFAULT_CERTS_DIR}/ca.pem"}
+        if name == "edge":
+            expected = "edge.llmmesh"
+            assert "tls_certificates" not in context["common_tls_context"]
+        else:
+            zone = "eu" if "eu" in name else "us"
+            expected = f"{zone}.region.llmmesh"
+            assert context["common_tls_context"]["tls_certificates"][0]["certificate_chain"] == {
+                "filename": f"{DEFAULT_CERTS_DIR}/client-front-proxy.pem"
+            }
+        assert context["sni"] == expected, name
+        assert validation["match_typed_subject_alt_names"] == [
+            {"san_type": "DNS", "matcher": {"exact": expected}}
+        ], name
+
+
+def test_a_client_ca_makes_the_grpc_listener_ask_for_certificates() -> None:
+    tls = ProxyTls.in_directory("/certs", client_ca="/certs/customers.pem")
+    listeners = _listeners(envoy_config(embedded_front_proxy(tls)))
+    grpc_tls = _tls_context(listeners["grpc"]["filter_chains"][0]["transport_socket"])
+    assert grpc_tls["require_client_certificate"] is True
+    assert grpc_tls["common_tls_context"]["validation_context"] == {
+        "trusted_ca": {"filename": "/certs/customers.pem"}
+    }
+    http_tls = _tls_context(listeners["http"]["filter_chains"][0]["transport_socket"])
+    assert "require_client_certificate" not in http_tls
+
+
+def test_plaintext_only_when_asked() -> None:
+    plain = envoy_config(embedded_front_proxy(None))
+    assert "transport_socket" not in str(plain)
+    edges_plain = envoy_config(embedded_front_proxy(ProxyTls.in_directory(edge_https=False)))
+    assert "transport_socket" not in _clusters(edges_plain)["edge"]
+    assert "transport_socket" in _clusters(edges_plain)["region-us-east"]
+
+
+def test_the_command_line_renders_tls_with_absolute_paths(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    main([])
+    assert capsys.readouterr().out == EXAMPLE.read_text()
+    main(["--certs-dir", "certs", "--client-ca", "customers.pem", "--edge-http"])
+    out = capsys.readouterr().out
+    assert f"filename: {tmp_path}/certs/client-front-proxy.pem" in out
+    assert f"filename: {tmp_path}/customers.pem" in out
+    assert "require_client_certificate: true" in out
+    assert "edge.llmmesh" not in out
+    main(["--plaintext"])
+    assert "transport_socket" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--plaintext", "--client-ca", "customers.pem"])
 
 
 def test_region_clusters_fail_over_only_inside_their_zone() -> None:
@@ -132,186 +204,7 @@ def test_routes_are_streaming_safe_and_never_retry_answers() -> None:
             }
 
 
-# ---------------------------------------------------------------- a real Envoy
-
-
-@dataclass
-class RunningEnvoy:
-    """A running Envoy and where its listeners bound."""
-
-    process: subprocess.Popen[bytes]
-    http_url: str
-    grpc_address: str
-    log: Path
-
-
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _text(path: Path) -> str:
-    return path.read_text(errors="replace").strip() if path.exists() else ""
-
-
-async def _wait_live(process: subprocess.Popen[bytes], admin_file: Path, log: Path) -> str:
-    """Wait until Envoy's admin interface says LIVE; return its URL."""
-    async with asyncio.timeout(STARTUP_TIMEOUT_S), httpx.AsyncClient(timeout=2) as client:
-        while True:
-            assert process.poll() is None, f"envoy exited:\n{_text(log)}"
-            if address := _text(admin_file):
-                try:
-                    if (await client.get(f"http://{address}/ready")).text.strip() == "LIVE":
-                        return f"http://{address}"
-                except httpx.TransportError:
-                    pass
-            await asyncio.sleep(0.05)
-
-
-@asynccontextmanager
-async def running_envoy(proxy: FrontProxy, workdir: Path) -> AsyncIterator[RunningEnvoy]:
-    """Run the real Envoy on ``proxy`` rendered with every port free (0); stop it afterwards."""
-    proxy = dataclasses.replace(proxy, listen_host="127.0.0.1", http_port=0, grpc_port=0, admin_port=0)
-    config, admin_file, log = workdir / "envoy.yaml", workdir / "envoy-admin", workdir / "envoy.log"
-    config.write_text(to_yaml(envoy_config(proxy)))
-    argv = [str(ENVOY), "-c", str(config), "--base-id", str(next(_BASE_IDS)), "--disable-hot-restart"]
-    argv += ["--concurrency", "1", "--admin-address-path", str(admin_file), "--log-level", "warn"]
-    process = _spawn(argv, log)
-    try:
-        admin = await _wait_live(process, admin_file, log)
-        async with httpx.AsyncClient(timeout=5) as client:
-            statuses = (await client.get(f"{admin}/listeners?format=json")).json()["listener_statuses"]
-        ports = {s["name"]: s["local_address"]["socket_address"]["port_value"] for s in statuses}
-        yield RunningEnvoy(process, f"http://127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['grpc']}", log)
-    finally:
-        process.terminate()
-        try:
-            await asyncio.to_thread(process.wait, 10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait, 10)
-
-
-@dataclass
-class Mesh:
-    """The in-process mesh (edge, us-east) with a second region us-west, behind a real Envoy."""
-
-    stack: Stack
-    west: RegionPlane
-    envoy: RunningEnvoy
-    west_stopped: bool = False
-
-    async def stop_west(self) -> None:
-        self.west_stopped = True
-        await self.west.stop(0.5)
-
-
-@pytest_asyncio.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    # Slow enough decoding that a stream spans many reads.
-    async with running_stack(with_edge=True, sim_inter_token_s=0.02) as stack:
-        assert stack.edge is not None
-        pod = await start_engine(EngineSettings(pod_id="us-west-pod-0", sim_inter_token_s=0.02, insecure=True))
-        west = await start_region(
-            region_settings(stack.global_plane.address, [pod], region="us-west", location="45.6,-121.2")
-        )
-        proxy = FrontProxy(
-            edges=(Upstream.parse(stack.edge.url.removeprefix("http://")),),
-            regions=(
-                RegionUpstream("us-west", "us", Upstream.parse(west.address)),
-                RegionUpstream("us-east", "us", Upstream.parse(stack.region.address)),
-            ),
-            health_check_interval_s=0.5,
-        )
-        running: Mesh | None = None
-        try:
-            async with running_envoy(proxy, tmp_path) as envoy:
-                running = Mesh(stack, west, envoy)
-                yield running
-        finally:
-            if running is None or not running.west_stopped:
-                await west.stop(0.5)
-            await pod.stop(0.5)
-
-
-def _start(max_tokens: int) -> chat_service_pb2.ChatRequest:
-    return chat_service_pb2.ChatRequest(
-        start=chat_service_pb2.ChatStart(
-            model="auto",
-            messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="Tell me about Envoy.")],
-            sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
-        )
-    )
-
-
-async def chat_through(
-    envoy: RunningEnvoy, header: str, value: str, max_tokens: int = 8
-) -> list[chat_service_pb2.ChatResponse]:
-    """One ChatService turn through Envoy's gRPC listener (no routing header when ``header`` is empty)."""
-    metadata = (("authorization", f"Bearer {DEV_KEY}"), *([(header, value)] if header else []))
-    async with open_channel(envoy.grpc_address) as channel:
-        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=metadata, timeout=60)
-        await call.write(_start(max_tokens))
-        await call.done_writing()
-        return [event async for event in call]
-
-
-@pytest.mark.e2e
-@pytest.mark.asyncio
-async def test_sse_streams_through_envoy_incrementally(mesh: Mesh) -> None:
-    body = {
-        "model": "auto",
-        "messages": [{"role": "user", "content": "Hello"}],
-        "max_tokens": 24,
-        "stream": True,
-    }
-    reads: list[bytes] = []
-    async with (
-        httpx.AsyncClient(base_url=mesh.envoy.http_url, timeout=60) as client,
-        client.stream(
-            "POST", "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {DEV_KEY}"}
-        ) as response,
-    ):
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        assert response.headers["x-llmmesh-region"] == "us-east"
-        reads = [chunk async for chunk in response.aiter_raw()]
-    text = b"".join(reads).decode()
-    data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    chunks = [json.loads(d) for d in data[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    # Unbuffered: deltas reached the client in reads before the one that ended the stream.
-    assert sum(1 for r in reads if b"data: {" in r and b"[DONE]" not in r) >= 2
-
-
-@pytest.mark.e2e
-@pytest.mark.asyncio
-async def test_chat_stream_through_envoy_reaches_the_named_region(mesh: Mesh) -> None:
-    events = await chat_through(mesh.envoy, REGION_HEADER, "us-east")
-    kinds = [e.WhichOneof("event") for e in events]
-    assert kinds[0] == "started" and kinds[-2:] == ["usage", "finished"]
-    assert "delta" in kinds
-    assert events[0].started.region == "us-east"
-    assert events[-1].finished.reason == common_pb2.FINISH_REASON_LENGTH
-    by_zone = await chat_through(mesh.envoy, ZONE_HEADER, "us")
-    assert (
-        by_zone[0].started.region in {"us-east", "us-west"} and by_zone[-1].WhichOneof("event") == "finished"
-    )
-
-
-@pytest.mark.e2e
-@pytest.mark.asyncio
-async def test_a_region_cluster_fails_over_inside_its_zone(mesh: Mesh) -> None:
-    for _ in range(3):
-        events = await chat_through(mesh.envoy, REGION_HEADER, "us-west")
-        assert events[0].started.region == "us-west", "priority 0 (the home region) serves while healthy"
-    await mesh.stop_west()
-    for _ in range(3):
-        events = await chat_through(mesh.envoy, REGION_HEADER, "us-west")
-        assert events[0].started.region == "us-east", "priority 1 (the zone peer) serves once it is down"
-        assert events[-1].WhichOneof("event") == "finished"
+# ---------------------------------------------------------------- a real Envoy, plaintext
 
 
 @pytest.mark.e2e
@@ -324,6 +217,7 @@ async def test_a_stream_outlives_the_first_byte_guard(tmp_path: Path) -> None:
         proxy = FrontProxy(
             edges=(Upstream.parse(stack.edge.url.removeprefix("http://")),),
             regions=(RegionUpstream("us-east", "us", Upstream.parse(stack.region.address)),),
+            tls=None,
             first_byte_timeout_s=1.5,
         )
         async with running_envoy(proxy, tmp_path) as envoy:

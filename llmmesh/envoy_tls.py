@@ -1,0 +1,129 @@
+"""The front proxy's TLS: what Envoy serves to clients on its listeners and
+how it checks the planes behind it (part of :mod:`llmmesh.envoy_config`).
+
+Downstream, both listeners serve one certificate for the public names (from
+a CA the clients trust, not the mesh CA); the gRPC listener can also demand
+a client certificate. Upstream, Envoy calls the regions with mutual TLS as a
+``client``-role mesh identity, not an ``edge`` one: it relays outside
+callers, and a region accepts failover continuations from edges only, so a
+caller behind the proxy can never send one on the proxy's certificate. It
+accepts a region only if the certificate is from the mesh CA and names the
+zone the cluster serves (``ZONE.region.llmmesh``), so a region of another
+zone is refused at the handshake. Envoy reads these files when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmmesh.certs import stem_of
+from llmmesh.identity import PlaneIdentity, Role, role_name
+
+Doc = dict[str, Any]
+
+DEFAULT_CERTS_DIR = "/etc/llmmesh/certs"
+PROXY_IDENTITY = PlaneIdentity(Role.CLIENT, "front-proxy")
+"""Who Envoy is to the regions: ``llmmesh certs issue client --name front-proxy``."""
+SERVER_STEM = "front-proxy"
+"""``front-proxy.pem`` / ``.key``: the certificate for the public names."""
+EDGE_SERVER_NAME = role_name(Role.EDGE)
+_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+# Envoy's upstream default stops at TLS 1.2; the planes all speak 1.3.
+_VERSIONS = {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"}
+
+
+@dataclass(frozen=True)
+class ProxyTls:
+    """Where the front proxy's certificates are (paths as Envoy will read them).
+
+    ``server_cert``/``server_key`` are served on both listeners;
+    ``mesh_cert``/``mesh_key`` are presented to the regions and
+    ``mesh_ca`` checks them. ``client_ca``, when set, makes the gRPC
+    listener require a client certificate from it. ``edge_https``: the edge
+    instances serve HTTPS, checked against ``edge_ca`` (the mesh CA when
+    empty) and ``edge_server_name``; False sends them plain HTTP (an edge
+    beside the proxy, on a network trusted with the callers' keys).
+    """
+
+    server_cert: str
+    server_key: str
+    mesh_cert: str
+    mesh_key: str
+    mesh_ca: str
+    client_ca: str = ""
+    edge_https: bool = True
+    edge_ca: str = ""
+    edge_server_name: str = EDGE_SERVER_NAME
+
+    @classmethod
+    def in_directory(cls, directory: str | Path = DEFAULT_CERTS_DIR, **options: Any) -> ProxyTls:
+        """The layout of a mesh certificate directory: ``front-proxy.pem``
+        and ``.key`` (public names), ``client-front-proxy.pem`` and ``.key``
+        (mesh identity), ``ca.pem`` (mesh CA)."""
+        base = Path(directory)
+        mesh = stem_of(PROXY_IDENTITY)
+        return cls(
+            server_cert=str(base / f"{SERVER_STEM}.pem"),
+            server_key=str(base / f"{SERVER_STEM}.key"),
+            mesh_cert=str(base / f"{mesh}.pem"),
+            mesh_key=str(base / f"{mesh}.key"),
+            mesh_ca=str(base / "ca.pem"),
+            **options,
+        )
+
+
+def _file(path: str) -> Doc:
+    return {"filename": path}
+
+
+def _socket(kind: str, context: Doc) -> Doc:
+    return {"name": "envoy.transport_sockets.tls", "typed_config": {"@type": _TLS + kind, **context}}
+
+
+def _checked_against(ca: str, name: str) -> Doc:
+    return {
+        "trusted_ca": _file(ca),
+        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": name}}],
+    }
+
+
+def downstream_socket(tls: ProxyTls, alpn: list[str], *, verify_clients: bool) -> Doc:
+    """A listener's TLS: the public certificate, ``alpn`` offered, and a
+    client certificate from ``tls.client_ca`` required when ``verify_clients``."""
+    common: Doc = {
+        "tls_params": _VERSIONS,
+        "alpn_protocols": alpn,
+        "tls_certificates": [
+            {"certificate_chain": _file(tls.server_cert), "private_key": _file(tls.server_key)}
+        ],
+    }
+    context: Doc = {"common_tls_context": common}
+    if verify_clients and tls.client_ca:
+        common["validation_context"] = {"trusted_ca": _file(tls.client_ca)}
+        context["require_client_certificate"] = True
+    return _socket("DownstreamTlsContext", context)
+
+
+def region_socket(tls: ProxyTls, zone: str) -> Doc:
+    """Mutual TLS to a region of ``zone``: the proxy's mesh identity out,
+    a region certificate of that zone from the mesh CA in."""
+    name = role_name(Role.REGION, zone)
+    common: Doc = {
+        "tls_params": _VERSIONS,
+        "alpn_protocols": ["h2"],
+        "tls_certificates": [{"certificate_chain": _file(tls.mesh_cert), "private_key": _file(tls.mesh_key)}],
+        "validation_context": _checked_against(tls.mesh_ca, name),
+    }
+    return _socket("UpstreamTlsContext", {"sni": name, "common_tls_context": common})
+
+
+def edge_socket(tls: ProxyTls) -> Doc:
+    """HTTPS to the edge instances, their certificate checked by CA and name."""
+    common: Doc = {
+        "tls_params": _VERSIONS,
+        "alpn_protocols": ["http/1.1"],
+        "validation_context": _checked_against(tls.edge_ca or tls.mesh_ca, tls.edge_server_name),
+    }
+    return _socket("UpstreamTlsContext", {"sni": tls.edge_server_name, "common_tls_context": common})

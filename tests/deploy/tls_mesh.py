@@ -1,0 +1,153 @@
+"""An mTLS mesh behind a TLS front proxy, for the Envoy tests.
+
+Three CAs in a temporary directory: the mesh CA (every plane's certificate,
+and Envoy's ``client`` identity toward the regions), a public CA (the
+certificate Envoy serves for ``localhost``, the only one its callers trust)
+and a customers' CA (client certificates the gRPC listener asks for). The
+global plane, zone ``us`` (us-east and us-west, a pod each) and an edge
+serving HTTPS with its mesh certificate run in this process on mTLS.
+"""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from edge.server import EdgeServer, start_edge
+from edge.settings import EdgeSettings
+from engine.server import EnginePod, start_engine
+from engine.settings import EngineSettings
+from globalplane.server import GlobalPlane, start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.certs import CertFiles, CertificateAuthority
+from llmmesh.envoy_tls import PROXY_IDENTITY, SERVER_STEM, ProxyTls
+from llmmesh.grpcserver import open_channel
+from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.mtls import MeshSecurity
+from region.server import RegionPlane, start_region
+from tests.security.mesh_pki import EDGE, GLOBAL, POD, US_EAST, US_WEST, Pki, make_pki
+from tests.stack import DEV_KEY, region_settings
+
+PUBLIC_NAME = "localhost"
+WEST_POD = PlaneIdentity(Role.ENGINE, "us-west-pod-0", "us", "us-west")
+CUSTOMER = PlaneIdentity(Role.CLIENT, "acme")
+
+
+@dataclass
+class Certificates:
+    """The three CAs and what each issued."""
+
+    mesh: Pki
+    public_ca: Path
+    customer: CertFiles
+
+    def proxy_tls(self) -> ProxyTls:
+        """Envoy's certificates, in the documented layout of the mesh's directory."""
+        return ProxyTls.in_directory(self.mesh.ca.directory, client_ca=str(self.customer.ca))
+
+    def https_client(self) -> ssl.SSLContext:
+        """What a caller of the HTTP listener trusts: the public CA only."""
+        return ssl.create_default_context(cafile=self.public_ca)
+
+    def grpc_channel(self, address: str, *, client_cert: bool = True) -> grpc.aio.Channel:
+        """A caller of the gRPC listener, with its customer certificate or with none."""
+        if client_cert:
+            files = CertFiles(self.customer.cert, self.customer.key, self.public_ca)
+            return open_channel(address, MeshSecurity.mtls(files), PUBLIC_NAME)
+        credentials = grpc.ssl_channel_credentials(root_certificates=self.public_ca.read_bytes())
+        options = [("grpc.ssl_target_name_override", PUBLIC_NAME)]
+        return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+def issue_certificates(root: Path) -> Certificates:
+    mesh = make_pki(root)
+    for identity in (GLOBAL, EDGE, US_EAST, US_WEST, POD, WEST_POD, PROXY_IDENTITY):
+        mesh.files(identity)
+    # A mesh-style CA stands in for a public one: no plane trusts it, so what it issues holds no mesh role.
+    public = CertificateAuthority.open(root / "public")
+    served = public.issue(PlaneIdentity(Role.EDGE, "front-proxy"), hosts=(PUBLIC_NAME,))
+    shutil.copyfile(served.cert, mesh.ca.directory / f"{SERVER_STEM}.pem")
+    shutil.copyfile(served.key, mesh.ca.directory / f"{SERVER_STEM}.key")
+    customer = CertificateAuthority.open(root / "customers").issue(CUSTOMER)
+    return Certificates(mesh, served.ca, customer)
+
+
+@dataclass
+class SecureZone:
+    """The running planes: zone ``us`` and an HTTPS edge, on mTLS."""
+
+    certs: Certificates
+    global_plane: GlobalPlane
+    east: RegionPlane
+    west: RegionPlane
+    edge: EdgeServer
+    west_stopped: bool = False
+
+    async def stop_west(self) -> None:
+        self.west_stopped = True
+        await self.west.stop(0.5)
+
+
+def _mtls(mesh: Pki, identity: PlaneIdentity) -> dict[str, Any]:
+    """A plane's settings for its mesh certificate."""
+    return mesh.settings(identity)
+
+
+@asynccontextmanager
+async def secure_zone(root: Path, sim_inter_token_s: float) -> AsyncIterator[SecureZone]:
+    certs = issue_certificates(root)
+    mesh = certs.mesh
+    glob = await start_global_plane(
+        GlobalSettings(
+            dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", **_mtls(mesh, GLOBAL)
+        )
+    )
+    pods: list[EnginePod] = []
+    regions: list[RegionPlane] = []
+    edge: EdgeServer | None = None
+    running: SecureZone | None = None
+    try:
+        for region, pod_id, location in ((US_EAST, POD, "39.0,-77.5"), (US_WEST, WEST_POD, "45.6,-121.2")):
+            engine = EngineSettings(
+                pod_id=pod_id.name, sim_inter_token_s=sim_inter_token_s, **_mtls(mesh, pod_id)
+            )
+            pod = await start_engine(engine)
+            pods.append(pod)
+            settings = region_settings(
+                glob.address,
+                [pod],
+                region=region.region,
+                location=location,
+                insecure=False,
+                **_mtls(mesh, region),
+            )
+            regions.append(await start_region(settings))
+        edge_files = mesh.files(EDGE)
+        https = EdgeSettings(
+            port=0,
+            global_address=glob.address,
+            auth_cache_ms=0,
+            https_cert_file=str(edge_files.cert),
+            https_key_file=str(edge_files.key),
+            **_mtls(mesh, EDGE),
+        )
+        edge = await start_edge(https)
+        running = SecureZone(certs, glob, regions[0], regions[1], edge)
+        yield running
+    finally:
+        if edge is not None:
+            await edge.stop()
+        for n, plane in enumerate(regions):
+            if n == 0 or running is None or not running.west_stopped:
+                await plane.stop(0.5)
+        for pod in pods:
+            await pod.stop(0.5)
+        await glob.stop(0.5)
