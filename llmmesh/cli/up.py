@@ -12,6 +12,10 @@ geo-routing lists every region as serving, and removed on exit. It holds:
   ``{region, zone, address, engines: [{pod_id, backend, address,
   metrics_url}]}`` whose first entry is the first region of that zone: what
   single-region readers (``llmmesh chat``, ``llmmesh admin``) use;
+- ``tls``: ``{insecure: true}`` for a plaintext mesh (``--insecure``),
+  else ``{insecure: false, certs_dir, ca}``: the planes' certificates, and
+  the ``admin`` and ``client`` ones that ``llmmesh admin``, ``chat`` and the
+  drills present (created on first start by :func:`~llmmesh.cli.certs.ensure_mesh_certs`);
 - ``zone`` (the dev tenant's), ``zones`` ``{zone: {store_url, regions:
   {region: {chat_address, pods}}}}``, ``tenants`` ``{zone: {name, id}}``
   and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
@@ -58,10 +62,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from llmmesh.certs import CertFiles
+from llmmesh.cli.certs import certs_dir, ensure_mesh_certs
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
 from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
 from llmmesh.home import mesh_home
+from llmmesh.identity import PlaneIdentity, Role
 from llmmesh.mesh_config import (
     BACKENDS,
     MeshConfig,
@@ -70,6 +77,7 @@ from llmmesh.mesh_config import (
     default_mesh_config,
     load_mesh_config,
 )
+from llmmesh.mtls import MeshSecurity, holder_security
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -113,6 +121,13 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart a plane that exits on its own, on the same ports (default), or leave it down",
     )
     parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run every plane plaintext, with no certificates and no per-RPC authorization "
+        "(development only); by default the planes talk mTLS with certificates from "
+        "$LLMMESH_HOME/certs, created on first start",
+    )
+    parser.add_argument(
         "--redis",
         choices=REDIS_MODES,
         default="auto",
@@ -138,7 +153,14 @@ class MeshLauncher:
     """Starts the planes of one configuration in order, printing progress."""
 
     def __init__(
-        self, sup: Supervisor, config: MeshConfig, primary_zone: str, dev_key: str, embedded_redis: bool
+        self,
+        sup: Supervisor,
+        config: MeshConfig,
+        primary_zone: str,
+        dev_key: str,
+        embedded_redis: bool,
+        *,
+        insecure: bool = False,
     ) -> None:
         self.sup = sup
         self.config = config
@@ -154,6 +176,26 @@ class MeshLauncher:
         self.pods: dict[str, Plane] = {}
         self.regions: dict[str, Plane] = {}
         self.edge: Plane | None = None
+        self.insecure = insecure
+        self.certs: dict[str, CertFiles] = {}
+
+    def _identities(self) -> list[PlaneIdentity]:
+        """Every certificate holder of the mesh: its planes, an operator and a gRPC client."""
+        held = [PlaneIdentity(r, r.value) for r in (Role.GLOBAL, Role.EDGE, Role.ADMIN, Role.CLIENT)]
+        for region in self.config.regions():
+            held.append(PlaneIdentity(Role.REGION, region.name, region.zone, region.name))
+            held += [PlaneIdentity(Role.ENGINE, pod, region.zone, region.name) for pod in region.pod_ids()]
+        return held
+
+    def _tls_flags(self, stem: str) -> list[str]:
+        """The flags that give a plane its certificate (or make it plaintext)."""
+        if self.insecure:
+            return ["--insecure"]
+        files = self.certs[stem]
+        return ["--tls-cert", str(files.cert), "--tls-key", str(files.key), "--tls-ca", str(files.ca)]
+
+    def admin_security(self) -> MeshSecurity:
+        return holder_security("admin", insecure=self.insecure, directory=certs_dir())
 
     def progress(self, text: str) -> None:
         print(f"llmmesh up: [{time.monotonic() - self.began:5.1f} s] {text}", file=sys.stderr, flush=True)
@@ -161,23 +203,32 @@ class MeshLauncher:
     def start(self) -> None:
         config, host = self.config, self.config.host
         self.start_redis()
+        if not self.insecure:
+            self.certs = ensure_mesh_certs(certs_dir(), self._identities())
+            self.progress(f"mesh certificates in {certs_dir()} ({len(self.certs)} holders)")
         self.progress("starting the global plane")
         flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
+        flags += self._tls_flags("global")
         flags += ["--dev-zone", self.primary_zone]
         env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
         glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env)
         self.progress(f"global plane serving on {glob.address()}")
         if self.tenants:
-            self.tenant_ids = asyncio.run(ensure_dev_tenants(glob.address(), self.tenants))
+            self.tenant_ids = asyncio.run(
+                ensure_dev_tenants(glob.address(), self.tenants, self.admin_security())
+            )
             self.progress("dev tenants: " + ", ".join(f"{t.name} (zone {t.zone})" for t in self.tenants))
         self._start_pods()
         self._start_regions()
         self.progress("starting the edge")
         flags = ["--host", host, "--port", str(config.edge_port), "--global-address", glob.address()]
+        flags += self._tls_flags("edge")
         self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env())
         self.progress(f"edge serving on {self.edge.info['url']}")
         names = [r.name for r in config.regions()]
-        asyncio.run(wait_regions_serving(glob.address(), names, STARTUP_TIMEOUT_S, self._check))
+        asyncio.run(
+            wait_regions_serving(glob.address(), names, STARTUP_TIMEOUT_S, self._check, self.admin_security())
+        )
         self.progress(f"geo-routing lists all {len(names)} regions as serving")
         if not _wait_healthy(str(self.edge.info["url"]), 15.0):
             raise MeshStartError("the edge's /healthz does not answer 200")
@@ -201,7 +252,7 @@ class MeshLauncher:
         for region, pod_id in pods:
             backend = self.config.backend_of(region)
             flags = ["--host", self.config.host, "--port", "0", "--metrics-port", "0"]
-            flags += ["--backend", backend, "--pod-id", pod_id]
+            flags += ["--backend", backend, "--pod-id", pod_id, *self._tls_flags(f"engine-{pod_id}")]
             plane = self.pods[pod_id] = self.sup.launch(f"engine pod {pod_id}", "engine", *flags)
             # vLLM pods start one at a time: each takes both cores for a while,
             # and the first builds the model the others load.
@@ -230,7 +281,7 @@ class MeshLauncher:
         engines = ",".join(self.pods[pod_id].address() for pod_id in region.pod_ids())
         flags = ["--host", self.config.host, "--port", str(region.port), "--region", region.name]
         flags += ["--zone", region.zone, "--global-address", self.global_plane.address()]
-        flags += ["--engine-addresses", engines]
+        flags += ["--engine-addresses", engines, *self._tls_flags(f"region-{region.name}")]
         if region.location:
             flags += ["--location", region.location]
         env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env()}
@@ -279,8 +330,15 @@ class MeshLauncher:
             "tenants": {t.zone: {"name": t.name, "id": self.tenant_ids[t.zone]} for t in self.tenants},
             "keys": keys,
             "pids": pids,
+            "tls": self._tls_entry(),
             **extra,
         }
+
+    def _tls_entry(self) -> dict[str, object]:
+        """How tools reach the planes: plaintext, or mTLS with the admin and client certificates."""
+        if self.insecure:
+            return {"insecure": True}
+        return {"insecure": False, "certs_dir": str(certs_dir()), "ca": str(self.certs["admin"].ca)}
 
     def _region_entry(self, region: RegionConfig) -> dict[str, object]:
         engines = [
@@ -336,7 +394,9 @@ def run_up(args: argparse.Namespace) -> int:
         config, redis = choose_redis(args.redis, config)
         if redis.warning:
             print(f"llmmesh up: warning: {redis.warning}", file=sys.stderr, flush=True)
-        launcher = MeshLauncher(sup, config, zone, args.dev_key, embedded_redis=redis.embedded)
+        launcher = MeshLauncher(
+            sup, config, zone, args.dev_key, embedded_redis=redis.embedded, insecure=args.insecure
+        )
         status = 0
         try:
             launcher.start()
