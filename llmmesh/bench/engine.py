@@ -84,7 +84,8 @@ def peer_command(config: VllmEngineConfig, port: int, kv_events_dir: Path) -> li
 
 def pod_command(config: VllmEngineConfig, settings: EngineSettings, ready_file: Path) -> list[str]:
     """The command line of our pod, every engine argument pinned by flag so
-    that no ``LLMMESH_*`` variable can make it differ from the peer."""
+    that no ``LLMMESH_*`` variable can make it differ from the peer. It
+    serves plaintext gRPC (``--insecure``), as the peer serves plain HTTP."""
     return [
         sys.executable,
         "-m",
@@ -116,6 +117,7 @@ def pod_command(config: VllmEngineConfig, settings: EngineSettings, ready_file: 
         config.dtype,
         "--pod-id",
         settings.pod_id,
+        "--insecure",
     ]
 
 

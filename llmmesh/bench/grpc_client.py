@@ -11,6 +11,7 @@ import grpc.aio
 
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest
+from llmmesh.mtls import MeshSecurity, open_secure_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -40,11 +41,23 @@ def generate_request(request: ChatRequest, ignore_eos: bool = True) -> pb.Genera
 class EngineGrpcClient:
     """Streams generations from the pod at ``address`` (``host:port``).
     Each call is bounded by ``request_timeout_s`` (a gRPC deadline);
-    ``ignore_eos`` is sent with every request."""
+    ``ignore_eos`` is sent with every request. The channel is plaintext
+    unless ``security`` is mTLS, then it expects the pod to answer to
+    ``server_name``."""
 
-    def __init__(self, address: str, request_timeout_s: float, ignore_eos: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        request_timeout_s: float,
+        ignore_eos: bool = True,
+        security: MeshSecurity | None = None,
+        server_name: str = "",
+    ) -> None:
         self._ignore_eos = ignore_eos
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        if security is not None and security.enabled:
+            self._channel = open_secure_channel(address, security, server_name, _CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub: pb_grpc.EngineServiceAsyncStub = pb_grpc.EngineServiceStub(self._channel)  # type: ignore[assignment]
         self._timeout_s = request_timeout_s
 

@@ -12,6 +12,20 @@ one region and one edge. Two systems share that one pod:
   /v1/chat/completions`` (edge → region → the same pod); time to first
   token ends at the first chunk with content, not the role chunk.
 
+The planes talk mutual TLS, as they do by default, or plaintext
+(``--insecure``), as ``--tls`` says. By default (``both``) the first run
+starts two meshes side by side, one plaintext (``mesh``) and the same
+mesh on mTLS with certificates the benchmark issues into its run
+directory (``mesh_mtls``: edge → region, region → pod and both to the
+global plane on mTLS; the client still reaches the edge in plain HTTP),
+each with its own pod, and measures the three systems on the same
+workload in alternating rounds (direct, mesh, mesh_mtls, then the other
+way round); what mTLS adds is the mTLS mesh's time to first token minus
+the plaintext mesh's. Later runs measure the plaintext mesh only, which
+keeps the default run to one system more than without mTLS. ``--tls
+off`` measures plaintext only; ``--tls on`` one mesh on mTLS in every
+run, the direct client presenting an operator's certificate to its pod.
+
 By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
 path adds), then with them on (``with_output_filter``: the product path).
@@ -29,11 +43,11 @@ In each run both systems send the same requests (the seeded chat
 workload, greedy, the same ``max_tokens``) at each concurrency level in a
 closed loop. ``ignore_eos`` makes every reply ``max_tokens`` long; a first
 probe checks that the whole mesh path honours it, and where it does not,
-both systems run without it: the simulator's reply length is then a
-function of the prompt, which both send alike, so replies still match one
+all systems run without it: the simulator's reply length is then a
+function of the prompt, which all send alike, so replies still match one
 for one (the report counts any that do not). Each level runs in rounds,
-the systems alternating ABBA, after a warm-up of each at the busiest
-level; a system's figures pool its rounds.
+the systems alternating ABBA (ABC CBA with three), after a warm-up of each
+at the busiest level; a system's figures pool its rounds.
 
 Each round starts with one request of its own through its system, kept
 out of the round's figures. The alternation leaves each system idle for
@@ -56,6 +70,7 @@ phases; the delay restores that, and costs both systems the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -63,22 +78,24 @@ from engine.settings import EngineSettings
 from engine.sim.sampler import MAX_REPLY_TOKENS
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
+from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.overhead_report import (
     DIRECT,
     MESH,
-    SYSTEMS,
+    MESH_MTLS,
     OverheadReport,
     OverheadRun,
     PathMetrics,
     key,
     run_name,
+    systems_of,
 )
 from llmmesh.bench.overhead_sse import SseChatClient
-from llmmesh.bench.overhead_systems import KV_BLOCKS, running_mesh, safety_backends
+from llmmesh.bench.overhead_systems import KV_BLOCKS, Mesh, issue_mesh_certs, running_mesh, safety_backends
 from llmmesh.bench.processes import StartupError
-from llmmesh.bench.routing_systems import API_KEY
+from llmmesh.bench.routing_systems import API_KEY, REGION, ZONE
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatWorkload
 
@@ -88,9 +105,12 @@ MEASURED = (
     "client-side TTFT, inter-token latency and output tokens/s on loopback, one simulator pod with fixed "
     "step costs: 'mesh' through the edge's SSE /v1/chat/completions (edge, region, pod), TTFT at the first "
     "content chunk; 'direct' on the same pod's EngineService.Generate gRPC stream, TTFT at the first "
-    "delta; same requests, ABBA rounds per level, each run in a fresh mesh"
+    "delta; 'mesh_mtls' (where run) the same through a second mesh whose planes talk mutual TLS, with its "
+    "own pod of the same timing; same requests, alternating rounds per level, each run in fresh meshes"
 )
 ARRIVAL_SEED = "overhead-arrivals"
+# Each mesh's folder in its run's directory, by whether its planes talk mTLS.
+MESH_DIRS = {False: "plaintext", True: "mtls"}
 
 
 class OverheadBench:
@@ -106,57 +126,79 @@ class OverheadBench:
         self.workload = ChatWorkload()
 
     async def run(self) -> OverheadReport:
-        """Measure both systems in a fresh mesh for each of the plan's
+        """Measure the systems in fresh meshes for each of the plan's
         safety settings, in order. Raises StartupError when a process
         cannot start or a mesh cannot serve a first request."""
         runs = [await self._run_mesh(safety) for safety in self.plan.safety_runs]
         return OverheadReport(self.model, self.plan.levels, runs, self._setup(), MEASURED)
 
+    def _certs(self) -> Path:
+        """The certificates of every mTLS mesh of this benchmark: one CA of
+        its own in the run directory, issued on first use."""
+        return issue_mesh_certs(self.run_dir / "certs")
+
     async def _run_mesh(self, safety: bool) -> OverheadRun:
-        """Start a mesh with the region's safety filters on or off, measure
-        both systems on it, stop it."""
+        """Start the run's meshes (see :meth:`OverheadBenchPlan.tls_of`)
+        with the region's safety filters on or off, measure the systems on
+        them, stop them."""
         plan = self.plan
         name = run_name(safety)
-        run_dir = self.run_dir / name
-        run_dir.mkdir(parents=True, exist_ok=True)
+        tls = plan.tls_of(safety)
 
         def progress(line: str) -> None:
             self._progress(f"{name}: {line}")
 
-        async with running_mesh(plan, safety, run_dir, progress) as mesh:
-            progress(
-                f"serving: edge {mesh.edge_url}, region {mesh.region_address}, pod {mesh.engine_address}; "
-                f"safety {'on' if safety else 'off'}"
+        async with contextlib.AsyncExitStack() as stack:
+            meshes: list[Mesh] = []
+            for mtls in plan.meshes_of(safety):
+                run_dir = self.run_dir / name / MESH_DIRS[mtls]
+                run_dir.mkdir(parents=True, exist_ok=True)
+                certs = self._certs() if mtls else None
+                mesh = await stack.enter_async_context(running_mesh(plan, safety, run_dir, progress, certs))
+                progress(
+                    f"serving: edge {mesh.edge_url}, region {mesh.region_address}, pod "
+                    f"{mesh.engine_address}; safety {'on' if safety else 'off'}, planes on "
+                    f"{'mTLS' if mtls else 'plaintext gRPC'}"
+                )
+                meshes.append(mesh)
+            mesh_systems = [system for system in systems_of(tls) if system != DIRECT]
+            clients: dict[str, StreamingClient] = {}
+            for system, mesh in zip(mesh_systems, meshes, strict=True):
+                clients[system] = SseChatClient(
+                    mesh.edge_url, self.model, API_KEY, plan.request_timeout_s, SimChunkCounter
+                )
+                stack.push_async_callback(clients[system].close)
+            ignore_eos = True
+            for system in mesh_systems:
+                honoured = await self._mesh_honours_ignore_eos(system, clients[system], progress)
+                ignore_eos = ignore_eos and honoured
+            reference = meshes[0]
+            direct = EngineGrpcClient(
+                reference.engine_address,
+                plan.request_timeout_s,
+                ignore_eos,
+                pod_client_security(reference.certs),
+                pod_server_name(ZONE, REGION),
             )
-            mesh_client = SseChatClient(
-                mesh.edge_url, self.model, API_KEY, plan.request_timeout_s, SimChunkCounter
-            )
-            try:
-                ignore_eos = await self._mesh_honours_ignore_eos(mesh_client, run_dir, progress)
-                direct_client = EngineGrpcClient(mesh.engine_address, plan.request_timeout_s, ignore_eos)
-                try:
-                    clients: dict[str, StreamingClient] = {DIRECT: direct_client, MESH: mesh_client}
-                    runs, after_idle = await self._measure_levels(clients, progress)
-                finally:
-                    await direct_client.close()
-            finally:
-                await mesh_client.close()
-        return self._run(safety, runs, after_idle, ignore_eos)
+            stack.push_async_callback(direct.close)
+            clients = {DIRECT: direct, **clients}
+            runs, after_idle = await self._measure_levels(clients, progress)
+        return self._run(safety, tls, runs, after_idle, ignore_eos)
 
     async def _mesh_honours_ignore_eos(
-        self, client: StreamingClient, run_dir: Path, progress: Progress
+        self, system: str, client: StreamingClient, progress: Progress
     ) -> bool:
         """Whether a reply through the mesh runs past its natural end when
         asked to: no simulator reply ends on its own after ``MAX_REPLY_TOKENS``."""
         probe = self.workload.requests("probe", 1, MAX_REPLY_TOKENS + 1)[0]
         record = await client.generate(probe)
         if not record.ok:
-            raise StartupError("mesh", f"a first request failed: {record.error}", run_dir)
+            raise StartupError(system, f"a first request failed: {record.error}", self.run_dir)
         if record.output_tokens == probe.max_tokens:
             return True
         progress(
-            f"the mesh path does not honour ignore_eos (a reply of {record.output_tokens} tokens, not "
-            f"{probe.max_tokens}): both systems run without it, replies as long as the prompt makes them"
+            f"the {system} path does not honour ignore_eos (a reply of {record.output_tokens} tokens, not "
+            f"{probe.max_tokens}): every system runs without it, replies as long as the prompt makes them"
         )
         return False
 
@@ -167,13 +209,14 @@ class OverheadBench:
         that began each of its rounds after it idled."""
         plan = self.plan
         busiest = max(plan.levels)
+        systems = tuple(clients)
         if plan.warmup:
             warmup = self.workload.requests("warmup", plan.warmup, plan.max_tokens)
-            for system in SYSTEMS:
+            for system in systems:
                 progress(f"{system}: warm-up, {len(warmup)} requests, {busiest} at a time")
                 await run_closed_loop(clients[system], warmup, busiest)
-        # One delay stream per system from one seed: both draw the same delays.
-        jittered = {system: ArrivalJitter(clients[system], plan.jitter_s, ARRIVAL_SEED) for system in SYSTEMS}
+        # One delay stream per system from one seed: all draw the same delays.
+        jittered = {system: ArrivalJitter(clients[system], plan.jitter_s, ARRIVAL_SEED) for system in systems}
         runs: dict[str, list[LevelRun]] = {}
         after_idle: dict[str, list[RequestRecord]] = {}
         for level in plan.levels:
@@ -181,7 +224,7 @@ class OverheadBench:
             for round_index, size in enumerate(sizes):
                 requests = self.workload.requests(f"c{level}-r{round_index}", size, plan.max_tokens)
                 first = self.workload.requests(f"c{level}-r{round_index}-start", 1, plan.max_tokens)[0]
-                order = SYSTEMS if round_index % 2 == 0 else tuple(reversed(SYSTEMS))
+                order = systems if round_index % 2 == 0 else tuple(reversed(systems))
                 for system in order:
                     name = f"{key(system, level)} round {round_index + 1}/{len(sizes)}"
                     start = await clients[system].generate(first)
@@ -195,6 +238,7 @@ class OverheadBench:
     def _run(
         self,
         safety: bool,
+        tls: str,
         runs: Mapping[str, list[LevelRun]],
         after_idle: Mapping[str, list[RequestRecord]],
         ignore_eos: bool,
@@ -206,12 +250,15 @@ class OverheadBench:
             )
             for name, level_runs in runs.items()
         }
+        meshes = [system for system in (MESH, MESH_MTLS) if key(system, self.plan.levels[0]) in runs]
         mismatches = {
-            f"c{level}": _length_mismatches(runs[key(DIRECT, level)], runs[key(MESH, level)])
+            f"c{level}": sum(
+                _length_mismatches(runs[key(DIRECT, level)], runs[key(system, level)]) for system in meshes
+            )
             for level in self.plan.levels
         }
         setup = {"safety_backends": safety_backends(safety), "ignore_eos": ignore_eos}
-        return OverheadRun(safety, results, mismatches, setup, after_idle)
+        return OverheadRun(safety, results, mismatches, setup, after_idle, tls)
 
     def _setup(self) -> dict[str, object]:
         """What every run shares; each run's own setting is in its
@@ -238,7 +285,7 @@ class OverheadBench:
 
 
 def _length_mismatches(direct: Sequence[LevelRun], mesh: Sequence[LevelRun]) -> int:
-    """Requests that both systems completed with different reply lengths."""
+    """Requests that direct and a mesh completed with different reply lengths."""
     return sum(
         1
         for direct_run, mesh_run in zip(direct, mesh, strict=True)

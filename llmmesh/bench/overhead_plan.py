@@ -1,6 +1,7 @@
 """What ``llmmesh bench overhead`` runs: levels, request counts, lengths, the
-simulator's fixed timing and the region's safety setting of each run. Kept
-apart from the scenario so the command line can build one cheaply.
+simulator's fixed timing, the region's safety setting of each run and how
+its planes talk (plaintext, mTLS or both side by side). Kept apart from the
+scenario so the command line can build one cheaply.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ QUICK_MAX_TOKENS = 16
 QUICK_WARMUP = 2
 # ``--safety``: the region's safety setting of each run, in the order they run.
 SAFETY_RUNS = {"both": (False, True), "off": (False,), "on": (True,)}
+# ``--tls``: how the planes of the measured mesh talk. ``both``: a plaintext
+# mesh, and the same mesh on mutual TLS beside it, in the first run.
+# Each mode's meshes in a run, by whether their planes talk mTLS; the first
+# is the reference the direct client reaches the pod of.
+TLS_MESHES = {"both": (False, True), "off": (False,), "on": (True,)}
+TLS_MODES = tuple(TLS_MESHES)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class OverheadBenchPlan:
     means 24 x the level, at least 32) in ``rounds`` rounds, the systems
     alternating ABBA. Each request waits a seeded random delay of up to
     ``arrival_jitter_s`` before it is sent (None means one decode step; see
-    :mod:`llmmesh.bench.overhead`)."""
+    :mod:`llmmesh.bench.overhead`). ``tls`` says how the planes talk; see
+    :meth:`tls_of`."""
 
     levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = None
@@ -76,6 +84,7 @@ class OverheadBenchPlan:
     max_tokens: int = 64
     warmup_requests: int | None = None
     safety_runs: tuple[bool, ...] = SAFETY_RUNS["both"]
+    tls: str = "both"
     timing: SimTiming = field(default_factory=SimTiming)
     arrival_jitter_s: float | None = None
     startup_timeout_s: float = 120.0
@@ -94,6 +103,23 @@ class OverheadBenchPlan:
             raise ValueError("the arrival jitter must not be negative")
         if self.safety_runs not in SAFETY_RUNS.values():
             raise ValueError("the runs must be safety off, on, or off then on")
+        if self.tls not in TLS_MODES:
+            raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}")
+
+    def tls_of(self, safety: bool) -> str:
+        """How the planes talk in the run with ``safety``: ``off``
+        (plaintext) or ``on`` (mTLS) in every run as :attr:`tls` says; with
+        ``both``, the first run (the one the targets judge) measures a
+        plaintext mesh and an mTLS one side by side, the others plaintext
+        only, which keeps the default run's length to one more system."""
+        if self.tls == "both" and safety != self.safety_runs[0]:
+            return "off"
+        return self.tls
+
+    def meshes_of(self, safety: bool) -> tuple[bool, ...]:
+        """The meshes of the run with ``safety``, each by whether its planes
+        talk mTLS, the plaintext one first."""
+        return TLS_MESHES[self.tls_of(safety)]
 
     def requests_at(self, level: int) -> int:
         """Requests each system serves at ``level``, over all its rounds."""
@@ -135,6 +161,14 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         "then one with them on, the product path, each in a fresh mesh), off or on (that run only)",
     )
     group.add_argument(
+        "--tls",
+        choices=TLS_MODES,
+        default="both",
+        help="how the planes talk: both (default: in the first run, a plaintext mesh and the same mesh on "
+        "mutual TLS, measured in alternating rounds; later runs plaintext), off (plaintext, --insecure) or "
+        "on (mTLS in every run, the direct client too)",
+    )
+    group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"
     )
     group.add_argument(
@@ -165,6 +199,7 @@ def overhead_plan_from_args(args: argparse.Namespace) -> OverheadBenchPlan:
         max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else defaults.max_tokens),
         warmup_requests=warmup if args.warmup is None else args.warmup,
         safety_runs=SAFETY_RUNS[args.safety],
+        tls=args.tls,
         timing=timing,
         arrival_jitter_s=None if args.arrival_jitter_ms is None else args.arrival_jitter_ms / 1000,
     )

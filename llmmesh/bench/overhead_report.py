@@ -3,6 +3,8 @@ level, what the mesh adds (time to first token in milliseconds, throughput
 as a share of direct's), and whether the targets hold at their level; for
 each run made, the region's safety filters off (the transport) or on (the
 product path), and with both, what the output filter adds on its own.
+Where a run measured the mesh on mutual TLS beside the plaintext one
+(``mesh_mtls``), what mTLS adds to time to first token over plaintext.
 Rendered as MISSION's one JSON line or a table.
 """
 
@@ -17,7 +19,16 @@ from llmmesh.bench.stats import LevelMetrics, RequestRecord, percentile, summari
 
 MESH = "mesh"
 DIRECT = "direct"
+MESH_MTLS = "mesh_mtls"
 SYSTEMS = (DIRECT, MESH)
+# What mTLS adds to the mesh's median time to first token, the figure its target judges.
+MTLS_ADDED_P50 = "mtls_added_ttft_p50_ms"
+
+
+def systems_of(tls: str) -> tuple[str, ...]:
+    """The systems a run measures: direct and the mesh, and with ``tls``
+    ``both`` the same mesh on mutual TLS beside it."""
+    return (*SYSTEMS, MESH_MTLS) if tls == "both" else SYSTEMS
 
 
 @dataclass(frozen=True)
@@ -50,22 +61,31 @@ class PathMetrics:
 class Targets:
     """What the mesh may add at ``concurrency``: time to first token at the
     median and the 99th percentile, and the share of direct's throughput
-    it must keep."""
+    it must keep; and what mutual TLS may add to the mesh's median time to
+    first token over plaintext."""
 
     concurrency: int = 16
     added_ttft_p50_ms_max: float = 3.0
     added_ttft_p99_ms_max: float = 10.0
     output_tok_s_ratio_min: float = 0.5
+    mtls_added_ttft_p50_ms_max: float = 1.0
 
     def met(self, deltas: Mapping[str, float | None]) -> dict[str, bool | None]:
         """Each target's verdict on one level's deltas, and ``all`` (a
-        missing figure meets nothing)."""
-        checks = {
+        missing figure meets nothing). The mTLS verdict is None when the
+        level's deltas have no mTLS figure at all (not measured), and
+        ``all`` then leaves it out."""
+        checks: dict[str, bool | None] = {
             "added_ttft_p50": _at_most(deltas.get("added_ttft_p50_ms"), self.added_ttft_p50_ms_max),
             "added_ttft_p99": _at_most(deltas.get("added_ttft_p99_ms"), self.added_ttft_p99_ms_max),
             "output_tok_s": _at_least(deltas.get("output_tok_s_ratio"), self.output_tok_s_ratio_min),
+            "mtls_ttft_p50": (
+                _at_most(deltas[MTLS_ADDED_P50], self.mtls_added_ttft_p50_ms_max)
+                if MTLS_ADDED_P50 in deltas
+                else None
+            ),
         }
-        return {**checks, "all": all(checks.values())}
+        return {**checks, "all": all(verdict is not False for verdict in checks.values())}
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -73,7 +93,11 @@ class Targets:
             "added_ttft_p50_ms_max": self.added_ttft_p50_ms_max,
             "added_ttft_p99_ms_max": self.added_ttft_p99_ms_max,
             "output_tok_s_ratio_min": self.output_tok_s_ratio_min,
+            "mtls_added_ttft_p50_ms_max": self.mtls_added_ttft_p50_ms_max,
         }
+
+
+TARGET_NAMES = ("added_ttft_p50", "added_ttft_p99", "output_tok_s", "mtls_ttft_p50", "all")
 
 
 def _at_most(value: float | None, limit: float) -> bool:
@@ -90,6 +114,18 @@ def _added_ms(mesh: float | None, direct: float | None) -> float | None:
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def mtls_added(mtls: PathMetrics, plaintext: PathMetrics) -> dict[str, float | None]:
+    """What mutual TLS between the planes adds to the mesh's time to first
+    token at one level, in ms: the mTLS mesh minus the plaintext one,
+    percentile by percentile."""
+    m, p = mtls.metrics, plaintext.metrics
+    return {
+        MTLS_ADDED_P50: _added_ms(m.ttft_p50_s, p.ttft_p50_s),
+        "mtls_added_ttft_p90_ms": _added_ms(m.ttft_p90_s, p.ttft_p90_s),
+        "mtls_added_ttft_p99_ms": _added_ms(m.ttft_p99_s, p.ttft_p99_s),
+    }
 
 
 def deltas(mesh: PathMetrics, direct: PathMetrics) -> dict[str, float | None]:
@@ -114,10 +150,22 @@ TARGETS_MEASURED_ON = {
     False: "mesh path with the region's safety filters off (transport)",
     True: "mesh path with the region's safety filters on",
 }
+_PLANES = {
+    "off": "planes on plaintext gRPC",
+    "both": "planes on plaintext gRPC, and mesh_mtls: the same mesh on mutual TLS",
+    "on": "planes on mutual TLS",
+}
 _RUN_TITLES = {
     False: "transport: the region's safety filters off (what the mesh's path adds)",
     True: "with the output filter: the region's safety filters on (the product path)",
 }
+
+
+def targets_measured_on(safety: bool, tls: str) -> str:
+    """What a run's figures describe: its safety setting and how its planes talk."""
+    return f"{TARGETS_MEASURED_ON[safety]}, {_PLANES[tls]}"
+
+
 _FILTER_ADDED = {
     "filter_added_ttft_p50_ms": "added_ttft_p50_ms",
     "filter_added_ttft_p99_ms": "added_ttft_p99_ms",
@@ -127,60 +175,79 @@ _FILTER_ADDED = {
 @dataclass(frozen=True)
 class OverheadRun:
     """One whole measurement in its own mesh, the region's safety filters
-    on or off: results keyed ``{system}/c{level}`` (``direct/c16``,
-    ``mesh/c16``), replies whose lengths differed by level, what the
-    run's setup adds to the report's (``setup``), and under the same keys
-    the request that began each round after its system idled
-    (``after_idle``, kept out of ``results``)."""
+    on or off, its planes on plaintext or mTLS or both side by side
+    (``tls``, as :class:`~llmmesh.bench.overhead_plan.OverheadBenchPlan`
+    says): results keyed ``{system}/c{level}`` (``direct/c16``,
+    ``mesh/c16``, ``mesh_mtls/c16``), replies whose lengths differed from
+    direct's by level, what the run's setup adds to the report's
+    (``setup``), and under the same keys the request that began each round
+    after its system idled (``after_idle``, kept out of ``results``)."""
 
     safety: bool
     results: Mapping[str, PathMetrics]
     length_mismatches: Mapping[str, int] = field(default_factory=dict)
     setup: Mapping[str, object] = field(default_factory=dict)
     after_idle: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
+    tls: str = "off"
 
     @property
     def name(self) -> str:
         return run_name(self.safety)
 
+    @property
+    def systems(self) -> tuple[str, ...]:
+        return systems_of(self.tls)
+
+    @property
+    def measures_mtls(self) -> bool:
+        """Whether the run has an mTLS mesh beside a plaintext one."""
+        return MESH_MTLS in self.systems
+
     def deltas(self, levels: Sequence[int]) -> dict[str, dict[str, float | None]]:
-        """:func:`deltas` by level (``c16``)."""
-        return {
-            f"c{level}": deltas(self.results[key(MESH, level)], self.results[key(DIRECT, level)])
-            for level in levels
-        }
+        """:func:`deltas` by level (``c16``), and :func:`mtls_added` where
+        the run measured the mesh on mTLS beside it."""
+        by_level = {}
+        for level in levels:
+            values = deltas(self.results[key(MESH, level)], self.results[key(DIRECT, level)])
+            if self.measures_mtls:
+                values |= mtls_added(self.results[key(MESH_MTLS, level)], self.results[key(MESH, level)])
+            by_level[f"c{level}"] = values
+        return by_level
 
     def errors(self) -> int:
         idle_failures = sum(not record.ok for records in self.after_idle.values() for record in records)
         return sum(path.metrics.errors for path in self.results.values()) + idle_failures
 
-    def added_after_idle_ms(self, level: int) -> float | None:
-        """What the mesh adds to the time to first token of a round's first
-        request, sent after the system idled: the medians over rounds, mesh
-        minus direct; None when not measured or every such request failed."""
-        medians: dict[str, float | None] = {}
-        for system in SYSTEMS:
-            records = self.after_idle.get(key(system, level), ())
-            ttfts = [ttft for record in records if (ttft := record.ttft_s) is not None]
-            medians[system] = percentile(ttfts, 50) if ttfts else None
-        return _added_ms(medians[MESH], medians[DIRECT])
+    def _after_idle_median(self, system: str, level: int) -> float | None:
+        records = self.after_idle.get(key(system, level), ())
+        ttfts = [ttft for record in records if (ttft := record.ttft_s) is not None]
+        return percentile(ttfts, 50) if ttfts else None
+
+    def added_after_idle_ms(self, level: int, system: str = MESH, over: str = DIRECT) -> float | None:
+        """What ``system`` adds over ``over`` to the time to first token of a
+        round's first request, sent after the system idled: the medians
+        over rounds, one minus the other; None when not measured or every
+        such request failed."""
+        return _added_ms(self._after_idle_median(system, level), self._after_idle_median(over, level))
 
     def results_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
         return {
             key(system, level): self.results[key(system, level)].as_dict()
             for level in levels
-            for system in SYSTEMS
+            for system in self.systems
         }
 
     def ratios_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
-        return {
-            f"c{level}": {name: _round(value, 4) for name, value in values.items()}
-            | {
-                "added_ttft_after_idle_ms": _round(self.added_after_idle_ms(level), 4),
-                "length_mismatches": self.length_mismatches.get(f"c{level}", 0),
-            }
-            for level, values in zip(levels, self.deltas(levels).values(), strict=True)
-        }
+        ratios: dict[str, dict[str, float | int | None]] = {}
+        for level, values in zip(levels, self.deltas(levels).values(), strict=True):
+            row: dict[str, float | int | None] = {name: _round(value, 4) for name, value in values.items()}
+            row["added_ttft_after_idle_ms"] = _round(self.added_after_idle_ms(level), 4)
+            if self.measures_mtls:
+                after_idle = self.added_after_idle_ms(level, MESH_MTLS, MESH)
+                row["mtls_added_ttft_after_idle_ms"] = _round(after_idle, 4)
+            row["length_mismatches"] = self.length_mismatches.get(f"c{level}", 0)
+            ratios[f"c{level}"] = row
+        return ratios
 
 
 def run_name(safety: bool) -> str:
@@ -227,7 +294,7 @@ class OverheadReport:
             )
         for run in self.runs:
             for level in self.levels:
-                for system in SYSTEMS:
+                for system in run.systems:
                     if key(system, level) not in run.results:
                         raise ValueError(f"no result for {key(system, level)} in the {run.name} run")
 
@@ -258,7 +325,7 @@ class OverheadReport:
         """The verdicts at the targets' level; None each when it was not run."""
         at = self.deltas().get(f"c{self.targets.concurrency}")
         if at is None:
-            return dict.fromkeys(("added_ttft_p50", "added_ttft_p99", "output_tok_s", "all"))
+            return dict.fromkeys(TARGET_NAMES)
         return dict(self.targets.met(at))
 
     def errors(self) -> int:
@@ -270,7 +337,10 @@ class OverheadReport:
         targets with their verdicts, all of :attr:`targets_run`; with both
         runs, the other one under ``with_output_filter``."""
         target = self.targets_run
-        runs = {run.name: {"safety": "on" if run.safety else "off", **run.setup} for run in self.runs}
+        runs = {
+            run.name: {"safety": "on" if run.safety else "off", "tls": run.tls, **run.setup}
+            for run in self.runs
+        }
         body: dict[str, object] = {
             "scenario": "overhead",
             "model": self.model,
@@ -280,7 +350,7 @@ class OverheadReport:
             "ratios": target.ratios_dict(self.levels),
             "targets": self.targets.as_dict(),
             "targets_met": self.targets_met(),
-            "targets_measured_on": TARGETS_MEASURED_ON[target.safety],
+            "targets_measured_on": targets_measured_on(target.safety, target.tls),
         }
         filtered = self.filter_run
         if filtered is not None:
@@ -301,7 +371,7 @@ class OverheadReport:
         """The same figures as a plain-text table for people."""
         lines = [f"overhead benchmark, model {self.model}: {self.measured}"]
         for run in sorted(self.runs, key=lambda run: run.safety):
-            lines += ["", _RUN_TITLES[run.safety], *_run_table(run, self.levels)]
+            lines += ["", f"{_RUN_TITLES[run.safety]}; {_PLANES[run.tls]}", *_run_table(run, self.levels)]
         added = self.filter_added()
         if added:
             lines += [
@@ -313,11 +383,13 @@ class OverheadReport:
             lines += [f"{level:<8} {_added(p50[level])} {_added(p99[level])}" for level in p50]
         t = self.targets
         verdicts = self.targets_met()
+        measured_on = targets_measured_on(self.targets_run.safety, self.targets_run.tls)
         lines += [
             "",
-            f"targets at c{t.concurrency}, measured on the {TARGETS_MEASURED_ON[self.targets_run.safety]}: "
+            f"targets at c{t.concurrency}, measured on the {measured_on}: "
             f"added ttft p50 <= {t.added_ttft_p50_ms_max:g} ms, p99 <= {t.added_ttft_p99_ms_max:g} ms, "
-            f"throughput >= {t.output_tok_s_ratio_min:.0%} of direct: "
+            f"throughput >= {t.output_tok_s_ratio_min:.0%} of direct, mTLS adds ttft p50 <= "
+            f"{t.mtls_added_ttft_p50_ms_max:g} ms over plaintext: "
             + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items()),
         ]
         return "\n".join(lines)
@@ -330,7 +402,7 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
         f"{'ttft p90':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9}",
     ]
     for level in levels:
-        for system in SYSTEMS:
+        for system in run.systems:
             path = run.results[key(system, level)]
             m = path.metrics
             lines.append(
@@ -338,17 +410,24 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
                 f"{_ms(m.ttft_p50_s)} {_ms(m.ttft_p90_s)} {_ms(m.ttft_p99_s)} "
                 f"{_ms(m.itl_p50_s)} {_ms(path.itl_p99_s)}"
             )
-    lines += [
-        "what the mesh adds",
+    mtls = run.measures_mtls
+    header = (
         f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7} "
-        f"{'ttft after idle':>16}",
+        f"{'ttft after idle':>16}"
+    )
+    lines += [
+        "what the mesh adds" + (" (mtls: what mTLS adds to the mesh's ttft over plaintext)" if mtls else ""),
+        header + (f" {'mtls p50':>10} {'mtls p99':>10}" if mtls else ""),
     ]
     for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
-        lines.append(
+        line = (
             f"{name:<8} {_added(values['added_ttft_p50_ms'])} {_added(values['added_ttft_p90_ms'])} "
             f"{_added(values['added_ttft_p99_ms'])} {_added(values['added_itl_p50_ms'])} "
             f"{_share(values['output_tok_s_ratio'])} {_added(run.added_after_idle_ms(level)):>16}"
         )
+        if mtls:
+            line += f" {_added(values[MTLS_ADDED_P50])} {_added(values['mtls_added_ttft_p99_ms'])}"
+        lines.append(line)
     return lines
 
 

@@ -5,7 +5,10 @@ directory, stopped with its process group.
 
 The region runs as in the product, its safety filters on or off as the
 run asks, its routing policy the default, its zone store an SQLite file as
-in the embedded mesh.
+in the embedded mesh. The planes talk mutual TLS with the certificates of
+a directory the benchmark issued (:mod:`llmmesh.bench.mesh_tls`), or
+plaintext, asked for with ``--insecure``; the benchmark's own client talks
+to the edge in plain HTTP either way.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmmesh.bench.mesh_tls import issue_certs, plane_tls_flags
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.processes import ChildProcess, StartupError
 from llmmesh.bench.routing_systems import HOST, REGION, ZONE, Launcher
@@ -31,14 +35,16 @@ KV_BLOCKS = 8192
 @dataclass(frozen=True)
 class Mesh:
     """Where the running mesh serves: the engine pod's gRPC address (the
-    direct path) and the edge's base URL (the full path)."""
+    direct path) and the edge's base URL (the full path); ``certs``, the
+    directory of its planes' certificates, None when they talk plaintext."""
 
     engine_address: str
     region_address: str
     edge_url: str
+    certs: Path | None = None
 
 
-def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path) -> list[str]:
+def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path, certs: Path | None = None) -> list[str]:
     return [
         sys.executable, "-m", "llmmesh", "engine",
         "--backend", "sim",
@@ -48,11 +54,17 @@ def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path) -> list[str]:
         "--max-num-seqs", str(plan.max_num_seqs),
         "--kv-blocks", str(KV_BLOCKS),
         *plan.timing.engine_flags(),
+        *plane_tls_flags(certs, f"engine-{POD_ID}"),
     ]  # fmt: skip
 
 
 def region_command(
-    safety: bool, global_address: str, engine_address: str, run_dir: Path, ready_file: Path
+    safety: bool,
+    global_address: str,
+    engine_address: str,
+    run_dir: Path,
+    ready_file: Path,
+    certs: Path | None = None,
 ) -> list[str]:
     return [
         sys.executable, "-m", "llmmesh", "region",
@@ -63,16 +75,24 @@ def region_command(
         "--safety-backends", safety_backends(safety),
         "--zone-store-url", f"sqlite:///{run_dir / f'zone-{ZONE}.db'}",
         "--ready-file", str(ready_file),
+        *plane_tls_flags(certs, f"region-{REGION}"),
     ]  # fmt: skip
 
 
-def edge_command(global_address: str, ready_file: Path) -> list[str]:
+def edge_command(global_address: str, ready_file: Path, certs: Path | None = None) -> list[str]:
     return [
         sys.executable, "-m", "llmmesh", "edge",
         "--host", HOST, "--port", "0",
         "--global-address", global_address,
         "--ready-file", str(ready_file),
+        *plane_tls_flags(certs, "edge"),
     ]  # fmt: skip
+
+
+def issue_mesh_certs(directory: Path) -> Path:
+    """Certificates for every plane of the benchmark's mesh in
+    ``directory`` (created with its CA if need be); returns it."""
+    return issue_certs(directory, ZONE, REGION, [POD_ID])
 
 
 def safety_backends(safety: bool) -> str:
@@ -90,26 +110,29 @@ async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_
 
 @contextlib.asynccontextmanager
 async def running_mesh(
-    plan: OverheadBenchPlan, safety: bool, run_dir: Path, progress: Progress
+    plan: OverheadBenchPlan, safety: bool, run_dir: Path, progress: Progress, certs: Path | None = None
 ) -> AsyncIterator[Mesh]:
     """Start the mesh, the region's safety filters on or off as ``safety``
-    says, wait until the edge's ``/healthz`` says the whole path serves,
-    yield it; stop everything on the way out."""
+    says, its planes on mTLS with the certificates in ``certs`` (see
+    :func:`issue_mesh_certs`) or, when None, plaintext; wait until the
+    edge's ``/healthz`` says the whole path serves, yield it; stop
+    everything on the way out."""
     launcher = Launcher(run_dir, progress, plan.startup_timeout_s)
     timeout_s = plan.startup_timeout_s
     ready = {name: run_dir / f"{name}.ready.json" for name in ("engine", "region", "edge")}
     for path in ready.values():
         path.unlink(missing_ok=True)
     async with (
-        launcher.global_plane() as global_address,
-        launcher.child("engine", sim_engine_command(plan, ready["engine"])) as engine,
+        launcher.global_plane(certs) as global_address,
+        launcher.child("engine", sim_engine_command(plan, ready["engine"], certs)) as engine,
     ):
         engine_address = await _ready_value(engine, ready["engine"], "address", timeout_s)
-        region_argv = region_command(safety, global_address, engine_address, run_dir, ready["region"])
+        region_argv = region_command(safety, global_address, engine_address, run_dir, ready["region"], certs)
         async with launcher.child("region", region_argv) as region:
             region_address = await _ready_value(region, ready["region"], "address", timeout_s)
-            async with launcher.child("edge", edge_command(global_address, ready["edge"])) as edge:
+            edge_argv = edge_command(global_address, ready["edge"], certs)
+            async with launcher.child("edge", edge_argv) as edge:
                 edge_url = await _ready_value(edge, ready["edge"], "url", timeout_s)
                 # The region must have reported to geo-routing before the edge can route to it.
                 await edge.wait_http_ok(f"{edge_url}/healthz", timeout_s)
-                yield Mesh(engine_address, region_address, edge_url)
+                yield Mesh(engine_address, region_address, edge_url, certs)

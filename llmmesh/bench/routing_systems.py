@@ -6,6 +6,10 @@ Ours: engine pods (``llmmesh engine``, simulator or vLLM), one global plane
 API key) and, per policy, a fresh region (``llmmesh region``) over fresh
 pods. The peer: ``vllm serve`` pods publishing KV-cache events over ZMQ
 (tcp) and ``vllm-router`` in front of them.
+
+Our planes talk plaintext gRPC (``--insecure``, never their default), as
+the peer's router talks plain HTTP to its pods; the global plane may be
+started on mTLS instead for a scenario whose other planes are.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from engine.settings import EngineSettings
 from engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.engine import peer_command, pod_command
+from llmmesh.bench.mesh_tls import plane_tls_flags
 from llmmesh.bench.processes import ChildProcess, StartupError, free_port
 
 HOST = "127.0.0.1"
@@ -113,12 +118,14 @@ def sim_pod_command(spec: SimPodSpec, pod_id: str, ready_file: Path) -> list[str
         "--block-size", str(spec.block_size),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--context-window", str(spec.context_window),
+        "--insecure",
     ]  # fmt: skip
 
 
 def region_command(policy: str, global_address: str, pods: Sequence[Pod], ready_file: Path) -> list[str]:
-    """A region over ``pods`` placing turns by ``policy``. Its safety filters
-    are off (the peer has none) and its zone store is in memory."""
+    """A region over ``pods`` placing turns by ``policy``, on plaintext gRPC.
+    Its safety filters are off (the peer has none) and its zone store is in
+    memory."""
     return [
         sys.executable, "-m", "llmmesh", "region",
         "--host", HOST, "--port", "0",
@@ -129,16 +136,20 @@ def region_command(policy: str, global_address: str, pods: Sequence[Pod], ready_
         "--safety-backends", "none",
         "--zone-store-url", "sqlite://",
         "--ready-file", str(ready_file),
+        "--insecure",
     ]  # fmt: skip
 
 
-def global_command(database: Path, ready_file: Path) -> list[str]:
+def global_command(database: Path, ready_file: Path, certs: Path | None = None) -> list[str]:
+    """The global plane holding the benchmark's API key; on mTLS with its
+    certificate in ``certs``, plaintext when None."""
     return [
         sys.executable, "-m", "llmmesh", "global",
         "--host", HOST, "--port", "0",
         "--database-url", f"sqlite:///{database}",
         "--dev-tenant", "bench", "--dev-zone", ZONE, "--dev-key", API_KEY,
         "--ready-file", str(ready_file),
+        *plane_tls_flags(certs, "global"),
     ]  # fmt: skip
 
 
@@ -215,11 +226,12 @@ class Launcher:
         return info
 
     @contextlib.asynccontextmanager
-    async def global_plane(self) -> AsyncIterator[str]:
-        """The global plane; yields its address."""
+    async def global_plane(self, certs: Path | None = None) -> AsyncIterator[str]:
+        """The global plane, on mTLS with its certificate in ``certs`` or
+        plaintext; yields its address."""
         ready = self.run_dir / "global.ready.json"
         ready.unlink(missing_ok=True)
-        argv = global_command(self.run_dir / "global.db", ready)
+        argv = global_command(self.run_dir / "global.db", ready, certs)
         async with self.child("global", argv) as child:
             yield str((await self._ready(child, ready))["address"])
 

@@ -28,6 +28,7 @@ from llmmesh.bench.overhead_report import (
     Targets,
     filter_added,
     key,
+    targets_measured_on,
 )
 from llmmesh.bench.overhead_sse import SseChatClient
 from llmmesh.bench.stats import RequestRecord
@@ -54,6 +55,10 @@ def test_default_plan_measures_the_transport_then_the_product_path() -> None:
     assert plan.round_sizes(16) == [192, 192]
     assert plan.max_num_seqs == 64 and plan.warmup == 128
     assert plan.jitter_s == plan.timing.inter_token_s == 0.015
+    # A plaintext mesh and an mTLS one side by side in the transport run only.
+    assert plan.tls == "both"
+    assert (plan.meshes_of(False), plan.meshes_of(True)) == ((False, True), (False,))
+    assert (plan.tls_of(False), plan.tls_of(True)) == ("both", "off")
 
 
 def test_flags_win_over_quick() -> None:
@@ -93,6 +98,23 @@ def test_safety_flag_picks_the_runs(flag: str, runs: tuple[bool, ...]) -> None:
     assert _plan("--quick", "--safety", flag).safety_runs == runs
 
 
+@pytest.mark.parametrize(
+    ("flags", "meshes"),
+    [
+        ((), {False: (False, True), True: (False,)}),
+        (("--safety", "on"), {True: (False, True)}),
+        (("--tls", "off"), {False: (False,), True: (False,)}),
+        (("--tls", "on"), {False: (True,), True: (True,)}),
+        (("--tls", "on", "--safety", "on"), {True: (True,)}),
+    ],
+)
+def test_tls_flag_picks_each_runs_meshes(
+    flags: tuple[str, ...], meshes: dict[bool, tuple[bool, ...]]
+) -> None:
+    plan = _plan(*flags)
+    assert {safety: plan.meshes_of(safety) for safety in plan.safety_runs} == meshes
+
+
 def test_timing_is_pinned_by_flags_with_no_batch_slowdown() -> None:
     flags = SimTiming(0.012, 0.03).engine_flags()
     pinned = dict(zip(flags[::2], flags[1::2], strict=True))
@@ -116,6 +138,10 @@ def test_impossible_plans_are_refused() -> None:
     for runs in [(), (True, False), (False, False)]:
         with pytest.raises(ValueError, match="safety"):
             OverheadBenchPlan(safety_runs=runs)
+    with pytest.raises(ValueError, match="tls"):
+        OverheadBenchPlan(tls="sometimes")
+    with pytest.raises(SystemExit):
+        _plan("--tls", "maybe")
 
 
 # ---------------------------------------------------------------- clients
@@ -307,6 +333,11 @@ def _records(ttft_s: float, gap_s: float, tokens: int, count: int) -> list[Reque
     return records
 
 
+def _mesh_records(ttft_s: float, tail_s: float | None) -> list[RequestRecord]:
+    """Ten requests, nine with their first token at ``ttft_s``, the last at ``tail_s``."""
+    return _records(ttft_s, 0.016, 4, 9) + _records(tail_s or ttft_s, 0.016, 4, 1)
+
+
 def _run(
     levels: tuple[int, ...],
     safety: bool = False,
@@ -317,11 +348,20 @@ def _run(
     ``mesh_ttft_s`` (the last of its ten requests at ``mesh_tail_s``)."""
     results = {}
     for level in levels:
-        mesh = _records(mesh_ttft_s, 0.016, 4, 9) + _records(mesh_tail_s or mesh_ttft_s, 0.016, 4, 1)
         results[key("direct", level)] = PathMetrics.of(_records(0.040, 0.015, 4, 10), 2.0)
-        results[key("mesh", level)] = PathMetrics.of(mesh, 2.5)
+        results[key("mesh", level)] = PathMetrics.of(_mesh_records(mesh_ttft_s, mesh_tail_s), 2.5)
     setup = {"safety_backends": "rules" if safety else "none", "ignore_eos": True}
     return OverheadRun(safety, results, {"c1": 0}, setup)
+
+
+def _mtls_run(levels: tuple[int, ...], mtls_ttft_s: float, mtls_tail_s: float | None = None) -> OverheadRun:
+    """:func:`_run` with the same mesh on mTLS beside it, its first tokens
+    at ``mtls_ttft_s`` (the last of ten at ``mtls_tail_s``)."""
+    plain = _run(levels)
+    results = dict(plain.results)
+    for level in levels:
+        results[key("mesh_mtls", level)] = PathMetrics.of(_mesh_records(mtls_ttft_s, mtls_tail_s), 2.5)
+    return OverheadRun(False, results, plain.length_mismatches, plain.setup, tls="both")
 
 
 def _report(levels: tuple[int, ...], *runs: OverheadRun) -> OverheadReport:
@@ -341,21 +381,94 @@ def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
     assert ratios["output_tok_s_ratio"] == pytest.approx(mesh["output_tok_s"] / direct["output_tok_s"])
     assert body["targets"]["concurrency"] == 16
     # +2 ms at p50 and p99, 80% of direct's throughput.
+    # No mTLS mesh in this run: no verdict on it, and ``all`` leaves it out.
     assert body["targets_met"] == {
         "added_ttft_p50": True,
         "added_ttft_p99": True,
         "output_tok_s": True,
+        "mtls_ttft_p50": None,
         "all": True,
     }
-    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    assert not any(name.startswith("mtls") for name in ratios)
+    assert body["targets_measured_on"] == targets_measured_on(False, "off")
+    assert body["targets_measured_on"].startswith(TARGETS_MEASURED_ON[False])
     assert "with_output_filter" not in body
     assert body["setup"]["runs"] == {
-        "transport": {"safety": "off", "safety_backends": "none", "ignore_eos": True}
+        "transport": {"safety": "off", "tls": "off", "safety_backends": "none", "ignore_eos": True}
     }
     strict = Targets(added_ttft_p50_ms_max=1.0)
     assert strict.met(report.deltas()["c16"])["all"] is False
     assert "what the mesh adds" in report.to_table()
     assert ratios["added_ttft_after_idle_ms"] is None  # no round starts in this run
+
+
+def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
+    # Plaintext mesh: 42 ms at every percentile; mTLS: 42.6 ms for nine
+    # requests in ten, and its slowest at 45 ms.
+    levels = (1, 16)
+    report = _report(levels, _mtls_run(levels, mtls_ttft_s=0.0426, mtls_tail_s=0.045))
+    body = json.loads(report.to_json())
+    assert set(body["results"]) == {
+        f"{system}/c{level}" for system in ("direct", "mesh", "mesh_mtls") for level in levels
+    }
+    results, ratios = body["results"], body["ratios"]["c16"]
+    for percentile in ("p50", "p90", "p99"):
+        mtls, plain = (
+            results["mesh_mtls/c16"][f"ttft_{percentile}_s"],
+            results["mesh/c16"][f"ttft_{percentile}_s"],
+        )
+        assert ratios[f"mtls_added_ttft_{percentile}_ms"] == pytest.approx((mtls - plain) * 1000, abs=1e-4)
+    assert ratios["mtls_added_ttft_p50_ms"] == pytest.approx(0.6)
+    assert ratios["mtls_added_ttft_p99_ms"] > 0.6
+    # What the mesh adds over direct is still the plaintext mesh's.
+    assert ratios["added_ttft_p50_ms"] == pytest.approx(2.0)
+    assert ratios["mtls_added_ttft_after_idle_ms"] is None  # no round starts in this run
+    assert body["targets"]["mtls_added_ttft_p50_ms_max"] == 1.0
+    assert body["targets_met"]["mtls_ttft_p50"] is True and body["targets_met"]["all"] is True
+    assert body["targets_measured_on"] == targets_measured_on(False, "both")
+    assert "mesh_mtls" in body["targets_measured_on"]
+    assert body["setup"]["runs"]["transport"]["tls"] == "both"
+    table = report.to_table()
+    assert "mesh_mtls/c16" in table
+    header = next(line for line in table.splitlines() if line.startswith("level") and "mtls p50" in line)
+    row = table.splitlines()[table.splitlines().index(header) + 2]
+    assert row.split()[0] == "c16" and row.split()[-2] == "+0.6ms"
+    assert "mtls_ttft_p50 met" in table
+
+    # 1.5 ms more at the median misses the target, and with it ``all``.
+    slow = json.loads(_report(levels, _mtls_run(levels, mtls_ttft_s=0.0435)).to_json())
+    assert slow["ratios"]["c16"]["mtls_added_ttft_p50_ms"] == pytest.approx(1.5)
+    assert slow["targets_met"]["mtls_ttft_p50"] is False and slow["targets_met"]["all"] is False
+    assert slow["targets_met"]["added_ttft_p50"] is True
+
+
+def test_mtls_after_idle_and_a_missing_mtls_result() -> None:
+    levels = (16,)
+    run = _mtls_run(levels, mtls_ttft_s=0.043)
+    starts = {
+        key("direct", 16): _records(0.040, 0.015, 4, 2),
+        key("mesh", 16): _records(0.046, 0.016, 4, 2),
+        key("mesh_mtls", 16): _records(0.049, 0.016, 4, 2),
+    }
+    idle = OverheadRun(False, run.results, {}, {}, starts, tls="both")
+    ratios = json.loads(_report(levels, idle).to_json())["ratios"]["c16"]
+    assert ratios["added_ttft_after_idle_ms"] == pytest.approx(6.0)
+    assert ratios["mtls_added_ttft_after_idle_ms"] == pytest.approx(3.0)
+    starts[key("mesh_mtls", 16)][0].fail("handshake failed")
+    assert idle.errors() == 1
+    # A run that says it measured mTLS needs its results.
+    without = {name: value for name, value in run.results.items() if not name.startswith("mesh_mtls")}
+    with pytest.raises(ValueError, match="mesh_mtls/c16"):
+        _report(levels, OverheadRun(False, without, tls="both"))
+    # A measured mTLS mesh whose requests all failed meets nothing.
+    failed = _records(0.043, 0.016, 4, 2)
+    for record in failed:
+        record.fail("handshake failed")
+    broken = OverheadRun(
+        False, {**run.results, key("mesh_mtls", 16): PathMetrics.of(failed, 1.0)}, tls="both"
+    )
+    verdicts = _report(levels, broken).targets_met()
+    assert verdicts["mtls_ttft_p50"] is False and verdicts["all"] is False
 
 
 def test_round_starts_after_idle_are_reported_apart_and_their_failures_counted() -> None:
@@ -379,6 +492,7 @@ def test_round_starts_after_idle_are_reported_apart_and_their_failures_counted()
 def test_report_without_the_targets_level_has_no_verdict() -> None:
     body = json.loads(_report((1, 2)).to_json())
     assert set(body["targets_met"].values()) == {None}
+    assert "mtls_ttft_p50" in body["targets_met"]
     with pytest.raises(ValueError, match="no result"):
         OverheadReport("m", (4,), (OverheadRun(False, {}),), {}, "test")
 
@@ -415,13 +529,13 @@ def test_both_runs_report_the_transport_at_the_top_and_the_filter_apart() -> Non
     on = _run(levels, safety=True, mesh_ttft_s=0.057, mesh_tail_s=0.080)
     report = _report(levels, off, on)
     body = json.loads(report.to_json())
-    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    assert body["targets_measured_on"] == targets_measured_on(False, "off")
     assert body["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(2.0)
     assert body["targets_met"]["all"] is True
     assert body["setup"]["engine"] == {}
     assert body["setup"]["runs"] == {
-        "transport": {"safety": "off", "safety_backends": "none", "ignore_eos": True},
-        "with_output_filter": {"safety": "on", "safety_backends": "rules", "ignore_eos": True},
+        "transport": {"safety": "off", "tls": "off", "safety_backends": "none", "ignore_eos": True},
+        "with_output_filter": {"safety": "on", "tls": "off", "safety_backends": "rules", "ignore_eos": True},
     }
     filtered = body["with_output_filter"]
     assert set(filtered) == {"results", "ratios", "filter_added_ttft_p50_ms", "filter_added_ttft_p99_ms"}
@@ -447,7 +561,8 @@ def test_both_runs_report_the_transport_at_the_top_and_the_filter_apart() -> Non
 def test_a_single_run_with_the_filter_on_is_what_the_targets_judge() -> None:
     on = _run((1, 16), safety=True, mesh_ttft_s=0.057)
     body = json.loads(_report((1, 16), on).to_json())
-    assert body["targets_measured_on"] == TARGETS_MEASURED_ON[True]
+    assert body["targets_measured_on"] == targets_measured_on(True, "off")
+    assert body["targets_measured_on"].startswith(TARGETS_MEASURED_ON[True])
     assert "with_output_filter" not in body
     assert body["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(17.0)
     assert body["targets_met"]["added_ttft_p50"] is False
@@ -478,8 +593,8 @@ async def _done(report: OverheadReport) -> OverheadReport:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(240)
-def test_quick_overhead_run_measures_the_transport_and_the_filter_through_the_real_mesh(
+@pytest.mark.timeout(300)
+def test_quick_overhead_run_measures_the_transport_mtls_and_the_filter_through_the_real_mesh(
     tmp_path: Path,
 ) -> None:
     llmmesh = Path(sys.executable).parent / "llmmesh"
@@ -487,29 +602,34 @@ def test_quick_overhead_run_measures_the_transport_and_the_filter_through_the_re
         [str(llmmesh), "bench", "overhead", "--json", "--quick", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=230,
+        timeout=290,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "llmmesh bench: transport: " in done.stderr
     assert "llmmesh bench: with_output_filter: " in done.stderr
+    assert "planes on mTLS" in done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["scenario"] == "overhead"
-    assert report["targets_measured_on"] == TARGETS_MEASURED_ON[False]
+    assert report["targets_measured_on"] == targets_measured_on(False, "both")
     runs = report["setup"]["runs"]
     assert (runs["transport"]["safety_backends"], runs["with_output_filter"]["safety_backends"]) == (
         "none",
         "rules",
     )
-    # Each run had its own mesh, its logs in a folder of its own.
-    assert list((tmp_path / "transport").glob("*-region.log"))
-    assert list((tmp_path / "with_output_filter").glob("*-region.log"))
+    assert (runs["transport"]["tls"], runs["with_output_filter"]["tls"]) == ("both", "off")
+    # Each run had its own meshes, their logs in a folder of their own; the
+    # mTLS planes were given the certificates the benchmark issued.
+    for folder in ("transport/plaintext", "transport/mtls", "with_output_filter/plaintext"):
+        assert list((tmp_path / folder).glob("*-region.log")), folder
+    assert not (tmp_path / "with_output_filter" / "mtls").exists()
+    assert (tmp_path / "certs" / "ca.pem").is_file()
     filtered = report["with_output_filter"]
-    for results, all_ratios in (
-        (report["results"], report["ratios"]),
-        (filtered["results"], filtered["ratios"]),
+    for results, all_ratios, systems in (
+        (report["results"], report["ratios"], ("direct", "mesh", "mesh_mtls")),
+        (filtered["results"], filtered["ratios"], ("direct", "mesh")),
     ):
-        assert set(results) == {"direct/c1", "mesh/c1", "direct/c2", "mesh/c2"}
+        assert set(results) == {f"{system}/c{level}" for system in systems for level in (1, 2)}
         for figures in results.values():
             assert figures["requests"] == 4 and figures["errors"] == 0
             assert figures["output_tokens"] > 0 and figures["ttft_p50_s"] is not None
@@ -523,6 +643,18 @@ def test_quick_overhead_run_measures_the_transport_and_the_filter_through_the_re
             share = mesh["output_tok_s"] / direct["output_tok_s"]
             assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
             assert isinstance(ratios["added_ttft_after_idle_ms"], float)
+    for level in ("c1", "c2"):
+        mtls, plain, ratios = (
+            report["results"][f"mesh_mtls/{level}"],
+            report["results"][f"mesh/{level}"],
+            report["ratios"][level],
+        )
+        assert mtls["output_tokens"] == plain["output_tokens"]
+        added = (mtls["ttft_p50_s"] - plain["ttft_p50_s"]) * 1000
+        assert ratios["mtls_added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+        assert isinstance(ratios["mtls_added_ttft_p99_ms"], float)
+        assert isinstance(ratios["mtls_added_ttft_after_idle_ms"], float)
+        assert not any(name.startswith("mtls") for name in filtered["ratios"][level])
     for level in ("c1", "c2"):
         on, off = filtered["ratios"][level], report["ratios"][level]
         expected = on["added_ttft_p50_ms"] - off["added_ttft_p50_ms"]

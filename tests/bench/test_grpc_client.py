@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from engine.server import start_engine
 from engine.settings import EngineSettings
 from llmmesh.bench.grpc_client import EngineGrpcClient, generate_request
 from llmmesh.bench.loadgen import run_closed_loop
+from llmmesh.bench.mesh_tls import issue_certs, pod_client_security, pod_server_name
 from llmmesh.bench.stats import summarize
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
 from llmmesh.v1 import common_pb2
 
+ZONE, REGION, POD = "us", "us-east", "us-east-pod-0"
 # Fast steps: a 16-token reply takes a few milliseconds.
 SIM = EngineSettings(
     insecure=True,
@@ -66,3 +71,31 @@ async def test_a_refused_request_is_a_failed_request() -> None:
     assert record.error is not None
     assert record.error.startswith("INVALID_ARGUMENT")
     assert record.output_tokens == 0
+
+
+@pytest.mark.asyncio
+async def test_a_pod_on_mtls_streams_to_the_operators_certificate_only(tmp_path: Path) -> None:
+    certs = issue_certs(tmp_path, ZONE, REGION, [POD])
+    settings = dataclasses.replace(
+        SIM,
+        insecure=False,
+        pod_id=POD,
+        tls_cert=str(certs / f"engine-{POD}.pem"),
+        tls_key=str(certs / f"engine-{POD}.key"),
+        tls_ca=str(certs / "ca.pem"),
+    )
+    pod = await start_engine(settings)
+    secured = EngineGrpcClient(
+        pod.address, 30.0, security=pod_client_security(certs), server_name=pod_server_name(ZONE, REGION)
+    )
+    plaintext = EngineGrpcClient(pod.address, 30.0)
+    requests = ChatWorkload().requests("tls", 2, 8)
+    try:
+        served = await secured.generate(requests[0])
+        refused = await plaintext.generate(requests[1])
+    finally:
+        await secured.close()
+        await plaintext.close()
+        await pod.stop(grace_s=0.5)
+    assert served.ok and served.output_tokens == 8, served.error
+    assert refused.error is not None and refused.error.startswith("UNAVAILABLE")
