@@ -412,3 +412,23 @@ async def test_plaintext_channels_reach_only_insecure_planes(stack: SecureStack)
             )
         )
     assert code == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.asyncio
+async def test_only_the_edge_may_continue_a_turn(stack: SecureStack) -> None:
+    """A continuation's carried tokens become the reply's start: only the edge vouches for them."""
+    start = _start()
+    start.start.continuation.CopyFrom(
+        chat_service_pb2.Continuation(
+            original_request_id="req-never-ran", original_region="us-west", emitted_token_ids=[1, 2, 3]
+        )
+    )
+    async with stack.pki.channel(stack.region.address, CLIENT, REGION_NAME) as ch:
+        call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(iter([start]), metadata=AUTH, timeout=15)
+        error = await _denied(call.read())
+    assert "continue" in error.message
+    async with stack.pki.channel(stack.region.address, EDGE, REGION_NAME) as ch:
+        call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(iter([start]), metadata=AUTH, timeout=15)
+        code, error = await _fails(call.read())
+    # The edge may continue turns, but not one the zone store never saw start.
+    assert code != grpc.StatusCode.PERMISSION_DENIED, error
