@@ -4,6 +4,7 @@ Every error leaves as an OpenAI error object."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,8 @@ from llmmesh.errors import MeshError
 from llmmesh.v1 import common_pb2, model_registry_service_pb2
 
 log = logging.getLogger(__name__)
+
+_PERIOD = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 
 
 def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
@@ -63,7 +66,10 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
 
     async def usage(request: Request) -> Response:
         principal = await authenticate(request, mesh)
-        totals = await mesh.usage(principal.tenant.id, request.query_params.get("period", ""))
+        period = request.query_params.get("period", "")
+        if period and not _PERIOD.match(period):
+            raise OpenAIError(400, "period must be a month, 'YYYY-MM'", param="period", code="invalid_value")
+        totals = await mesh.usage(principal.tenant.id, period)
         return JSONResponse(
             {
                 "object": "usage",

@@ -13,7 +13,6 @@ it (of a whole completion, the one that finished it)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 
@@ -23,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from edge.chunks import ChunkStream, blocked_categories, completion_object
 from edge.errors import OpenAIError
 from edge.failover import FailoverPolicy, FailoverTurn
+from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
 from edge.ratelimit_headers import ratelimit_headers
 from edge.schemas import parse_chat_request
@@ -45,20 +45,6 @@ async def authenticate(request: Request, mesh: MeshClient) -> Principal:
             code="missing_api_key",
         )
     return await mesh.authenticate(secret)
-
-
-async def read_json(request: Request, limit: int) -> object:
-    """The decoded JSON body, or a 400 naming what is wrong with it."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise OpenAIError(400, f"request body larger than {limit} bytes", code="request_too_large")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise OpenAIError(400, f"request body larger than {limit} bytes", code="request_too_large")
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise OpenAIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
 RESUMABLE_HEADER = "x-llmmesh-resumable"

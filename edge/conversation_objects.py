@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 from edge.chunks import FINISH_REASONS
 from edge.errors import OpenAIError
-from edge.schemas import Message, TextPart, TurnOptions, chat_messages
+from edge.schemas import Message, ModelName, TextPart, TurnOptions, chat_messages
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 
@@ -40,7 +40,7 @@ class CreateConversationRequest(BaseModel):
     """``POST /v1/conversations``: every field optional."""
 
     model_config = ConfigDict(extra="forbid")
-    model: Annotated[StoredText, Field(min_length=1)] | None = Field(
+    model: ModelName | None = Field(
         default=None, description='The model of its turns; absent or "auto" follows the tier\'s default.'
     )
     title: StoredText | None = Field(default=None, description="A display title.")
@@ -59,7 +59,7 @@ class ConversationMessageRequest(TurnOptions):
     messages: Annotated[list[Message], Field(min_length=1)] | None = Field(
         default=None, description="New messages instead of content; at least one from the user."
     )
-    model: Annotated[StrictStr, Field(min_length=1)] | None = Field(
+    model: ModelName | None = Field(
         default=None, description="Overrides the conversation's model for this turn."
     )
 

@@ -14,6 +14,7 @@ history kept by the region.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.completions import CompletionsHandler, authenticate, read_json
+from edge.completions import CompletionsHandler, authenticate
 from edge.conversation_objects import (
     ConversationMessageRequest,
     ConversationObject,
@@ -33,6 +34,7 @@ from edge.conversation_objects import (
     MessageObject,
 )
 from edge.errors import OpenAIError
+from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
 from edge.schemas import parse_body
 from edge.settings import EdgeSettings
@@ -45,6 +47,9 @@ MAX_LIMIT = 100
 """A list page holds ``limit`` items: 20 unless asked, at most 100, as OpenAI's lists."""
 
 _TIMEOUT_S = 10.0
+# Every conversation and message id the mesh issues fits; anything else is
+# refused here rather than echoed back through a region.
+_ITEM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 T = TypeVar("T")
 
@@ -90,7 +95,7 @@ class ConversationsHandler:
     async def list(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         message = chat_service_pb2.ListConversationsRequest(
-            page_size=_limit(request), after_id=request.query_params.get("after", "")
+            page_size=_limit(request), after_id=_after(request)
         )
         page: chat_service_pb2.ListConversationsResponse = await _paging(
             self._mesh.in_zone(
@@ -118,7 +123,7 @@ class ConversationsHandler:
         message = chat_service_pb2.ListMessagesRequest(
             conversation_id=str(conversation_id),
             page_size=_limit(request),
-            after_id=request.query_params.get("after", ""),
+            after_id=_after(request),
         )
         page: chat_service_pb2.ListMessagesResponse = await _paging(
             self._mesh.in_zone(
@@ -193,6 +198,20 @@ def _limit(request: Request) -> int:
     return int(text)
 
 
+def _after(request: Request) -> str:
+    """``after``: empty, or what could be the id of a listed item."""
+    text = request.query_params.get("after", "")
+    if text and not _ITEM_ID.match(text):
+        raise _after_refused()
+    return text
+
+
+def _after_refused() -> OpenAIError:
+    return OpenAIError(
+        400, "after must be the id of an item of this list", param="after", code="invalid_value"
+    )
+
+
 async def _paging(pending: Awaitable[T]) -> T:
     """A list call's answer, its refusal of ``after`` named as the edge's parameter."""
     try:
@@ -200,9 +219,7 @@ async def _paging(pending: Awaitable[T]) -> T:
     except MeshError as err:
         if err.metadata.get("param") != "after_id":
             raise
-        raise OpenAIError(
-            400, "after must be the id of an item of this list", param="after", code="invalid_value"
-        ) from err
+        raise _after_refused() from err
 
 
 def _json(body: BaseModel) -> Response:

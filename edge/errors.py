@@ -99,8 +99,23 @@ _STATUS_BY_REASON: dict[str, tuple[int, str]] = {
 }
 
 
+def _transport_limit(err: MeshError) -> bool:
+    """Whether ``err`` is gRPC's own refusal of an oversized message or
+    metadata rather than a plane's: it has no ErrorInfo (so the default
+    OVERLOADED reason) and no RetryInfo, which every overload the mesh
+    declares carries. Retrying it cannot help, so it must not be a 429."""
+    return (
+        err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and err.reason == Reason.OVERLOADED
+        and err.retry_after_s is None
+    )
+
+
 def from_mesh_error(err: MeshError) -> OpenAIError:
     """The OpenAI error that a mesh error becomes at the edge."""
+    if _transport_limit(err):
+        # gRPC's message names its internal limits; the client needs none of it.
+        return OpenAIError(400, "the request is larger than the mesh accepts", code="request_too_large")
     status, kind = _STATUS_BY_REASON.get(err.reason) or _STATUS.get(err.code, (500, "server_error"))
     retry = (
         err.retry_after_s

@@ -36,6 +36,9 @@ Text = Annotated[StrictStr, AfterValidator(_encodable)]
 """A string the contract can carry."""
 Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+ModelName = Annotated[StrictStr, Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+"""A model name as the registry allows one ("auto" included): a name that
+could never exist is refused here, before it travels through the mesh."""
 
 _ROLE: dict[str, common_pb2.ChatRole.ValueType] = {
     "system": common_pb2.CHAT_ROLE_SYSTEM,
@@ -125,7 +128,7 @@ class TurnOptions(BaseModel):
 class ChatCompletionRequest(TurnOptions):
     """``POST /v1/chat/completions``."""
 
-    model: StrictStr = Field(min_length=1)
+    model: ModelName
     messages: list[Message] = Field(min_length=1)
 
     def to_messages(self) -> list[common_pb2.ChatMessage]:

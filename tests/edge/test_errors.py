@@ -47,3 +47,17 @@ def test_retry_after_is_whole_seconds_rounded_up() -> None:
     mapped = from_mesh_error(ResourceExhausted(Reason.RATE_LIMITED, "slow", retry_after_s=2.1))
     assert mapped.headers() == {"retry-after": "3"}
     assert OpenAIError(400, "x").headers() == {}
+
+
+def test_only_a_declared_overload_is_a_429() -> None:
+    # The mesh's overloads carry RetryInfo; gRPC's own RESOURCE_EXHAUSTED (an
+    # oversized message or metadata) has neither ErrorInfo nor RetryInfo.
+    declared = from_mesh_error(ResourceExhausted(Reason.OVERLOADED, "busy", retry_after_s=0.5))
+    assert (declared.status, declared.code) == (429, "overloaded")
+    transport = from_mesh_error(ResourceExhausted(Reason.OVERLOADED, "received metadata size exceeds limit"))
+    assert (transport.status, transport.type, transport.code) == (
+        400,
+        "invalid_request_error",
+        "request_too_large",
+    )
+    assert "metadata" not in transport.message
