@@ -19,8 +19,12 @@ region ends it as usual, with its usage (the tokens produced are billed) and
 
 The region's address and an API key come from the caller, or from
 ``$LLMMESH_HOME/mesh.json`` as ``llmmesh up`` writes it
-(:func:`read_mesh_file`). :class:`SyncChatClient` offers the same calls to
-code without an event loop.
+(:func:`read_mesh_file`). Regions talk mutual TLS: the client presents the
+mesh's ``client`` certificate (``$LLMMESH_HOME/certs/client.pem`` unless the
+mesh file or the caller says otherwise, :class:`MeshTls`) and expects the
+region to answer to ``region.llmmesh``; plaintext is only for a mesh started
+with ``--insecure``. :class:`SyncChatClient` offers the same calls to code
+without an event loop.
 """
 
 from __future__ import annotations
@@ -42,12 +46,16 @@ from google.protobuf import timestamp_pb2
 from llmmesh.errors import Cancelled, MeshError, Reason, Unavailable, from_rpc_error, from_stream_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.home import mesh_home
+from llmmesh.identity import Role, role_name
+from llmmesh.mtls import MeshSecurity, TlsSetupError, holder_security
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc as pb_grpc
 from llmmesh.v1 import common_pb2
 
 CALL_TIMEOUT_S = 10.0
+REGION_SERVER_NAME = role_name(Role.REGION)
+"""The name every region's certificate answers to."""
 _ROLES = {
     "system": common_pb2.CHAT_ROLE_SYSTEM,
     "user": common_pb2.CHAT_ROLE_USER,
@@ -222,11 +230,78 @@ class StoredMessage:
         )  # fmt: skip
 
 
-# ------------------------------------------------------------------ mesh.json
+# ------------------------------------------------------------------ mesh.json and certificates
 
 
 class MeshFileError(Exception):
     """``mesh.json`` is missing, unreadable or lacks what was asked for."""
+
+
+class CertificateSetupError(Exception):
+    """A tool has no usable certificate to present; the message says how to get one."""
+
+
+def default_certs_dir() -> Path:
+    return mesh_home() / "certs"
+
+
+@dataclass(frozen=True)
+class MeshTls:
+    """How a tool reaches the planes: mutual TLS with the certificates in
+    ``certs_dir`` (default ``$LLMMESH_HOME/certs``), or plaintext when
+    ``insecure`` (a mesh started with ``--insecure``)."""
+
+    insecure: bool = False
+    certs_dir: Path | None = None
+
+    @classmethod
+    def from_flags(cls, insecure: bool, certs_dir: str | Path | None, fallback: MeshTls | None) -> MeshTls:
+        """What ``--insecure`` and ``--certs-dir`` ask for; what they leave
+        open comes from ``fallback`` (a mesh file's entry), else the default."""
+        if insecure:
+            return cls(insecure=True)
+        if certs_dir:
+            return cls(certs_dir=Path(certs_dir))
+        return fallback if fallback is not None else cls()
+
+    @property
+    def directory(self) -> Path | None:
+        """The certificate directory; None for plaintext."""
+        return None if self.insecure else self.certs_dir or default_certs_dir()
+
+    @classmethod
+    def from_json(cls, entry: object) -> MeshTls:
+        """``mesh.json``'s ``tls`` entry; a file without one means the default, mTLS."""
+        if entry is None:
+            return cls()
+        if not isinstance(entry, dict):
+            raise ValueError(f"tls must be an object, got {entry!r:.80}")
+        directory = entry.get("certs_dir")
+        return cls(bool(entry.get("insecure", False)), Path(directory) if directory else None)
+
+    def security(self, holder: str) -> MeshSecurity:
+        """The security of a tool holding certificate ``holder`` (``admin``,
+        ``client``); CertificateSetupError, in one line, when it is missing
+        or unusable."""
+        directory = self.directory
+        if directory is None:
+            return MeshSecurity.insecure()
+        fix = f"`llmmesh certs issue {holder}"
+        fix += "`" if directory == default_certs_dir() else f" --dir {directory}`"
+        names = (f"{holder}.pem", f"{holder}.key", "ca.pem")
+        missing = [name for name in names if not (directory / name).is_file()]
+        if missing:
+            raise CertificateSetupError(
+                f"no {holder} certificate in {directory} ({', '.join(missing)} missing): issue one with "
+                f"{fix}, or pass --insecure if the mesh runs plaintext"
+            )
+        try:
+            return holder_security(holder, directory=directory)
+        except (TlsSetupError, OSError, ValueError) as err:
+            detail = " ".join(str(err).split())
+            raise CertificateSetupError(
+                f"the {holder} certificate in {directory} is unusable ({detail}); re-issue it with {fix}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -247,6 +322,8 @@ class LocalMesh:
     api_key: str
     global_address: str
     regions: tuple[MeshRegion, ...]
+    tls: MeshTls = MeshTls()
+    """How tools reach its planes (its ``tls`` entry)."""
 
     def region(self, name: str | None = None) -> MeshRegion:
         """The region called ``name``, or the first one."""
@@ -272,6 +349,7 @@ def read_mesh_file(path: Path | None = None) -> LocalMesh:
             str(data.get("api_key", "")),
             str(data.get("global_address", "")),
             regions,
+            MeshTls.from_json(data.get("tls")),
         )
     except FileNotFoundError:
         raise MeshFileError(f"no {path}: start a mesh with `llmmesh up`, or give addresses") from None
@@ -400,11 +478,25 @@ class ChatClient:
     """The ``ChatService`` of the region at ``address`` (``host:port``),
     called with ``api_key``. Unary calls are bounded by ``call_timeout_s``;
     turns by their own ``timeout_s`` (none by default). Create it inside a
-    running event loop; close it (or use ``async with``) when done."""
+    running event loop; close it (or use ``async with``) when done.
 
-    def __init__(self, address: str, api_key: str, *, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    ``security`` is how to reach the region: by default the ``client``
+    certificate of ``$LLMMESH_HOME/certs`` (:class:`CertificateSetupError`
+    when there is none), ``MeshSecurity.insecure()`` for a plaintext mesh.
+    The region must present a certificate naming ``server_name``."""
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str,
+        *,
+        security: MeshSecurity | None = None,
+        server_name: str = REGION_SERVER_NAME,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         self.address = address
-        self._channel = open_channel(address)
+        self.security = security if security is not None else MeshTls().security("client")
+        self._channel = open_channel(address, self.security, server_name)
         self._stub: pb_grpc.ChatServiceAsyncStub = pb_grpc.ChatServiceStub(self._channel)  # type: ignore[assignment]
         self._metadata = (("authorization", f"Bearer {api_key}"),)
         self._call_timeout_s = call_timeout_s
@@ -414,13 +506,14 @@ class ChatClient:
         cls, path: Path | None = None, *, region: str | None = None, api_key: str | None = None
     ) -> ChatClient:
         """A client of a region of the local mesh (the first, or ``region``),
-        with the mesh's dev API key unless ``api_key`` is given. Raises
-        :class:`MeshFileError`."""
+        with the mesh's dev API key unless ``api_key`` is given, reaching it
+        as the mesh file's ``tls`` entry says. Raises :class:`MeshFileError`
+        or :class:`CertificateSetupError`."""
         mesh = read_mesh_file(path)
         key = api_key or mesh.api_key
         if not key:
             raise MeshFileError(f"{mesh.path} names no api_key")
-        return cls(mesh.region(region).address, key)
+        return cls(mesh.region(region).address, key, security=mesh.tls.security("client"))
 
     def stream_chat(
         self,
@@ -544,13 +637,27 @@ class SyncChatClient:
     """:class:`ChatClient` for code without an event loop: every call runs
     on a private one. Not for use inside a running event loop."""
 
-    def __init__(self, address: str, api_key: str, *, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        api_key: str,
+        *,
+        security: MeshSecurity | None = None,
+        server_name: str = REGION_SERVER_NAME,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         self._runner = asyncio.Runner()
 
         async def connect() -> ChatClient:
-            return ChatClient(address, api_key, call_timeout_s=call_timeout_s)
+            return ChatClient(
+                address, api_key, security=security, server_name=server_name, call_timeout_s=call_timeout_s
+            )
 
-        self.client = self._runner.run(connect())
+        try:
+            self.client = self._runner.run(connect())
+        except BaseException:
+            self._runner.close()
+            raise
 
     def stream_chat(self, messages: Sequence[Message], model: str = "auto", **options: Any) -> SyncChatTurn:
         """See :meth:`ChatClient.stream_chat`."""

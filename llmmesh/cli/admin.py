@@ -1,7 +1,11 @@
 """``llmmesh admin``: tenants, API keys, usage and region health, over the global plane's gRPC API.
 
 Speaks only the generated stubs. The address comes from ``--global-address``
-or from ``$LLMMESH_HOME/mesh.json`` (written by ``llmmesh up``). Output is a
+or from ``$LLMMESH_HOME/mesh.json`` (written by ``llmmesh up``). The calls
+present the mesh's ``admin`` certificate (mutual TLS; ``--certs-dir``, else
+the mesh file's, else ``$LLMMESH_HOME/certs``), or go plaintext with
+``--insecure`` or when the mesh file says the mesh runs so. ``audit`` lists
+the global plane's log of admin changes. Output is a
 human-readable table, or JSON with ``--json``. Any failure prints one line,
 ``llmmesh admin: <message> (<REASON>)``, to stderr; the exit status is 2
 when the input was at fault (rejected arguments, unknown or duplicate
@@ -23,9 +27,13 @@ import grpc.aio
 from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
+from llmmesh.cli.tls_flags import add_tls_arguments, tls_from_args
+from llmmesh.client import CertificateSetupError, MeshTls
 from llmmesh.errors import from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.home import mesh_home
+from llmmesh.identity import Role, role_name
+from llmmesh.mtls import MeshSecurity
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
@@ -38,6 +46,7 @@ from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 
 CALL_TIMEOUT_S = 10.0
+AUDIT_PAGE_SIZE = 500
 _TIERS = {"free": common_pb2.TIER_FREE, "pro": common_pb2.TIER_PRO, "enterprise": common_pb2.TIER_ENTERPRISE}
 _TIER_NAMES = {v: k for k, v in _TIERS.items()}
 _HEALTH_NAMES = {
@@ -212,15 +221,43 @@ async def _regions(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     ]
 
 
+async def _audit(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
+    stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+
+    async def fetch(token: str) -> tuple[Sequence[ppb.AuditEvent], str]:
+        request = ppb.ListAuditEventsRequest(page_size=AUDIT_PAGE_SIZE, page_token=token)
+        page = await stub.ListAuditEvents(request, timeout=CALL_TIMEOUT_S)
+        return page.events, page.next_page_token
+
+    events = await collect_pages(fetch)
+    if not args.json:
+        rows = [(e.id, _time(e.event_time), e.actor, e.method, e.target) for e in events]
+        print(_table(("ID", "TIME", "ACTOR", "METHOD", "TARGET"), rows) if rows else "no admin changes")
+    return [_audit_entry(e) for e in events]
+
+
+def _audit_entry(event: ppb.AuditEvent) -> dict[str, Any]:
+    """An event as JSON, its request as an object rather than a string of JSON."""
+    entry = _as_dict(event)
+    try:
+        entry["request"] = json.loads(entry.pop("request_json", "") or "{}")
+    except ValueError:
+        entry["request"] = event.request_json
+    return entry
+
+
 # ------------------------------------------------------------------ plumbing
 
 
-def _global_address(args: argparse.Namespace) -> str:
+def _global_plane(args: argparse.Namespace) -> tuple[str, MeshTls]:
+    """The global plane's address and how to reach it: the flags, else ``mesh.json``."""
     if args.global_address:
-        return str(args.global_address)
+        return str(args.global_address), tls_from_args(args)
     mesh_file = mesh_home() / "mesh.json"
     try:
-        address = json.loads(mesh_file.read_text()).get("global_address")
+        data = json.loads(mesh_file.read_text())
+        address = data.get("global_address")
+        tls = MeshTls.from_json(data.get("tls"))
     except FileNotFoundError:
         raise AdminError(
             f"no {mesh_file}; pass --global-address or start a mesh with `llmmesh up`", "NO_MESH", 2
@@ -229,32 +266,39 @@ def _global_address(args: argparse.Namespace) -> str:
         raise AdminError(f"cannot read {mesh_file}: {err}", "NO_MESH", 2) from None
     if not isinstance(address, str) or not address:
         raise AdminError(f"{mesh_file} names no global_address", "NO_MESH", 2)
-    return address
+    return address, tls_from_args(args, tls)
 
 
-def _admin_error(err: grpc.aio.AioRpcError, address: str) -> AdminError:
+def _admin_error(err: grpc.aio.AioRpcError, address: str, security: MeshSecurity) -> AdminError:
     code = err.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        # A plaintext call to an mTLS plane fails as a broken connection, which says nothing of why.
+        hint = "" if security.enabled else " (plaintext, as --insecure asks: does the mesh run mTLS?)"
+        details = " ".join((err.details() or "").split())
         return AdminError(
-            f"cannot reach the global plane at {address}: {err.details()}", "GLOBAL_PLANE_UNAVAILABLE", 1
+            f"cannot reach the global plane at {address}{hint}: {details}", "GLOBAL_PLANE_UNAVAILABLE", 1
         )
     mesh_error = from_rpc_error(err)
     return AdminError(mesh_error.message, mesh_error.reason, 2 if code in _BAD_INPUT else 1)
 
 
-async def _call(command: Command, args: argparse.Namespace, address: str) -> Any:
-    async with open_channel(address) as channel:
+async def _call(command: Command, args: argparse.Namespace, address: str, security: MeshSecurity) -> Any:
+    async with open_channel(address, security, role_name(Role.GLOBAL)) as channel:
         try:
             return await command(channel, args)
         except grpc.aio.AioRpcError as err:
-            raise _admin_error(err, address) from None
+            raise _admin_error(err, address, security) from None
 
 
 def run_admin(args: argparse.Namespace) -> int:
     """Run the chosen admin command; 0 on success, else 2 (bad input) or 1, after one stderr line."""
     try:
-        address = _global_address(args)
-        result = asyncio.run(_call(args.admin_command, args, address))
+        address, tls = _global_plane(args)
+        try:
+            security = tls.security("admin")
+        except CertificateSetupError as err:
+            raise AdminError(str(err), "NO_CERTIFICATE", 2) from None
+        result = asyncio.run(_call(args.admin_command, args, address, security))
     except AdminError as err:
         print(f"llmmesh admin: {err.message} ({err.reason})", file=sys.stderr)
         return err.status
@@ -270,6 +314,7 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
         "--global-address", default="", help="host:port of the global plane (default: from mesh.json)"
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_tls_arguments(common)
     groups = parser.add_subparsers(dest="admin_group", required=True, metavar="TOPIC")
 
     tenant = groups.add_parser("tenant", help="create and list tenants").add_subparsers(
@@ -309,3 +354,8 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     regions = groups.add_parser("regions", parents=[common], help="region health as the global plane sees it")
     regions.add_argument("--zone", default="", help="only regions of this zone")
     regions.set_defaults(admin_command=_regions)
+
+    audit = groups.add_parser(
+        "audit", parents=[common], help="the log of admin changes (who changed which tenant, key or model)"
+    )
+    audit.set_defaults(admin_command=_audit)

@@ -18,7 +18,10 @@ history itself and sends it with every turn, unless ``--conversation``
 (gRPC only) keeps it server-side in a conversation of the zone store.
 Addresses and the key come from the flags, the key else from
 ``$LLMMESH_API_KEY``, and the rest from ``$LLMMESH_HOME/mesh.json``
-(written by ``llmmesh up``).
+(written by ``llmmesh up``). Over gRPC the chat presents the mesh's
+``client`` certificate (mutual TLS; ``--certs-dir``, else the mesh file's,
+else ``$LLMMESH_HOME/certs``), or talks plaintext with ``--insecure`` or
+when the mesh file says the mesh runs so.
 
 A failed turn prints one line, ``llmmesh chat: <message> (<REASON>)``, on
 stderr; its prompt stays out of the history and the chat goes on. The exit
@@ -43,7 +46,16 @@ from typing import Any, Protocol
 
 import httpx
 
-from llmmesh.client import ChatClient, ChatTurn, MeshFileError, Message, TextDelta, read_mesh_file
+from llmmesh.cli.tls_flags import add_tls_arguments, tls_from_args
+from llmmesh.client import (
+    CertificateSetupError,
+    ChatClient,
+    ChatTurn,
+    MeshFileError,
+    Message,
+    TextDelta,
+    read_mesh_file,
+)
 from llmmesh.errors import MeshError
 
 Write = Callable[[str], None]
@@ -394,7 +406,12 @@ async def _connect(args: argparse.Namespace, options: ChatOptions) -> tuple[Tran
             raise ChatFailure("no edge URL: pass --edge-url", "NO_MESH")
         return HttpChat(url, key, options), ""
     address = args.region_address or (mesh.region().address if mesh else "")
-    chat = GrpcChat(ChatClient(address, key), options, args.conversation)
+    tls = tls_from_args(args, None if args.region_address or mesh is None else mesh.tls)
+    try:
+        security = tls.security("client")
+    except CertificateSetupError as err:
+        raise ChatFailure(str(err), "NO_CERTIFICATE") from None
+    chat = GrpcChat(ChatClient(address, key, security=security), options, args.conversation)
     try:
         return chat, await chat.begin()
     except ChatFailure:
@@ -489,6 +506,7 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
         "--region-address", default="", help="host:port of a region's ChatService (default: from mesh.json)"
     )
     parser.add_argument("--edge-url", default="", help="base URL of the edge (default: from mesh.json)")
+    add_tls_arguments(parser)
     parser.add_argument(
         "--api-key", default="", help="API key (default: $LLMMESH_API_KEY, else the dev key in mesh.json)"
     )

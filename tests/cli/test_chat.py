@@ -1,6 +1,7 @@
 """The ChatService client module and ``llmmesh chat`` against an in-process
 mesh; the command runs as a real process while the mesh serves in this
-event loop."""
+event loop. Most tests run a plaintext mesh (and say so, ``--insecure``);
+those of mutual TLS run one with certificates of a temporary mesh CA."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from engine.server import start_engine
+from engine.settings import EngineSettings
+from globalplane.server import start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.certs import CertFiles
+from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.client import (
+    CertificateSetupError,
     ChatClient,
     ChatEvent,
     Finished,
     MeshFileError,
+    MeshTls,
     Message,
     Started,
     SyncChatClient,
@@ -28,14 +37,18 @@ from llmmesh.client import (
     Usage,
     read_mesh_file,
 )
-from llmmesh.errors import NotFound, Unauthenticated
-from tests.stack import DEV_KEY, Stack, running_stack
+from llmmesh.errors import NotFound, Unauthenticated, Unavailable
+from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.mtls import MeshSecurity
+from region.server import start_region
+from tests.stack import DEV_KEY, Stack, region_settings, running_stack
 
 pytestmark = pytest.mark.asyncio
 
 BOUND_S = 60.0
 LLMMESH = Path(sys.executable).with_name("llmmesh")
 PROMPTS = ("Hello there, mesh.", "And what comes next?")
+PLAINTEXT = MeshSecurity.insecure()
 
 
 @pytest_asyncio.fixture
@@ -46,7 +59,7 @@ async def stack() -> AsyncIterator[Stack]:
 
 @pytest_asyncio.fixture
 async def client(stack: Stack) -> AsyncIterator[ChatClient]:
-    async with ChatClient(stack.region.address, DEV_KEY) as chat:
+    async with ChatClient(stack.region.address, DEV_KEY, security=PLAINTEXT) as chat:
         yield chat
 
 
@@ -99,7 +112,7 @@ async def test_cancel_stops_a_long_turn_which_still_reports_its_usage(client: Ch
 
 
 async def test_errors_are_mesh_errors(stack: Stack, client: ChatClient) -> None:
-    async with ChatClient(stack.region.address, "sk-llmmesh-wrong") as stranger:
+    async with ChatClient(stack.region.address, "sk-llmmesh-wrong", security=PLAINTEXT) as stranger:
         with pytest.raises(Unauthenticated) as info:
             async for _ in stranger.stream_chat([Message("user", "Hello!")]):
                 pass
@@ -134,7 +147,7 @@ async def test_a_conversation_round_trip(client: ChatClient) -> None:
 
 async def test_the_sync_client_runs_a_turn_on_its_own_loop(stack: Stack) -> None:
     def chat() -> tuple[list[ChatEvent], int]:
-        with SyncChatClient(stack.region.address, DEV_KEY) as sync:
+        with SyncChatClient(stack.region.address, DEV_KEY, security=PLAINTEXT) as sync:
             events = list(sync.stream_chat([Message("user", "Hello!")], max_tokens=4))
             return events, len(sync.list_conversations())
 
@@ -151,6 +164,7 @@ def write_mesh_file(home: Path, stack: Stack, api_key: str = DEV_KEY) -> Path:
         "api_key": api_key,
         "global_address": stack.global_plane.address,
         "regions": [{"region": "us-east", "zone": "us", "address": stack.region.address, "engines": []}],
+        "tls": {"insecure": True},
     }
     path = home / "mesh.json"
     path.write_text(json.dumps(mesh))
@@ -209,7 +223,15 @@ def lines(*prompts: str) -> str:
 
 async def test_chat_over_grpc_streams_every_reply(stack: Stack, client: ChatClient, tmp_path: Path) -> None:
     expected = await replies(client, PROMPTS, max_tokens=8)
-    flags = ("--region-address", stack.region.address, "--api-key", DEV_KEY, "--max-tokens", "8")
+    flags = (
+        "--region-address",
+        stack.region.address,
+        "--insecure",
+        "--api-key",
+        DEV_KEY,
+        "--max-tokens",
+        "8",
+    )
     done = await run_chat(lines(*PROMPTS), *flags, home=tmp_path)
     assert done.status == 0, done.stderr
     assert done.stdout == "".join(f"{reply}\n" for reply in expected)
@@ -243,7 +265,7 @@ async def test_chat_keeps_a_conversation_found_through_mesh_json(
 
 
 async def test_a_failed_turn_prints_one_line_and_the_chat_goes_on(stack: Stack, tmp_path: Path) -> None:
-    flags = ("--region-address", stack.region.address, "--api-key", "sk-llmmesh-wrong")
+    flags = ("--region-address", stack.region.address, "--insecure", "--api-key", "sk-llmmesh-wrong")
     done = await run_chat(lines(*PROMPTS), *flags, home=tmp_path)
     assert done.status == 1
     assert done.stdout == ""
@@ -265,7 +287,7 @@ async def test_ctrl_c_cancels_the_reply_and_the_chat_goes_on(tmp_path: Path) -> 
 
 
 async def ctrl_c_during_a_reply(stack: Stack, tmp_path: Path) -> None:
-    flags = ("--region-address", stack.region.address, "--api-key", DEV_KEY)
+    flags = ("--region-address", stack.region.address, "--insecure", "--api-key", DEV_KEY)
     process = await asyncio.create_subprocess_exec(
         str(LLMMESH), "chat", *flags,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -290,3 +312,129 @@ async def ctrl_c_during_a_reply(stack: Stack, tmp_path: Path) -> None:
     reply_tokens = int(err.decode().split(" prompt + ")[1].split(" reply tokens")[0])
     assert reply_tokens > 0  # billed: the region reported the usage of the cancelled turn
     assert (first + out).decode().endswith("\n")
+
+
+# ------------------------------------------------------------------ mutual TLS
+
+
+@dataclass
+class SecureRegion:
+    """Region us-east (with its global plane and pod) serving mTLS, and the certificate directory."""
+
+    address: str
+    certs: Path
+
+
+HOLDERS = [
+    PlaneIdentity(Role.GLOBAL, "global"),
+    PlaneIdentity(Role.ENGINE, "us-east-pod-0", "us", "us-east"),
+    PlaneIdentity(Role.REGION, "us-east", "us", "us-east"),
+    PlaneIdentity(Role.CLIENT, "client"),
+    PlaneIdentity(Role.ADMIN, "admin"),
+]
+
+
+def tls_settings(files: CertFiles) -> dict[str, str]:
+    return {"tls_cert": str(files.cert), "tls_key": str(files.key), "tls_ca": str(files.ca)}
+
+
+@pytest_asyncio.fixture
+async def secure(tmp_path: Path) -> AsyncIterator[SecureRegion]:
+    certs = ensure_mesh_certs(tmp_path / "certs", HOLDERS)
+    glob_files, pod_files = certs["global"], certs["engine-us-east-pod-0"]
+    glob = await start_global_plane(
+        GlobalSettings(
+            dev_key=DEV_KEY,
+            heartbeat_interval_ms=200,
+            database_url="sqlite://",
+            tls_cert=str(glob_files.cert),
+            tls_key=str(glob_files.key),
+            tls_ca=str(glob_files.ca),
+        )
+    )
+    pod = await start_engine(
+        EngineSettings(
+            pod_id="us-east-pod-0",
+            tls_cert=str(pod_files.cert),
+            tls_key=str(pod_files.key),
+            tls_ca=str(pod_files.ca),
+        )
+    )
+    region = await start_region(
+        region_settings(glob.address, [pod], insecure=False, **tls_settings(certs["region-us-east"]))
+    )
+    try:
+        yield SecureRegion(region.address, tmp_path / "certs")
+    finally:
+        await region.stop(0.5)
+        await pod.stop(0.5)
+        await glob.stop(0.5)
+
+
+async def test_the_client_presents_its_certificate_to_an_mtls_region(secure: SecureRegion) -> None:
+    security = MeshTls(certs_dir=secure.certs).security("client")
+    async with ChatClient(secure.address, DEV_KEY, security=security) as chat:
+        turn = chat.stream_chat([Message("user", "Hello!")], max_tokens=4)
+        async with asyncio.timeout(BOUND_S):
+            async for _ in turn:
+                pass
+        assert turn.finished == Finished("length", "") and turn.usage is not None
+    async with ChatClient(secure.address, DEV_KEY, security=PLAINTEXT) as plaintext:
+        # No certificate, no handshake: the region is out of reach.
+        with pytest.raises(Unavailable):
+            await plaintext.list_conversations()
+
+
+async def test_the_default_is_the_client_certificate_of_llmmesh_home(
+    secure: SecureRegion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMMESH_HOME", str(tmp_path / "bare"))
+    with pytest.raises(CertificateSetupError, match="`llmmesh certs issue client`, or pass --insecure"):
+        ChatClient(secure.address, DEV_KEY)
+    monkeypatch.setenv("LLMMESH_HOME", str(secure.certs.parent))
+    async with ChatClient(secure.address, DEV_KEY) as chat:
+        assert isinstance(await chat.list_conversations(), list)
+
+
+async def test_mesh_json_says_how_to_reach_the_regions(
+    secure: SecureRegion, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("LLMMESH_HOME", str(home))
+    region = {"region": "us-east", "zone": "us", "address": secure.address, "engines": []}
+    mesh = {
+        "api_key": DEV_KEY,
+        "regions": [region],
+        "tls": {"insecure": False, "certs_dir": str(secure.certs)},
+    }
+    (home / "mesh.json").write_text(json.dumps(mesh))
+    assert read_mesh_file().tls == MeshTls(certs_dir=secure.certs)
+    async with ChatClient.from_mesh_file() as chat:
+        assert isinstance(await chat.list_conversations(), list)
+    (home / "mesh.json").write_text(json.dumps({**mesh, "tls": "yes"}))
+    with pytest.raises(MeshFileError, match="tls must be an object"):
+        read_mesh_file()
+
+
+async def test_flags_win_over_mesh_json_and_the_default_is_mtls(tmp_path: Path) -> None:
+    from_file = MeshTls(certs_dir=tmp_path / "mesh")
+    assert MeshTls.from_json(None) == MeshTls() and MeshTls().directory is not None
+    assert MeshTls.from_json({"insecure": True}) == MeshTls(insecure=True)
+    assert MeshTls.from_flags(False, "", from_file) == from_file
+    assert MeshTls.from_flags(False, str(tmp_path), from_file) == MeshTls(certs_dir=tmp_path)
+    assert MeshTls.from_flags(True, "", from_file) == MeshTls(insecure=True)
+    assert MeshTls.from_flags(False, "", MeshTls(insecure=True)).security("client").enabled is False
+
+
+async def test_llmmesh_chat_over_mtls(secure: SecureRegion, tmp_path: Path) -> None:
+    flags = ("--region-address", secure.address, "--api-key", DEV_KEY, "--max-tokens", "4")
+    done = await run_chat(lines(PROMPTS[0]), *flags, "--certs-dir", str(secure.certs), home=tmp_path)
+    assert done.status == 0, done.stderr
+    assert done.stderr.count("-- length · ") == 1 and done.stdout.strip()
+    # No certificate where it looks: one line that says how to get one, before any turn.
+    bare = await run_chat(lines(PROMPTS[0]), *flags, home=tmp_path / "bare")
+    assert (bare.status, bare.stdout) == (2, "")
+    [line] = bare.stderr.strip().splitlines()
+    assert line.startswith(f"llmmesh chat: no client certificate in {tmp_path / 'bare' / 'certs'}")
+    assert "`llmmesh certs issue client`, or pass --insecure" in line and line.endswith("(NO_CERTIFICATE)")
