@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from edge.app import RequestCounter, build_app
+from edge.http_protocol import http_protocol
 from edge.mesh_client import MeshClient
 from edge.request_id import RequestIdMiddleware
 from edge.settings import EdgeSettings
@@ -84,8 +85,22 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
     )
     app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, access_log=False
+        app,
+        http=http_protocol(settings.header_timeout_s),
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        access_log=False,
+        ssl_certfile=settings.https_cert_file or None,
+        ssl_keyfile=settings.https_key_file or None,
     )
+    try:
+        # Loaded here, so that a missing or unreadable certificate fails the start.
+        config.load()
+    except BaseException:
+        sock.close()
+        await mesh.close()
+        raise
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="edge-http")
     while not server.started:
@@ -94,7 +109,7 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
             raise RuntimeError("the edge HTTP server stopped during startup")
         await asyncio.sleep(0.02)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    url = f"http://{host}:{port}"
+    url = f"{'https' if settings.https else 'http'}://{host}:{port}"
     log.info("edge serving on %s", url)
     return EdgeServer(url=url, server=server, task=task)
 

@@ -22,6 +22,13 @@ class EdgeSettings(MeshTlsSettings):
         30_000, "milliseconds to wait for a region to accept a turn before failing it"
     )
     max_body_bytes: int = setting(8 * 1024 * 1024, "largest request body accepted")
+    header_timeout_s: float = setting(
+        10.0, "seconds a connection may take to send a whole request head before it is closed"
+    )
+    https_cert_file: str = setting(
+        "", "certificate chain (PEM) to serve HTTPS with; empty serves plain HTTP (behind a TLS proxy)"
+    )
+    https_key_file: str = setting("", "private key (PEM) of https_cert_file")
     redis_url: str = setting(
         "", "Redis of the shared stream log (resume and cancel on any edge); empty keeps it in-process"
     )
@@ -72,9 +79,17 @@ class EdgeSettings(MeshTlsSettings):
             "route_cache_ms",
             "route_stale_ms",
             "global_outage_grace_s",
+            "header_timeout_s",
         ):
             # Written so that NaN fails too.
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.route_stale_ms < self.route_cache_ms:
             raise ValueError("route_stale_ms must be at least route_cache_ms")
+        if bool(self.https_cert_file) != bool(self.https_key_file):
+            raise ValueError("https_cert_file and https_key_file go together: set both or neither")
+
+    @property
+    def https(self) -> bool:
+        """Whether the edge serves HTTPS itself."""
+        return bool(self.https_cert_file)
