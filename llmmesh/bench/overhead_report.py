@@ -5,7 +5,7 @@ each run made, the region's safety filters off (the transport) or on (the
 product path), and with both, what the output filter adds on its own.
 Where a run measured the mesh on mutual TLS beside the plaintext one
 (``mesh_mtls``), what mTLS adds to time to first token over plaintext.
-Rendered as MISSION's one JSON line or a table.
+Rendered as MISSION's one JSON line, or as a table by :mod:`llmmesh.bench.overhead_table`.
 """
 
 from __future__ import annotations
@@ -150,20 +150,16 @@ TARGETS_MEASURED_ON = {
     False: "mesh path with the region's safety filters off (transport)",
     True: "mesh path with the region's safety filters on",
 }
-_PLANES = {
+PLANES = {
     "off": "planes on plaintext gRPC",
     "both": "planes on plaintext gRPC, and mesh_mtls: the same mesh on mutual TLS",
     "on": "planes on mutual TLS",
-}
-_RUN_TITLES = {
-    False: "transport: the region's safety filters off (what the mesh's path adds)",
-    True: "with the output filter: the region's safety filters on (the product path)",
 }
 
 
 def targets_measured_on(safety: bool, tls: str) -> str:
     """What a run's figures describe: its safety setting and how its planes talk."""
-    return f"{TARGETS_MEASURED_ON[safety]}, {_PLANES[tls]}"
+    return f"{TARGETS_MEASURED_ON[safety]}, {PLANES[tls]}"
 
 
 _FILTER_ADDED = {
@@ -369,84 +365,11 @@ class OverheadReport:
 
     def to_table(self) -> str:
         """The same figures as a plain-text table for people."""
-        lines = [f"overhead benchmark, model {self.model}: {self.measured}"]
-        for run in sorted(self.runs, key=lambda run: run.safety):
-            lines += ["", f"{_RUN_TITLES[run.safety]}; {_PLANES[run.tls]}", *_run_table(run, self.levels)]
-        added = self.filter_added()
-        if added:
-            lines += [
-                "",
-                "what the output filter adds to time to first token (mesh over direct, filter on minus off)",
-                f"{'level':<8} {'ttft p50':>10} {'ttft p99':>10}",
-            ]
-            p50, p99 = added["filter_added_ttft_p50_ms"], added["filter_added_ttft_p99_ms"]
-            lines += [f"{level:<8} {_added(p50[level])} {_added(p99[level])}" for level in p50]
-        t = self.targets
-        verdicts = self.targets_met()
-        measured_on = targets_measured_on(self.targets_run.safety, self.targets_run.tls)
-        lines += [
-            "",
-            f"targets at c{t.concurrency}, measured on the {measured_on}: "
-            f"added ttft p50 <= {t.added_ttft_p50_ms_max:g} ms, p99 <= {t.added_ttft_p99_ms_max:g} ms, "
-            f"throughput >= {t.output_tok_s_ratio_min:.0%} of direct, mTLS adds ttft p50 <= "
-            f"{t.mtls_added_ttft_p50_ms_max:g} ms over plaintext: "
-            + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items()),
-        ]
-        return "\n".join(lines)
+        from llmmesh.bench.overhead_table import render_table
 
-
-def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
-    """One run's figures and what the mesh adds in it."""
-    lines = [
-        f"{'system/level':<14} {'reqs':>5} {'errs':>5} {'out tok/s':>10} {'ttft p50':>9} "
-        f"{'ttft p90':>9} {'ttft p99':>9} {'itl p50':>9} {'itl p99':>9}",
-    ]
-    for level in levels:
-        for system in run.systems:
-            path = run.results[key(system, level)]
-            m = path.metrics
-            lines.append(
-                f"{key(system, level):<14} {m.requests:>5} {m.errors:>5} {m.output_tok_s:>10.1f} "
-                f"{_ms(m.ttft_p50_s)} {_ms(m.ttft_p90_s)} {_ms(m.ttft_p99_s)} "
-                f"{_ms(m.itl_p50_s)} {_ms(path.itl_p99_s)}"
-            )
-    mtls = run.measures_mtls
-    header = (
-        f"{'level':<8} {'ttft p50':>10} {'ttft p90':>10} {'ttft p99':>10} {'itl p50':>10} {'tok/s':>7} "
-        f"{'ttft after idle':>16}"
-    )
-    lines += [
-        "what the mesh adds" + (" (mtls: what mTLS adds to the mesh's ttft over plaintext)" if mtls else ""),
-        header + (f" {'mtls p50':>10} {'mtls p99':>10}" if mtls else ""),
-    ]
-    for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
-        line = (
-            f"{name:<8} {_added(values['added_ttft_p50_ms'])} {_added(values['added_ttft_p90_ms'])} "
-            f"{_added(values['added_ttft_p99_ms'])} {_added(values['added_itl_p50_ms'])} "
-            f"{_share(values['output_tok_s_ratio'])} {_added(run.added_after_idle_ms(level)):>16}"
-        )
-        if mtls:
-            line += f" {_added(values[MTLS_ADDED_P50])} {_added(values['mtls_added_ttft_p99_ms'])}"
-        lines.append(line)
-    return lines
+        return render_table(self)
 
 
 def key(system: str, level: int) -> str:
     """A result's key: ``mesh/c16``."""
     return f"{system}/c{level}"
-
-
-def _ms(value: float | None) -> str:
-    return f"{'-':>9}" if value is None else f"{value * 1000:>7.1f}ms"
-
-
-def _added(value: float | None) -> str:
-    return f"{'-':>10}" if value is None else f"{value:>+8.1f}ms"
-
-
-def _share(value: float | None) -> str:
-    return f"{'-':>7}" if value is None else f"{value:>7.0%}"
-
-
-def _verdict(value: bool | None) -> str:
-    return "-" if value is None else ("met" if value else "missed")
