@@ -18,6 +18,7 @@ from edge.mesh_client import MeshClient
 from edge.request_id import RequestIdMiddleware
 from edge.settings import EdgeSettings
 from llmmesh import lifecycle
+from llmmesh.identity import Role
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 async def start_edge(settings: EdgeSettings) -> EdgeServer:
     """Start an edge in this process and return it serving."""
+    security = settings.mesh_security("edge")
+    security.expect_role(Role.EDGE)
     sock = listening_socket(settings.host, settings.port)
     port = sock.getsockname()[1]
     mesh = MeshClient(
@@ -81,7 +84,7 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
         route_cache_s=settings.route_cache_ms / 1000,
         route_stale_s=settings.route_stale_ms / 1000,
         outage_grace_s=settings.global_outage_grace_s,
-        security=settings.mesh_security("edge"),
+        security=security,
     )
     app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))
     config = uvicorn.Config(
