@@ -1,6 +1,9 @@
-"""Checks on a turn's input before any engine work."""
+"""Checks on a turn's input before any engine work, and before any call
+to the global plane: a malformed name never leaves the region."""
 
 from __future__ import annotations
+
+import re
 
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import chat_service_pb2, common_pb2
@@ -13,9 +16,68 @@ _ROLES = {
     common_pb2.CHAT_ROLE_TOOL,
 }
 
+MAX_REQUEST_ID = 128
+"""The zone store's and billing's request id columns hold this many characters."""
+_REQUEST_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{MAX_REQUEST_ID - 1}}}$")
+_REQUEST_ID_RULE = f"1 to {MAX_REQUEST_ID} letters, digits and . _ : -, the first a letter or digit"
+# The model registry's rule for names; "auto" and empty pick the tier's default.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_MODEL_NAME_RULE = "1 to 128 letters, digits and . _ : / -, the first a letter or digit"
+# More text than this per carried token cannot be what those tokens decode to.
+_MAX_CHARS_PER_TOKEN = 256
+
+
+def shown(text: str) -> str:
+    """``text`` quoted for an error message, cut short: a status echoing a
+    huge value would outgrow gRPC's metadata limit."""
+    return repr(text if len(text) <= 64 else text[:64] + "...")
+
+
+def require_request_id(request_id: str, param: str = "request_id") -> str:
+    """``request_id`` if the stores can key a turn by it; INVALID_ARGUMENT otherwise."""
+    if not _REQUEST_ID.match(request_id):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"{shown(request_id)} cannot be a request id: an id is {_REQUEST_ID_RULE}",
+            metadata={"param": param},
+        )
+    return request_id
+
 
 def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
     """Raise InvalidArgument (with ``param``) for a malformed turn."""
+    if start.request_id:
+        require_request_id(start.request_id)
+    if start.model and not _MODEL_NAME.match(start.model):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"{shown(start.model)} cannot be a model name: a name is {_MODEL_NAME_RULE}",
+            metadata={"param": "model"},
+        )
+    if start.HasField("continuation"):
+        _validate_continuation(start.continuation)
+    _validate_messages(start, max_messages, max_message_chars)
+    _validate_sampling(start.sampling)
+
+
+def _validate_continuation(continuation: chat_service_pb2.Continuation) -> None:
+    require_request_id(continuation.original_request_id, "continuation.original_request_id")
+    carried = len(continuation.emitted_token_ids)
+    if len(continuation.emitted_text) > _MAX_CHARS_PER_TOKEN * carried:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"continuation.emitted_text is longer than {carried} tokens can decode to",
+            metadata={"param": "continuation.emitted_text"},
+        )
+    if continuation.last_sequence < 0:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            "continuation.last_sequence must be >= 0",
+            metadata={"param": "continuation.last_sequence"},
+        )
+
+
+def _validate_messages(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
     if not start.messages:
         raise InvalidArgument(
             Reason.EMPTY_PROMPT, "messages must not be empty", metadata={"param": "messages"}
@@ -42,7 +104,9 @@ def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_mes
             )
     if not any(m.content.strip() for m in start.messages):
         raise InvalidArgument(Reason.EMPTY_PROMPT, "every message is empty", metadata={"param": "messages"})
-    sampling = start.sampling
+
+
+def _validate_sampling(sampling: common_pb2.SamplingParams) -> None:
     if sampling.HasField("max_tokens") and sampling.max_tokens <= 0:
         raise InvalidArgument(
             Reason.INVALID_SAMPLING, "max_tokens must be at least 1", metadata={"param": "max_tokens"}
