@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -19,10 +20,23 @@ pytestmark = pytest.mark.e2e
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello, mesh!"}]
 
 
+_opened: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    # An SDK client left open leaks its pooled sockets into interpreter exit.
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def client(mesh: RunningMesh, key: str | None = None) -> openai.OpenAI:
-    return openai.OpenAI(
+    sdk = openai.OpenAI(
         base_url=mesh.edge_url + "/v1", api_key=key or mesh.api_key, max_retries=0, timeout=30
     )
+    _opened.append(sdk)
+    return sdk
 
 
 def test_mesh_json_names_every_plane(mesh: RunningMesh) -> None:
