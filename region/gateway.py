@@ -20,12 +20,21 @@ it reports is the whole turn's: the original prompt once, and all the
 output the client received. It is recorded by
 :meth:`ZoneStore.record_continuation`, which bills the turn once whichever
 region records first.
+
+Request ids and continuations are checked before any engine work: after
+admission, the turn is accepted in the zone store (:meth:`ChatGateway._accept`),
+which takes its request id once across the zone's tenants and accepts a
+continuation only of a turn the zone started for the same tenant and model,
+once. The turn's first event waits until the store marks it started: a turn
+whose id another acceptance took over meanwhile (a retry of a turn that had
+streamed nothing) stops before any output.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,7 +42,15 @@ import grpc
 import grpc.aio
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable, from_stream_error
+from llmmesh.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    MeshError,
+    PermissionDenied,
+    Reason,
+    Unavailable,
+    from_stream_error,
+)
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -61,7 +78,7 @@ from region.settings import RegionSettings
 from region.tokenizer_client import TokenizerClient
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AssistantMessage, ContinuedTurn, Role
+from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnStart
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -125,10 +142,8 @@ class PreparedTurn:
     conversation_id: str | None
     # The new user text stored with the reply, for conversation turns.
     user_text: str | None
-    # The original request id of a continued turn (None for a turn of its
-    # own) and the region that began it.
+    # The original request id of a continued turn (None for a turn of its own).
     continues: str | None = None
-    original_region: str = ""
 
 
 @dataclass
@@ -138,6 +153,9 @@ class _Turn:
     caller: Caller
     prepared: PreparedTurn
     admitted: Admitted
+    # This acceptance of the request id, and what the zone knew of the turn.
+    holder: str
+    accepted: AcceptedTurn
     meter: TurnMeter = field(default_factory=TurnMeter)
     record: asyncio.Task[str] | None = None
 
@@ -207,6 +225,8 @@ class ChatGateway:
         secret: str | None,
         cancel: asyncio.Event,
         deadline_s: float | None = None,
+        *,
+        allow_continuation: bool = True,
     ) -> AsyncGenerator[chat_service_pb2.ChatResponse, None]:
         """Stream the events of one turn.
 
@@ -215,9 +235,12 @@ class ChatGateway:
         once, also when the caller goes away (the generator is closed or
         cancelled). ``deadline_s`` is how long the caller will wait; a turn
         that would queue longer than that is shed at once.
+        ``allow_continuation`` says whether the caller may continue a turn
+        at all (see :meth:`_accept`).
         """
         caller = self._policy.authenticate(secret)
         validate_start(start, self._settings.max_messages, self._settings.max_message_chars)
+        require_continuation_allowed(start, allow_continuation)
         model = await self._models.resolve(start.model, caller.tier)
         require_allowed(model, list(caller.tenant.allowed_models))
         if self._safety is not None:
@@ -229,7 +252,14 @@ class ChatGateway:
         admitted = await self._admission.admit(
             caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
         )
-        turn = _Turn(caller, prepared, admitted)
+        try:
+            holder, accepted = await self._accept(caller, prepared, start)
+        except BaseException:
+            admitted.release_slot()
+            await admitted.settle(0)
+            admitted.release_quota()
+            raise
+        turn = _Turn(caller, prepared, admitted, holder, accepted)
         if start.HasField("continuation"):
             turn.meter.carried_tokens = len(start.continuation.emitted_token_ids)
             turn.meter.carried_text = start.continuation.emitted_text
@@ -322,8 +352,63 @@ class ChatGateway:
             conversation_id,
             user_text,
             continues or None,
-            start.continuation.original_region,
         )
+
+    async def _accept(
+        self,
+        caller: Caller,
+        prepared: PreparedTurn,
+        start: chat_service_pb2.ChatStart,
+    ) -> tuple[str, AcceptedTurn]:
+        """The gate every turn passes before any engine work: the zone store
+        takes its request id (once across the zone's tenants) and, for a
+        continuation (from a caller :func:`require_continuation_allowed`
+        let through), vouches for the turn it continues: started by this
+        tenant, with this model, not continued before, and carrying no more
+        tokens than it could produce.
+
+        Returns this acceptance's holder token and what the store knew.
+        """
+        holder = secrets.token_hex(8)
+        start_marker = TurnStart(
+            request_id=prepared.request_id,
+            tenant_id=caller.tenant_id,
+            model=prepared.model.name,
+            prompt_tokens=len(prepared.token_ids),
+            max_output_tokens=prepared.max_output_tokens,
+            holder=holder,
+            continues=prepared.continues,
+            carried_tokens=len(start.continuation.emitted_token_ids),
+        )
+        try:
+            accepted = await self._store.accept_turn(start_marker)
+        except MeshError:
+            raise
+        except Exception as err:
+            # A turn the zone store cannot vouch for is not run: it could not be billed either.
+            log.exception("turn %s: the zone store could not accept it", prepared.request_id)
+            raise Unavailable(
+                Reason.REGION_UNAVAILABLE, "the zone store cannot accept turns now", retry_after_s=1.0
+            ) from err
+        return holder, accepted
+
+    async def _hold_request_id(self, turn: _Turn) -> None:
+        """Mark the turn started before its first event goes out; ALREADY_EXISTS
+        when another acceptance took its request id over meanwhile."""
+        request_id = turn.prepared.request_id
+        try:
+            held = await self._store.mark_started(request_id, turn.holder)
+        except Exception as err:
+            log.exception("turn %s: the zone store could not mark it started", request_id)
+            raise Unavailable(
+                Reason.REGION_UNAVAILABLE, "the zone store cannot accept turns now", retry_after_s=1.0
+            ) from err
+        if not held:
+            raise AlreadyExists(
+                Reason.DUPLICATE_REQUEST,
+                f"request id {request_id!r} was taken over by a retry of the turn",
+                metadata={"request_id": request_id},
+            )
 
     async def _place_and_stream(
         self, turn: _Turn, start: chat_service_pb2.ChatStart, cancel: asyncio.Event
@@ -383,8 +468,10 @@ class ChatGateway:
             async for resp in generation:
                 kind = resp.WhichOneof("event")
                 if kind == "started":
-                    produced = meter.started = True
+                    # Counted even if the id was lost: the prompt was prefilled.
                     meter.prompt(resp.started.prompt_tokens, resp.started.cached_prompt_tokens)
+                    await self._hold_request_id(turn)
+                    produced = meter.started = True
                     yield chat_service_pb2.ChatResponse(
                         started=chat_service_pb2.ChatStarted(
                             request_id=prepared.request_id,
@@ -529,8 +616,8 @@ class ChatGateway:
             if meter.started:
                 message_id = await self._write_record(caller, prepared, meter)
         finally:
-            # A continuation's prompt was counted where the turn began.
-            prompt = 0 if meter.carried_tokens or prepared.continues is not None else meter.input_tokens
+            # A continuation's prompt was counted, as far as the original's went, where the turn began.
+            prompt = max(0, meter.input_tokens - turn.accepted.counted_prompt_tokens)
             await admitted.settle(prompt + meter.output_tokens)
             admitted.release_quota()
         return message_id
@@ -541,14 +628,14 @@ class ChatGateway:
         whole = meter.usage()
 
         def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
-            continued = request_id != prepared.request_id
+            # The region that records a row ships it, and billing takes a
+            # region's records only in its own name: a continued turn's
+            # original row, written here, is this region's too.
             return billing_service_pb2.UsageRecord(
                 request_id=request_id,
                 tenant_id=caller.tenant_id,
                 model=model.name,
-                region=(prepared.original_region or self._settings.region)
-                if continued
-                else self._settings.region,
+                region=self._settings.region,
                 usage=common_pb2.TokenUsage(
                     input_tokens=input_tokens,
                     output_tokens=output_tokens,
@@ -597,3 +684,18 @@ class ChatGateway:
             return ""
         self._shipper.notify()
         return next((m.id for m in record.messages if m.role == Role.ASSISTANT), "")
+
+
+def require_continuation_allowed(start: chat_service_pb2.ChatStart, allow_continuation: bool) -> None:
+    """Whether this caller may send a continuation at all, decided before any
+    work: a continuation's carried tokens become the reply's beginning, so
+    only a caller trusted to report what a client received (an edge) may
+    send one. PERMISSION_DENIED otherwise."""
+    if not start.HasField("continuation"):
+        return
+    if not allow_continuation:
+        raise PermissionDenied(
+            Reason.PEER_NOT_ALLOWED,
+            "this caller may not continue a turn",
+            metadata={"param": "continuation"},
+        )

@@ -1,21 +1,25 @@
 """The zone-bound conversation store: content that never leaves its zone, and the durable usage outbox."""
 
 from region.zone_store.rows import (
+    AcceptedTurn,
     AssistantMessage,
     ConversationPage,
     ConversationRow,
     MessageRow,
     Role,
     TurnRecord,
+    TurnStart,
 )
 from region.zone_store.store import ZoneStore
 
 __all__ = [
+    "AcceptedTurn",
     "AssistantMessage",
     "ConversationPage",
     "ConversationRow",
     "MessageRow",
     "Role",
     "TurnRecord",
+    "TurnStart",
     "ZoneStore",
 ]

@@ -16,13 +16,11 @@ from sqlalchemy.engine import Connection
 from llmmesh.ids import new_id
 from region.zone_store import schema
 from region.zone_store.rows import AssistantMessage, ConversationRow, MessageRow, Role
+from region.zone_store.turn_starts import attempts_of
 
 _C = schema.conversations
 _M = schema.messages
 _O = schema.usage_outbox
-
-ATTEMPT_SEPARATOR = "-r"
-"""A continuation's request id is its turn's original one, this, and the attempt's number (``…-r2``)."""
 
 
 def append_message(
@@ -78,9 +76,9 @@ def replace_reply(conn: Connection, message_id: str, reply: AssistantMessage) ->
 
 
 def turn_tokens(conn: Connection, tenant_id: str, original_request_id: str, but: str) -> int:
-    """Tokens already recorded for a turn, by its original request id and its
-    continuations' (``<id>-r<n>``), leaving out request id ``but``."""
-    attempts = _O.c.request_id.startswith(original_request_id + ATTEMPT_SEPARATOR, autoescape=True)
+    """Tokens already recorded for a turn, by its original request id and the
+    continuations the zone accepted for it, leaving out request id ``but``."""
+    attempts = _O.c.request_id.in_(attempts_of(tenant_id, original_request_id))
     query = sa.select(sa.func.coalesce(sa.func.sum(_O.c.tokens), 0)).where(
         _O.c.tenant_id == tenant_id,
         sa.or_(_O.c.request_id == original_request_id, attempts),

@@ -104,3 +104,33 @@ class TurnRecord:
     request_id: str
     duplicate: bool
     messages: tuple[MessageRow, ...]
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """A turn as its region accepts it, before any engine work: the
+    "started" marker the zone store keeps for every request id.
+
+    ``prompt_tokens`` and ``max_output_tokens`` are what the turn reserved
+    against its key's limits; ``holder`` names this acceptance (a fresh
+    random token each time). A continuation names its original request id
+    in ``continues`` and the output tokens it carries in ``carried_tokens``.
+    """
+
+    request_id: str
+    tenant_id: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    holder: str
+    continues: str | None = None
+    carried_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class AcceptedTurn:
+    """What the zone store knows of an accepted turn's past: for a
+    continuation, the prompt its original turn already counted against the
+    key's limits (0 for a turn of its own)."""
+
+    counted_prompt_tokens: int = 0

@@ -75,5 +75,32 @@ usage_outbox = sa.Table(
     sa.Index("ix_usage_outbox_tenant_created", "tenant_id", "created_at"),
 )
 
-ZONE_TABLES = (conversations, messages, usage_outbox)
+turn_starts = sa.Table(
+    "turn_starts",
+    metadata,
+    # One row per request id the zone ever accepted, of whichever tenant:
+    # a reused id is refused before any engine work.
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    # The region running the turn now (a takeover moves it).
+    sa.Column("home_region", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    # What the turn reserved: its prompt and the most output it may produce.
+    sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
+    sa.Column("max_output_tokens", sa.BigInteger, nullable=False),
+    # "accepted" until the first event reaches the caller, then "started":
+    # only an accepted turn, which has streamed nothing, may be taken over.
+    sa.Column("state", sa.String(16), nullable=False),
+    # Which acceptance holds the row; a takeover changes it.
+    sa.Column("holder", sa.String(64), nullable=False),
+    # A continuation: the original turn's request id and the tokens it carried.
+    sa.Column("continues", sa.String(128), nullable=True),
+    sa.Column("carried_tokens", sa.BigInteger, nullable=False),
+    # The attempt that continues this one, if any: a turn's attempts form one chain.
+    sa.Column("continued_by", sa.String(128), nullable=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ix_turn_starts_continues", "continues"),
+)
+
+ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts)
 """Homed row by row: ``REGIONAL BY ROW`` in a multi-region CockroachDB."""

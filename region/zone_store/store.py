@@ -15,6 +15,11 @@ turns on one conversation take its row lock and get consecutive ``seq``.
 A turn continued in another region of the zone after its region failed
 mid-stream is recorded by :meth:`ZoneStore.record_continuation`, billed once
 whichever region writes first.
+
+Before any engine work, a region records that it accepted a turn
+(:meth:`ZoneStore.accept_turn`, :mod:`region.zone_store.turn_starts`): a
+request id is taken once across the zone's tenants, and a continuation is
+accepted only for a turn the zone started for the same tenant.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llmmesh.errors import AlreadyExists, InvalidArgument, NotFound, Reason
+from llmmesh.errors import InvalidArgument, NotFound, Reason
 from llmmesh.ids import ConversationId
 from llmmesh.sqlstore import SqlStore, create_store_engine, insert_new_rows
 from region.zone_store import schema
@@ -45,6 +50,7 @@ from region.zone_store.queries import (
     turn_tokens,
 )
 from region.zone_store.rows import (
+    AcceptedTurn,
     AssistantMessage,
     ContinuedTurn,
     ConversationPage,
@@ -52,7 +58,9 @@ from region.zone_store.rows import (
     MessageRow,
     Role,
     TurnRecord,
+    TurnStart,
 )
+from region.zone_store.turn_starts import accept_turn, duplicate_request, mark_started
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +250,33 @@ class ZoneStore(SqlStore):
                 existing = message_of_request(conn, request_id, Role.USER)
                 if existing is not None:
                     if existing.conversation_id != conversation.id:
-                        raise _duplicate(request_id)
+                        raise duplicate_request(request_id)
                     return existing
             message = append_message(conn, conversation, Role.USER, content, request_id, now)
             touch(conn, conversation.id, now)
             return message
 
         return await self.transaction(append)
+
+    # ------------------------------------------------------------ turns
+
+    async def accept_turn(self, start: TurnStart) -> AcceptedTurn:
+        """Record that this region accepted ``start``'s turn, before any
+        engine work. ALREADY_EXISTS (``DUPLICATE_REQUEST``) for a request id
+        taken before, unless it is the tenant's own turn that has streamed
+        nothing yet (then this acceptance takes it over); for a continuation
+        the zone cannot vouch for, NOT_FOUND (``REQUEST_NOT_FOUND``),
+        INVALID_ARGUMENT, FAILED_PRECONDITION, or ALREADY_EXISTS when the turn
+        was continued before. Written with the other grouped work."""
+        _require_tenant(start.tenant_id)
+        _require_request_id(start.request_id)
+        now = self._clock()
+        return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now))
+
+    async def mark_started(self, request_id: str, holder: str) -> bool:
+        """Note that the turn accepted as ``holder`` is about to stream; False
+        when another acceptance took its request id over (it must stop)."""
+        return await self.grouped(lambda conn: mark_started(conn, request_id, holder))
 
     async def record_turn(
         self,
@@ -274,12 +302,7 @@ class ZoneStore(SqlStore):
         the same request id is not added again.
         """
         _require_tenant(tenant_id)
-        if not request_id or len(request_id) > _MAX_REQUEST_ID:
-            raise InvalidArgument(
-                Reason.INVALID_REQUEST,
-                f"request_id must have 1 to {_MAX_REQUEST_ID} characters",
-                metadata={"param": "request_id"},
-            )
+        _require_request_id(request_id)
         now = self._clock()
         usage_row = {
             "request_id": request_id,
@@ -296,7 +319,7 @@ class ZoneStore(SqlStore):
             if not insert_new_rows(conn, _O, [usage_row]):
                 owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
                 if owner != tenant_id:
-                    raise _duplicate(request_id)
+                    raise duplicate_request(request_id)
                 return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, request_id))
             if conversation_id is None:
                 return TurnRecord(request_id, False, ())
@@ -314,7 +337,7 @@ class ZoneStore(SqlStore):
                 elif existing.conversation_id == conversation.id:
                     stored.append(existing)
                 else:
-                    raise _duplicate(request_id)
+                    raise duplicate_request(request_id)
             stored.append(
                 append_message(
                     conn, conversation, Role.ASSISTANT, assistant.content, request_id, now, assistant
@@ -342,13 +365,14 @@ class ZoneStore(SqlStore):
         Billing: the turn as a whole is billed its input once and the output
         its client received, whichever region records first. When the
         original request id has no usage row (its region died first), one is
-        written for it here with the turn's input and the output delivered
-        before the break, and this request's row has input 0 and its own
-        output. When the original region recorded (it survived a partition),
-        this request's row has what the turn's rows (the original's and its
-        other continuations', ``<id>-r<n>``) do not cover yet, so nothing is
-        billed twice; the original region's write coming later is a no-op,
-        its request id being taken. ``encode_usage`` makes each usage row.
+        written for it here with the whole turn, its input and all the
+        output, so the turn counts as one request; this request's row has
+        nothing of its own and is never shipped. When the original region
+        recorded (it survived a partition), this request's row has what the
+        turn's rows (the original's and the continuations the zone accepted
+        for it) do not cover yet, so nothing is billed twice; the original
+        region's write coming later is a no-op, its request id being taken.
+        ``encode_usage`` makes each usage row.
 
         Content, for a conversation: the turn's user message once, and one
         assistant message under the original request id holding ``reply``,
@@ -357,13 +381,8 @@ class ZoneStore(SqlStore):
         a no-op (``duplicate``).
         """
         _require_tenant(tenant_id)
-        for rid in (request_id, continued.request_id):
-            if not rid or len(rid) > _MAX_REQUEST_ID:
-                raise InvalidArgument(
-                    Reason.INVALID_REQUEST,
-                    f"request_id must have 1 to {_MAX_REQUEST_ID} characters",
-                    metadata={"param": "request_id"},
-                )
+        _require_request_id(request_id)
+        _require_request_id(continued.request_id)
         original = continued.request_id
         now = self._clock()
 
@@ -380,23 +399,24 @@ class ZoneStore(SqlStore):
             }
 
         def record(conn: Connection) -> TurnRecord:
-            if not insert_new_rows(conn, _O, [row(request_id, 0, output_tokens)]):
+            if conn.execute(sa.select(_O.c.request_id).where(_O.c.request_id == request_id)).first():
                 return self._recorded_before(conn, tenant_id, request_id, original)
-            whole = continued.input_tokens + continued.output_tokens
-            if not insert_new_rows(
-                conn, _O, [row(original, continued.input_tokens, continued.output_tokens)]
-            ):
+            delivered = continued.output_tokens + output_tokens
+            if insert_new_rows(conn, _O, [row(original, continued.input_tokens, delivered)]):
+                # Nothing was recorded for the turn: its original request id
+                # bills all of it, one request; this attempt's row only keeps
+                # it from being recorded twice, and has nothing to ship.
+                mine = row(request_id, 0, 0) | {"shipped_at": now}
+            else:
                 owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == original)).scalar()
                 if owner != tenant_id:
-                    raise _duplicate(original)
+                    raise duplicate_request(original)
                 # What the turn's rows so far leave of the output delivered until now.
-                share = max(0, whole + output_tokens - turn_tokens(conn, tenant_id, original, request_id))
-                if share != output_tokens:
-                    conn.execute(
-                        sa.update(_O)
-                        .where(_O.c.request_id == request_id)
-                        .values(usage=encode_usage(request_id, 0, share), tokens=share)
-                    )
+                whole = continued.input_tokens + delivered
+                share = max(0, whole - turn_tokens(conn, tenant_id, original, request_id))
+                mine = row(request_id, 0, share)
+            if not insert_new_rows(conn, _O, [mine]):
+                raise duplicate_request(request_id)
             if conversation_id is None:
                 return TurnRecord(request_id, False, ())
             conversation = self._find_live(conn, tenant_id, conversation_id, lock=True)
@@ -406,7 +426,7 @@ class ZoneStore(SqlStore):
             stored: list[MessageRow] = []
             asked = message_of_request(conn, original, Role.USER)
             if asked is not None and asked.conversation_id != conversation.id:
-                raise _duplicate(original)
+                raise duplicate_request(original)
             if asked is None and user_message is not None:
                 asked = append_message(conn, conversation, Role.USER, user_message, original, now)
             if asked is not None:
@@ -417,7 +437,7 @@ class ZoneStore(SqlStore):
                     append_message(conn, conversation, Role.ASSISTANT, reply.content, original, now, reply)
                 )
             elif partial.conversation_id != conversation.id:
-                raise _duplicate(original)
+                raise duplicate_request(original)
             else:
                 replace_reply(conn, partial.id, reply)
                 stored.append(message_of_request(conn, original, Role.ASSISTANT) or partial)
@@ -430,7 +450,7 @@ class ZoneStore(SqlStore):
     def _recorded_before(conn: Connection, tenant_id: str, request_id: str, original: str) -> TurnRecord:
         owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
         if owner != tenant_id:
-            raise _duplicate(request_id)
+            raise duplicate_request(request_id)
         return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, original))
 
     # ------------------------------------------------------------ usage outbox
@@ -522,6 +542,15 @@ class ZoneStore(SqlStore):
         return found
 
 
+def _require_request_id(request_id: str) -> None:
+    if not request_id or len(request_id) > _MAX_REQUEST_ID:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"request_id must have 1 to {_MAX_REQUEST_ID} characters",
+            metadata={"param": "request_id"},
+        )
+
+
 def _require_tenant(tenant_id: str) -> None:
     if not tenant_id:
         raise InvalidArgument(
@@ -535,12 +564,4 @@ def _not_found(conversation_id: str) -> NotFound:
         Reason.CONVERSATION_NOT_FOUND,
         f"conversation {conversation_id!r} not found",
         metadata={"conversation_id": conversation_id},
-    )
-
-
-def _duplicate(request_id: str) -> AlreadyExists:
-    return AlreadyExists(
-        Reason.DUPLICATE_REQUEST,
-        f"request id {request_id!r} was already used",
-        metadata={"request_id": request_id},
     )

@@ -29,7 +29,7 @@ from llmmesh.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from region.zone_store import AssistantMessage, Role, ZoneStore
 from region.zone_store import schema as zs
-from region.zone_store.rows import ContinuedTurn
+from region.zone_store.rows import ContinuedTurn, TurnStart
 from tests.stack import Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
@@ -40,13 +40,15 @@ USER_TEXT = "Where do rivers go?"
 BEFORE, AFTER = "Rivers run down to", " the sea, mostly."
 
 
-def encoder(region: str, original: str, original_region: str) -> Callable[[str, int, int], bytes]:
+def encoder(region: str) -> Callable[[str, int, int], bytes]:
+    """Usage rows as ``region`` writes them: in its own name, the only one billing takes from it."""
+
     def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
         return billing_service_pb2.UsageRecord(
             request_id=request_id,
             tenant_id=T,
             model="m",
-            region=original_region if request_id == original else region,
+            region=region,
             usage=common_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens),
         ).SerializeToString()
 
@@ -118,7 +120,7 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
             "req-x",
             USER_TEXT,
             partial,
-            encoder("us-east", "req-x", "us-east")("req-x", PROMPT, DELIVERED + 1),
+            encoder("us-east")("req-x", PROMPT, DELIVERED + 1),
             tokens=PROMPT + DELIVERED + 1,
         )
         return turn.duplicate
@@ -132,7 +134,7 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
             ContinuedTurn("req-x", PROMPT, DELIVERED, BEFORE),
             reply(BEFORE + AFTER, DELIVERED + REST),
             REST,
-            encoder("us-west", "req-x", "us-east"),
+            encoder("us-west"),
         )
         assert [m.role for m in turn.messages] == [Role.USER, Role.ASSISTANT]
         return turn.duplicate
@@ -152,9 +154,11 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
     assert sum(i for _, i, _, _ in rows.values()) == PROMPT
     assert rows["req-x-r2"][:2] == ("us-west", 0)
     if first == "continuing region":
-        # The failed region never recorded: the continuing one bills its part for it.
-        assert rows["req-x"] == ("us-west", PROMPT, DELIVERED, "us-east")
-        assert rows["req-x-r2"] == ("us-west", 0, REST, "us-west")
+        # The failed region never recorded: the continuing one bills the whole
+        # turn under its original id, one request; its own row ships nothing.
+        assert rows["req-x"] == ("us-west", PROMPT, DELIVERED + REST, "us-west")
+        assert rows["req-x-r2"] == ("us-west", 0, 0, "us-west")
+        assert [rid for rid, _ in await west.pending_usage()] == ["req-x"]
     else:
         # What the failed region billed beyond the client's tokens is not billed again.
         assert rows["req-x"] == ("us-east", PROMPT, DELIVERED + 1, "us-east")
@@ -182,7 +186,7 @@ async def test_a_continuation_of_another_tenants_request_id_is_refused(
             ContinuedTurn("req-y", PROMPT, 1, "x"),
             reply("xy", 2),
             1,
-            encoder("us-west", "req-y", "us-east"),
+            encoder("us-west"),
         )
     assert set(usage_rows(west)) == {"req-y"}
 
@@ -258,6 +262,15 @@ async def new_tenant(stack: Stack) -> tuple[str, str]:
     return tenant.id, secret
 
 
+async def began_and_died(store: ZoneStore, tenant_id: str, request_id: str, prompt_tokens: int) -> None:
+    """What a region that started ``request_id`` and died before recording it left in the zone store."""
+    holder = uuid.uuid4().hex
+    await store.accept_turn(
+        TurnStart(request_id, tenant_id, "llmmesh-tiny", prompt_tokens, SAMPLING.max_tokens, holder)
+    )
+    assert await store.mark_started(request_id, holder)
+
+
 async def settle(stack: Stack) -> None:
     await stack.region.gateway.drain()
     assert await stack.region.shipper.flush(timeout_s=10), "usage not delivered"
@@ -282,6 +295,7 @@ async def test_a_conversation_turn_continued_by_the_gateway_is_whole_and_billed_
         await stack.region.gateway.drain()
     else:
         delivered = deltas(whole)[:2]
+        await began_and_died(stack.region.store, tenant_id, "req-x", prompt)
     token_ids = [t for d in delivered for t in d.token_ids]
     continuation = chat_service_pb2.Continuation(
         original_request_id="req-x",
@@ -324,10 +338,12 @@ async def test_a_flagged_phrase_spanning_the_break_is_caught() -> None:
     phrase = (texts[cut - 1] + texts[cut]).strip()
     overrides = {"safety_backends": "rules", "safety_deny_terms": f"violence={phrase}"}
     async with running_stack(region_overrides=overrides, **UNFILTERED_FAST) as stack:
-        _, secret = await new_tenant(stack)
+        tenant_id, secret = await new_tenant(stack)
         delivered = whole[:cut]
+        original = f"req-{uuid.uuid4().hex[:8]}"
+        await began_and_died(stack.region.store, tenant_id, original, 20)
         continuation = chat_service_pb2.Continuation(
-            original_request_id=f"req-{uuid.uuid4().hex[:8]}",
+            original_request_id=original,
             original_region="us-west",
             emitted_token_ids=[t for d in delivered for t in d.token_ids],
             emitted_text="".join(texts[:cut]),

@@ -26,7 +26,8 @@ def flat(statement: str) -> str:
 def test_tables_compile_for_cockroachdb_with_exact_costs_and_idempotency_keys() -> None:
     statements = [flat(s) for s in create_table_statements(COCKROACH)]
     creates = {s.split()[2]: s for s in statements if s.startswith("CREATE TABLE")}
-    assert set(creates) == {"conversations", "messages", "usage_outbox"}
+    assert set(creates) == {"conversations", "messages", "usage_outbox", "turn_starts"}
+    assert "PRIMARY KEY (request_id)" in creates["turn_starts"]
     messages = creates["messages"]
     assert "cost_usd NUMERIC NOT NULL" in messages
     assert 'CONSTRAINT uq_messages_request_role UNIQUE (request_id, "role")' in messages

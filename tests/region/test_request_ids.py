@@ -1,0 +1,284 @@
+"""Request ids at a region, as an attacker with a valid key sends them
+straight to ``ChatService``: the region checks each id before any engine
+work (a malformed one is INVALID_ARGUMENT, a reused one ALREADY_EXISTS,
+whoever used it first), so no turn streams that its usage row would not
+bill; and a malformed model name never reaches the global plane.
+
+The store's rules run on SQLite and PostgreSQL (concurrent acceptances
+included); the gateway's on a real in-process region.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+
+from engine.sim.backend import SimBackend
+from globalplane.tiers import TenantTier
+from llmmesh.errors import AlreadyExists, MeshError, Reason
+from llmmesh.grpcserver import open_channel
+from llmmesh.sqlstore import create_store_engine
+from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region.zone_store import AssistantMessage, TurnStart, ZoneStore
+from region.zone_store import schema as zs
+from tests.region.test_region_turns import FAST_POD, Outcome, auth, new_tenant, turn
+from tests.stack import Stack, running_stack
+
+pytestmark = pytest.mark.asyncio
+
+A, B = "tenant-a", "tenant-b"
+
+
+# ---------------------------------------------------------------- the store
+
+
+@pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])
+def zone_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return f"sqlite:///{tmp_path / 'us.db'}"
+    url: str = request.getfixturevalue("postgres_schema_url")
+    return url
+
+
+@pytest.fixture
+def regions(zone_url: str) -> Iterator[tuple[ZoneStore, ZoneStore]]:
+    """The zone store as us-east and us-west use it."""
+    stores = []
+    for region in ("us-east", "us-west"):
+        store = ZoneStore(create_store_engine(zone_url), "us", region)
+        store.create_schema()
+        stores.append(store)
+    yield stores[0], stores[1]
+    for store in stores:
+        store.dispose()
+
+
+def marker(request_id: str, tenant_id: str = A, holder: str = "") -> TurnStart:
+    return TurnStart(request_id, tenant_id, "m", 12, 40, holder or uuid.uuid4().hex)
+
+
+async def test_a_request_id_is_taken_once_across_the_zones_tenants_and_regions(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    first = marker("req-1")
+    await east.accept_turn(first)
+    assert await east.mark_started("req-1", first.holder)
+    for store, tenant in ((east, A), (west, A), (west, B)):
+        with pytest.raises(AlreadyExists, match="already used") as info:
+            await store.accept_turn(marker("req-1", tenant))
+        assert info.value.reason == Reason.DUPLICATE_REQUEST
+    # The first acceptance's marker is untouched: still tenant A's, in us-east.
+    with east.engine.connect() as conn:
+        rows = conn.execute(sa.select(zs.turn_starts)).all()
+    assert [(r.request_id, r.tenant_id, r.home_region, r.holder) for r in rows] == [
+        ("req-1", A, "us-east", first.holder)
+    ]
+
+
+async def test_an_id_recorded_before_markers_existed_is_taken(regions: tuple[ZoneStore, ZoneStore]) -> None:
+    east, _ = regions
+    usage = billing_service_pb2.UsageRecord(request_id="req-old", tenant_id=B).SerializeToString()
+    await east.record_turn(B, None, "req-old", None, AssistantMessage("x", "m", "FINISH_REASON_STOP"), usage)
+    for tenant in (A, B):
+        with pytest.raises(AlreadyExists):
+            await east.accept_turn(marker("req-old", tenant))
+
+
+async def test_a_turn_that_streamed_nothing_may_be_retried_by_its_tenant_only(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    # us-east accepted the turn and went silent before it streamed anything.
+    stalled = marker("req-2")
+    await east.accept_turn(stalled)
+    with pytest.raises(AlreadyExists):
+        await west.accept_turn(marker("req-2", B))
+    retry = marker("req-2")
+    await west.accept_turn(retry)
+    # us-east comes back: it has lost the id and must not stream.
+    assert not await east.mark_started("req-2", stalled.holder)
+    assert await west.mark_started("req-2", retry.holder)
+    with pytest.raises(AlreadyExists):
+        await east.accept_turn(marker("req-2"))
+
+
+@pytest.mark.services
+async def test_concurrent_acceptances_of_one_id_on_postgresql_take_it_once(postgres_schema_url: str) -> None:
+    stores = [ZoneStore(create_store_engine(postgres_schema_url), "us", f"us-r{n}") for n in range(6)]
+    stores[0].create_schema()
+    try:
+        for _ in range(5):
+            request_id = f"req-{uuid.uuid4().hex[:8]}"
+            starts = [marker(request_id, A if n % 2 else B) for n in range(len(stores))]
+            outcomes = await asyncio.gather(
+                *(store.accept_turn(start) for store, start in zip(stores, starts, strict=True)),
+                return_exceptions=True,
+            )
+            # Every acceptance of the winner's tenant may take over an accepted turn: what
+            # matters is that once one is marked started, exactly one holder streams.
+            started = await asyncio.gather(
+                *(
+                    store.mark_started(request_id, start.holder)
+                    for store, start, outcome in zip(stores, starts, outcomes, strict=True)
+                    if not isinstance(outcome, BaseException)
+                )
+            )
+            assert started.count(True) == 1, (outcomes, started)
+            for outcome in outcomes:
+                assert not isinstance(outcome, BaseException) or isinstance(outcome, AlreadyExists)
+    finally:
+        for store in stores:
+            store.dispose()
+
+
+# ---------------------------------------------------------------- through the region
+
+
+def start(
+    request_id: str = "", *, model: str = "auto", max_tokens: int = 12, text: str = "Tell me about ids."
+) -> chat_service_pb2.ChatRequest:
+    return chat_service_pb2.ChatRequest(
+        start=chat_service_pb2.ChatStart(
+            request_id=request_id,
+            model=model,
+            messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content=text)],
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
+        )
+    )
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    # Two pods: a pod refuses a second running generation of one id, its peer would not.
+    async with running_stack(region_overrides={"safety_backends": "none"}, pods=2, **FAST_POD) as running:
+        yield running
+
+
+async def read_all(call: Any) -> list[chat_service_pb2.ChatResponse]:
+    events = []
+    while (event := await call.read()) is not grpc.aio.EOF:
+        events.append(event)
+    return events
+
+
+def engine_steps(stack: Stack) -> int:
+    return sum(cast(SimBackend, pod.backend).scheduler.steps for pod in stack.engines)
+
+
+async def outbox_rows(stack: Stack) -> list[Any]:
+    query = sa.select(zs.usage_outbox.c.request_id, zs.usage_outbox.c.tenant_id)
+    return list(await stack.region.store.transaction(lambda conn: conn.execute(query).all()))
+
+
+def assert_refused(
+    outcome: Outcome, code: grpc.StatusCode, reason: Reason, param: str | None = None
+) -> MeshError:
+    assert outcome.error is not None, "the turn ran"
+    assert not outcome.events, "the turn streamed"
+    assert (outcome.error.code, outcome.error.reason) == (code, reason), outcome.error
+    if param is not None:
+        assert outcome.error.metadata.get("param") == param
+    return outcome.error
+
+
+@pytest.mark.parametrize("request_id", ["r" * 129, "r" * 300, "has space", "new\nline", "-leading", "ü" * 8])
+async def test_a_malformed_request_id_is_refused_before_any_engine_work(
+    stack: Stack, request_id: str
+) -> None:
+    secret = await new_tenant(stack, TenantTier.PRO)
+    steps = engine_steps(stack)
+    outcome = await turn(stack.region.address, secret, start(request_id))
+    error = assert_refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_REQUEST, "request_id")
+    assert len(error.message) < 300
+    assert engine_steps(stack) == steps
+    assert await outbox_rows(stack) == []
+
+
+async def test_the_longest_request_id_runs_and_is_billed(stack: Stack) -> None:
+    secret = await new_tenant(stack, TenantTier.PRO)
+    request_id = "r" * 128
+    outcome = await turn(stack.region.address, secret, start(request_id))
+    assert outcome.error is None and outcome.finished.reason
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.flush(timeout_s=10)
+    assert not await stack.global_plane.ledger.reconcile([request_id])
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["finished", "running"])
+async def test_a_reused_request_id_streams_nothing(stack: Stack, running: bool) -> None:
+    tenant_a = await new_tenant(stack, TenantTier.PRO)
+    tenant_b = await new_tenant(stack, TenantTier.PRO)
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(tenant_a))
+        await call.write(start(request_id, max_tokens=200 if running else 12))
+        await call.done_writing()
+        first = [await call.read()]
+        assert first[0].HasField("started")
+        if not running:
+            first += await read_all(call)
+        steps = engine_steps(stack)
+        # Its own tenant again, and another tenant: neither gets a turn.
+        for secret in (tenant_a, tenant_b):
+            again = await turn(stack.region.address, secret, start(request_id, text="Something else."))
+            assert_refused(again, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+        if not running:
+            assert engine_steps(stack) == steps
+        else:
+            assert sum(cast(SimBackend, pod.backend).scheduler.running for pod in stack.engines) == 1
+            first += await read_all(call)
+    outcome = Outcome(first)
+    assert outcome.finished.reason
+    await stack.region.gateway.drain()
+    assert await stack.region.shipper.flush(timeout_s=10)
+    # The first turn is billed, once, to its own tenant.
+    tenant_id = stack.region.policy.authenticate(tenant_a).tenant_id
+    assert [(r.request_id, r.tenant_id) for r in await outbox_rows(stack)] == [(request_id, tenant_id)]
+    billed = await stack.global_plane.ledger.usage(tenant_id, "")
+    assert billed.requests == 1
+    assert (billed.input_tokens, billed.output_tokens) == (
+        outcome.usage.input_tokens,
+        outcome.usage.output_tokens,
+    )
+
+
+async def test_a_turn_whose_region_went_silent_before_streaming_runs_under_its_id(stack: Stack) -> None:
+    secret = await new_tenant(stack, TenantTier.PRO)
+    tenant_id = stack.region.policy.authenticate(secret).tenant_id
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    # Another region of the zone accepted it and died before its first event.
+    await stack.region.store.accept_turn(marker(request_id, tenant_id))
+    outcome = await turn(stack.region.address, secret, start(request_id))
+    assert outcome.error is None and outcome.finished.reason
+    assert outcome.events[0].started.request_id == request_id
+
+
+async def test_a_huge_model_name_is_refused_before_any_global_plane_call(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = await new_tenant(stack, TenantTier.PRO)
+    asked: list[str] = []
+    resolve = stack.region.models.resolve
+
+    async def counted(name: str, tier: common_pb2.Tier.ValueType) -> Any:
+        asked.append(name)
+        return await resolve(name, tier)
+
+    monkeypatch.setattr(stack.region.models, "resolve", counted)
+    outcome = await turn(stack.region.address, secret, start(model="m" * 20_000))
+    error = assert_refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_REQUEST, "model")
+    assert len(error.message) < 300
+    assert asked == []
+    # A well-formed name still goes to the registry.
+    assert (await turn(stack.region.address, secret, start())).error is None
+    assert asked == ["auto"]
