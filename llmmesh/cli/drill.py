@@ -3,7 +3,12 @@ streaming traffic, restore it, and report what the clients saw.
 
 The mesh is the one ``$LLMMESH_HOME/mesh.json`` describes (``llmmesh up``),
 or a deployed one named by ``--edge-url``, ``--api-key`` and
-``--global-address`` (disrupted by ``--disrupt-command``). Progress goes to
+``--global-address`` (disrupted by ``--disrupt-command``). The drill's gRPC
+calls present the admin certificate (``--certs-dir``, else mesh.json's,
+else ``$LLMMESH_HOME/certs``), or go plaintext with ``--insecure``.
+``--kind cert-rotation`` re-issues every certificate of that directory
+``--rotations`` times under the traffic, and checks that the planes serve
+the new ones. Progress goes to
 stderr while it runs; the report goes to stdout, one JSON object on the
 last line with ``--json`` (:mod:`llmmesh.drill.report` defines every
 field), else one ``name: value`` line each. Exit status 0 when the drill
@@ -20,6 +25,7 @@ import json
 import logging
 import sys
 
+from llmmesh.cli.tls_flags import add_tls_arguments
 from llmmesh.drill.plan import KINDS, MODES, DrillPlan
 from llmmesh.home import mesh_home
 
@@ -51,7 +57,8 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         "--mode",
         choices=MODES,
         default=None,
-        help="kill: SIGKILL, restored by llmmesh up's restart; partition: SIGSTOP, then SIGCONT "
+        help="kill: SIGKILL, restored by llmmesh up's restart; partition: SIGSTOP, then SIGCONT; "
+        "rotate: the only mode of --kind cert-rotation "
         "(default: kill, partition for --kind global-plane so --outage-s holds)",
     )
     parser.add_argument(
@@ -76,9 +83,16 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         ("--turn-timeout-s", defaults.turn_timeout_s, "longest a turn may take before it counts as lost"),
         ("--restore-timeout-s", defaults.restore_timeout_s, "longest wait for a restart, and for the return"),
         ("--usage-wait-s", defaults.usage_wait_s, "longest wait for billing to catch up"),
+        ("--rotate-every-s", defaults.rotate_every_s, "time between certificate rotations"),
     )
     for flag, default, text in seconds:
         parser.add_argument(flag, type=_seconds, default=default, help=f"{text} ({default:g})")
+    parser.add_argument(
+        "--rotations",
+        type=_positive,
+        default=defaults.rotations,
+        help=f"rounds of certificate rotation of --kind cert-rotation ({defaults.rotations})",
+    )
     parser.add_argument("--edge-url", default=None, help="edge of a deployed mesh (default: from mesh.json)")
     parser.add_argument("--api-key", default=None, help="key of the traffic's tenant (default: mesh.json's)")
     parser.add_argument(
@@ -88,11 +102,13 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         "--disrupt-command", default="", help="shell command that disrupts a deployed mesh's part"
     )
     parser.add_argument("--restore-command", default="", help="shell command that restores it")
+    add_tls_arguments(parser)
 
 
 def plan_from_args(args: argparse.Namespace) -> DrillPlan:
     """The plan the flags ask for; ValueError for an impossible one."""
-    mode = args.mode or ("partition" if args.kind == "global-plane" else "kill")
+    defaults = {"global-plane": "partition", "cert-rotation": "rotate"}
+    mode = args.mode or defaults.get(args.kind, "kill")
     return DrillPlan(
         kind=args.kind,
         mode=mode,
@@ -107,6 +123,8 @@ def plan_from_args(args: argparse.Namespace) -> DrillPlan:
         turn_timeout_s=max(args.turn_timeout_s, 1.0),
         restore_timeout_s=max(args.restore_timeout_s, 1.0),
         usage_wait_s=args.usage_wait_s,
+        rotations=args.rotations,
+        rotate_every_s=args.rotate_every_s,
     )
 
 
@@ -124,12 +142,14 @@ def _table(report: dict[str, object]) -> str:
 
 def run_drill_command(args: argparse.Namespace) -> int:
     """Run the drill ``args`` ask for; see the module docstring for the exit status."""
+    from llmmesh.cli.certs import rotate_all
     from llmmesh.drill.disruption import DisruptionError
     from llmmesh.drill.runner import run_drill
     from llmmesh.drill.setup import DrillInputError
     from llmmesh.drill.target import TargetError, read_target
 
-    for name in ("httpx", "httpcore"):
+    # The progress lines say what happens; a reloaded certificate is the drill's own doing.
+    for name in ("httpx", "httpcore", "llmmesh.mtls"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         plan = plan_from_args(args)
@@ -138,6 +158,8 @@ def run_drill_command(args: argparse.Namespace) -> int:
             edge_url=args.edge_url,
             api_key=args.api_key,
             global_address=args.global_address,
+            insecure=args.insecure,
+            certs_dir=args.certs_dir,
         )
     except (ValueError, TargetError) as err:
         _progress(str(err))
@@ -153,6 +175,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
                 _progress,
                 disrupt_command=args.disrupt_command,
                 restore_command=args.restore_command,
+                rotate=rotate_all,
             )
         )
     except DrillInputError as err:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("region", "engine-pod", "global-plane", "redis")
-"""What a drill disrupts."""
-MODES = ("kill", "partition")
+KINDS = ("region", "engine-pod", "global-plane", "redis", "cert-rotation")
+"""What a drill disrupts; ``cert-rotation`` re-issues every certificate of the mesh."""
+MODES = ("kill", "partition", "rotate")
 """How: SIGKILL (the mesh's supervisor restarts the process), or SIGSTOP then
 SIGCONT (the process stops answering while its connections stay open, as in
-a network cut)."""
+a network cut); ``rotate`` is the only mode of ``cert-rotation``, and only it."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,27 @@ class DrillPlan:
     """Longest the drill waits for billing to catch up after the traffic ends."""
     poll_interval_s: float = 0.25
     """Interval of the geo-routing and process polls."""
+    rotations: int = 3
+    """Rounds of certificate rotation (kind cert-rotation)."""
+    rotate_every_s: float = 5.0
+    """Time between two rounds of certificate rotation."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.streams < 1 or self.max_tokens < 1:
-            raise ValueError("streams and max_tokens must be at least 1")
-        times = (self.disrupt_after_s, self.restore_after_s, self.outage_s, self.duration_s)
+        if (self.kind == "cert-rotation") != (self.mode == "rotate"):
+            raise ValueError("kind cert-rotation goes with mode rotate, and mode rotate only with it")
+        if self.streams < 1 or self.max_tokens < 1 or self.rotations < 1:
+            raise ValueError("streams, max_tokens and rotations must be at least 1")
+        times = (
+            self.disrupt_after_s,
+            self.restore_after_s,
+            self.outage_s,
+            self.duration_s,
+            self.rotate_every_s,
+        )
         if min(times) < 0 or min(self.turn_timeout_s, self.restore_timeout_s, self.poll_interval_s) <= 0:
             raise ValueError("durations must not be negative, and timeouts must be positive")
         if self.usage_wait_s < 0:
@@ -63,7 +75,9 @@ class DrillPlan:
 
     @property
     def partition_s(self) -> float:
-        """How long a partition of this kind lasts."""
+        """How long a partition of this kind lasts; for cert-rotation, from the first round to the last."""
+        if self.kind == "cert-rotation":
+            return self.rotate_every_s * (self.rotations - 1)
         return self.outage_s if self.kind == "global-plane" else self.restore_after_s
 
     @property

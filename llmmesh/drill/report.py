@@ -2,8 +2,9 @@
 
 Times are seconds; ``D`` is the moment of the disruption, ``R`` the
 restore (the SIGCONT of a partition; for a kill, the moment ``mesh.json``
-names the restarted process, which serves by then), ``W`` the end of the
-failover window: ``R``, or the end of the traffic when there was no restore.
+names the restarted process, which serves by then; for a certificate
+rotation, the end of its last round), ``W`` the end of the failover
+window: ``R``, or the end of the traffic when there was no restore.
 
 - ``streams_total``: streams run. ``turns_total``: turns sent;
   ``turns_done`` ended with ``[DONE]``; ``turns_failed_clearly`` ended with
@@ -13,8 +14,8 @@ failover window: ``R``, or the end of the traffic when there was no restore.
   error codes of the clear failures and the causes of the lost turns.
 - A turn is *affected* when the disruption reached it: for kinds ``region``
   and ``engine-pod``, a turn in flight at ``D`` that had started on the
-  region (its ``x-llmmesh-region``); for ``global-plane`` and ``redis``,
-  a turn in flight at any moment of ``[D, W]``. ``streams_affected``
+  region (its ``x-llmmesh-region``); for the other kinds, a turn in
+  flight at any moment of ``[D, W]``. ``streams_affected``
   counts the streams with an affected turn.
 - ``tokens_lost`` and ``tokens_duplicated``: every turn asks for
   ``max_tokens`` tokens with ``ignore_eos``, so a turn that ended with
@@ -37,9 +38,9 @@ failover window: ``R``, or the end of the traffic when there was no restore.
 - ``time_to_return_s``: from ``R`` until the region was routed to again
   and, when it served turns before ``D``, a turn sent after ``R`` started
   on it; for ``global-plane``, until geo-routing answered again and a
-  turn sent after ``R`` was accepted; for ``redis``, until a turn sent
-  after ``R`` was accepted. Null when that did not happen before the drill
-  ended.
+  turn sent after ``R`` was accepted; for ``redis`` and ``cert-rotation``,
+  until a turn sent after ``R`` was accepted. Null when that did not happen
+  before the drill ended.
 - ``residency``: every turn's region (``x-llmmesh-region``) must be in
   its tenant's zone; a region outside the directory counts as a violation.
 - ``usage``: the output tokens billed during the drill against the tokens
@@ -50,10 +51,19 @@ failover window: ``R``, or the end of the traffic when there was no restore.
 - ``token_count_source``: ``tokenizer`` or ``usage``
   (:mod:`llmmesh.drill.tokens`); ``turns_uncounted``: turns that ended with
   ``[DONE]`` whose tokens could not be counted (not in the figures above).
+- ``cert-rotation`` only (:mod:`llmmesh.drill.rotation`):
+  ``cert_rotations`` (rounds run), ``certificates_rotated`` (certificates
+  re-issued over all rounds), ``servers_checked`` (gRPC servers asked for
+  their certificate on a new connection after every round),
+  ``servers_presenting_new_cert`` (those that presented the round's new
+  certificate every time) and ``servers_not_presenting_new_cert`` (the
+  others, with why).
 - ``passed``: tokens were counted, none was lost or duplicated, no turn
   was lost, residency held and no usage record was lost; for
   ``global-plane`` also no turn failed (regions serve through its outage
-  on cached policy, so a failure there is not a clear error but a miss).
+  on cached policy, so a failure there is not a clear error but a miss);
+  for ``cert-rotation`` also no turn failed, every round ran and every
+  server presented the new certificates (a rotation should be invisible).
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.rotation import RotationTally
 from llmmesh.drill.routing_watch import RoutingWatch
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
 from llmmesh.drill.usage import UsageCheck
@@ -227,12 +238,22 @@ def return_time(
         return _since(
             restored, routing.first_answer_after(restored), _first_accepted_after(records, restored)
         )
-    if plan.kind == "redis":
+    if not plan.names_region:
         return _since(restored, _first_accepted_after(records, restored))
     serving = routing.first_after(restored, listing=region, listed=True)
     served_before = any(r.region == region and r.sent_at < timeline.disrupted for r in records)
     routed = _first_accepted_after(records, restored, region) if served_before else restored
     return _since(restored, serving, routed)
+
+
+def _rotation_held(plan: DrillPlan, rotation: RotationTally | None) -> bool:
+    """Every round ran, and every server checked presented the new certificates."""
+    return (
+        rotation is not None
+        and rotation.rounds == plan.rotations
+        and bool(rotation.servers)
+        and not rotation.stale
+    )
 
 
 def _round(value: float | None) -> float | None:
@@ -250,8 +271,10 @@ def build_report(
     region_zones: Mapping[str, str],
     token_source: str,
     usage: UsageCheck,
+    rotation: RotationTally | None = None,
 ) -> dict[str, object]:
-    """The drill's one JSON object (see the module docstring)."""
+    """The drill's one JSON object (see the module docstring); ``rotation``
+    is what a cert-rotation drill's rounds did."""
     affected = affected_turns(plan, region, timeline, records)
     stalls = [stall_of(r, timeline.disrupted) for r in affected]
     tokens = tally_tokens(records, plan.max_tokens)
@@ -271,8 +294,10 @@ def build_report(
         and outcomes[Outcome.LOST] == 0
         and bool(held["held"])
         and usage.records_missing in (0, None)
-        and (plan.kind != "global-plane" or outcomes[Outcome.FAILED_CLEARLY] == 0)
+        and (plan.kind not in ("global-plane", "cert-rotation") or outcomes[Outcome.FAILED_CLEARLY] == 0)
+        and (plan.kind != "cert-rotation" or _rotation_held(plan, rotation))
     )
+    rotated = rotation.figures() if rotation is not None and plan.kind == "cert-rotation" else {}
     return {
         "drill": "failover",
         "kind": plan.kind,
@@ -317,6 +342,7 @@ def build_report(
         "usage_records_checked": len(billing_checked_turns(plan, region, timeline, records)),
         "usage_records_lost": usage.records_missing,
         "errors": dict(sorted(errors.items())),
+        **rotated,
         "passed": passed,
         "settings": dataclasses.asdict(plan),
     }

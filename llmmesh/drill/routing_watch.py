@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
+from llmmesh.drill.target import Dial
 from llmmesh.errors import Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 
@@ -32,10 +32,10 @@ class RoutingSample:
 
 
 class RoutingWatch:
-    """Samples ``Route`` for one tenant until stopped."""
+    """Samples ``Route`` for one tenant until stopped, on a channel ``dial`` opens to the global plane."""
 
-    def __init__(self, global_address: str, tenant_id: str, interval_s: float) -> None:
-        self._address = global_address
+    def __init__(self, dial: Dial, tenant_id: str, interval_s: float) -> None:
+        self._dial = dial
         self._tenant_id = tenant_id
         self._interval_s = interval_s
         self._stop = asyncio.Event()
@@ -63,7 +63,7 @@ class RoutingWatch:
         return next((s.at for s in self.samples if s.at >= start and s.regions is not None), None)
 
     async def _run(self) -> None:
-        async with open_channel(self._address) as channel:
+        async with self._dial() as channel:
             geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
             request = gpb.RouteRequest(tenant_id=self._tenant_id)
             while not self._stop.is_set():

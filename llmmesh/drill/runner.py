@@ -8,7 +8,9 @@
 3. Disrupt (choosing the region now when none was named). A kill is
    restored by the mesh's supervisor (the drill waits for the restarted
    process, at most ``restore_timeout_s``); a partition is restored by the
-   drill after ``restore_after_s`` (``outage_s`` for the global plane).
+   drill after ``restore_after_s`` (``outage_s`` for the global plane); a
+   certificate rotation runs its rounds, ``rotate_every_s`` apart, and is
+   over after the last (:mod:`llmmesh.drill.rotation`).
 4. Run ``duration_s`` more, and on (at most ``restore_timeout_s``) until
    the target is back as :func:`llmmesh.drill.report.return_time` defines
    it; stop the streams, each finishing its turn.
@@ -30,6 +32,7 @@ import httpx
 from llmmesh.drill.disruption import Disruption
 from llmmesh.drill.plan import DrillPlan
 from llmmesh.drill.report import Timeline, billing_checked_turns, build_report, return_time, tally_tokens
+from llmmesh.drill.rotation import CertRotation, Rotate
 from llmmesh.drill.routing_watch import RoutingWatch
 from llmmesh.drill.setup import DrillSetup, prepare
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
@@ -40,6 +43,7 @@ from llmmesh.drill.usage import read_usage, wait_for_billing
 
 PROGRESS_EVERY_S = 5.0
 Progress = Callable[[str], None]
+_DOING = {"kill": "killing", "partition": "partitioning", "rotate": "rotating"}
 
 
 class DrillRunner:
@@ -54,7 +58,7 @@ class DrillRunner:
         self._disruption: Disruption | None = None
         self._region = setup.region
         self._watch = RoutingWatch(
-            setup.target.global_address, setup.watched.tenant_id, setup.plan.poll_interval_s
+            setup.target.global_channel, setup.watched.tenant_id, setup.plan.poll_interval_s
         )
 
     def progress(self, text: str) -> None:
@@ -94,8 +98,8 @@ class DrillRunner:
         await self._phase("steady", plan.disrupt_after_s)
         self._region = await setup.choose_region(fleet.in_flight.values())
         disruption = self._disruption = setup.disruption_for(self._region)
-        what = f"{plan.kind} {disruption.description}"
-        self.progress(f"{'killing' if plan.mode == 'kill' else 'partitioning'} {what}")
+        what = disruption.description if plan.mode == "rotate" else f"{plan.kind} {disruption.description}"
+        self.progress(f"{_DOING[plan.mode]} {what}")
         await disruption.disrupt()
         disrupted = time.monotonic()
         if not disruption.restores_itself:
@@ -104,7 +108,8 @@ class DrillRunner:
         if restored is None:
             self.progress(f"{what} was not restored within {plan.restore_timeout_s:g} s")
         else:
-            self.progress(f"{what} restored after {restored - disrupted:.1f} s")
+            done = "done" if plan.mode == "rotate" else "restored"
+            self.progress(f"{what} {done} after {restored - disrupted:.1f} s")
         await self._phase("after the restore", plan.duration_s)
         if restored is not None:
             await self._until_returned(Timeline(started, disrupted, restored, time.monotonic()))
@@ -117,7 +122,7 @@ class DrillRunner:
         self.progress(f"waiting for billing (at most {plan.usage_wait_s:g} s)")
         usage = await wait_for_billing(
             http,
-            setup.target.global_address,
+            setup.target.global_channel,
             before,
             received,
             [r.request_id for r in checked],
@@ -134,6 +139,7 @@ class DrillRunner:
             region_zones=setup.region_zones,
             token_source=source,
             usage=usage,
+            rotation=disruption.tally if isinstance(disruption, CertRotation) else None,
         )
 
     async def _phase(self, name: str, seconds: float) -> None:
@@ -199,8 +205,10 @@ async def run_drill(
     *,
     disrupt_command: str = "",
     restore_command: str = "",
+    rotate: Rotate | None = None,
 ) -> dict[str, object]:
     """Prepare and run a drill; its report. DrillInputError, TargetError or
-    DisruptionError when it cannot run."""
-    setup = await prepare(plan, target, disrupt_command, restore_command)
+    DisruptionError when it cannot run. ``rotate`` re-issues the
+    certificates of a directory (kind cert-rotation)."""
+    setup = await prepare(plan, target, disrupt_command, restore_command, rotate)
     return await DrillRunner(setup, progress).run()

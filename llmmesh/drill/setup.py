@@ -9,6 +9,12 @@ regions by load, so the busy one changes as the drill runs), else the one
 geo-routing puts first. The traffic uses the key of that zone (the region's
 zone when one is named; the primary key's otherwise). For the other kinds
 it uses every zone's key in turn.
+
+Kind ``cert-rotation`` rotates the certificates of the directory the drill
+takes its own from (:mod:`llmmesh.drill.rotation`), which for a mesh
+``llmmesh up`` runs is where its planes' are, and checks every gRPC server
+it knows: the global plane, each region of the directory and each pod of
+the mesh file.
 """
 
 from __future__ import annotations
@@ -19,8 +25,18 @@ from dataclasses import dataclass
 
 from llmmesh.drill.disruption import CommandDisruption, Disruption, DisruptionError, ProcessDisruption
 from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.rotation import CertRotation, Rotate, TlsServer
 from llmmesh.drill.sse_turn import TurnRecord
-from llmmesh.drill.target import MeshTarget, TenantKey, first_region, region_directory, tenant_of
+from llmmesh.drill.target import (
+    Dial,
+    ListedRegion,
+    MeshTarget,
+    TenantKey,
+    first_region,
+    region_directory,
+    tenant_of,
+)
+from llmmesh.identity import Role, role_name
 
 
 class DrillInputError(Exception):
@@ -39,6 +55,10 @@ class DrillSetup:
     """The region asked for; empty to choose it at the disruption (kinds region, engine-pod)."""
     disrupt_command: str = ""
     restore_command: str = ""
+    tls_servers: tuple[TlsServer, ...] = ()
+    """The servers whose certificates a cert-rotation drill checks."""
+    rotate: Rotate | None = None
+    """How a cert-rotation drill re-issues the certificates of a directory."""
 
     @property
     def watched(self) -> TenantKey:
@@ -57,7 +77,7 @@ class DrillSetup:
         busy = Counter(r.region for r in in_flight if r.region in ours).most_common(1)
         if busy:
             return busy[0][0]
-        return await first_region(self.target.global_address, self.watched.tenant_id)
+        return await first_region(self.target, self.watched.tenant_id)
 
     def plane_of(self, region: str) -> str:
         """The name ``mesh.json``'s pids give the process to disrupt."""
@@ -74,6 +94,8 @@ class DrillSetup:
 
     def disruption_for(self, region: str) -> Disruption:
         """How to disrupt the kind's part (of ``region``); DrillInputError when it cannot be."""
+        if self.plan.kind == "cert-rotation":
+            return self._rotation()
         if self.disrupt_command:
             return CommandDisruption(self.disrupt_command, self.restore_command)
         if self.target.mesh_file is None:
@@ -89,26 +111,80 @@ class DrillSetup:
                 ) from err
             raise DrillInputError(str(err)) from err
 
-    def tokenizer_pods(self, region: str) -> list[str]:
+    def _rotation(self) -> CertRotation:
+        directory, files = self.target.tls.directory, self.target.security.files
+        if directory is None or files is None:
+            raise DrillInputError("this mesh runs plaintext (--insecure): it has no certificates to rotate")
+        if self.disrupt_command:
+            raise DrillInputError("--kind cert-rotation rotates certificates itself: drop --disrupt-command")
+        if not ((directory / "ca.key").is_file() and (directory / "ca-cert.pem").is_file()):
+            raise DrillInputError(
+                f"{directory} holds no mesh CA (ca.key, ca-cert.pem): rotate where the certificates are "
+                "issued, and name that directory with --certs-dir"
+            )
+        if self.rotate is None:
+            raise DrillInputError("this drill was given no way to rotate certificates")
+        plan = self.plan
+        return CertRotation(
+            self.rotate,
+            directory,
+            self.tls_servers,
+            rounds=plan.rotations,
+            every_s=plan.rotate_every_s,
+            admin=files,
+        )
+
+    def tokenizer_pods(self, region: str) -> list[Dial]:
         """Pods to tokenize on: those the disruption left alone first."""
         plane = self.plane_of(region) if self.plan.names_region else ""
         pods = [(r, p) for r, found in self.target.pods.items() for p in found]
-        spared = [p.address for r, p in pods if r != region and p.pod_id != plane]
-        return spared + [p.address for _, p in pods if p.address not in spared]
+        spared = [(r, p) for r, p in pods if r != region and p.pod_id != plane]
+        ordered = spared + [(r, p) for r, p in pods if (r, p) not in spared]
+        return [self.target.pod_dial(p.address, self.region_zones.get(r, ""), r) for r, p in ordered]
+
+
+def tls_servers(target: MeshTarget, directory: dict[str, ListedRegion]) -> tuple[TlsServer, ...]:
+    """Every gRPC server of the mesh the drill knows: the global plane, the
+    regions (at the mesh file's address, else geo-routing's) and the mesh file's pods."""
+    servers = [TlsServer("global", target.global_address, role_name(Role.GLOBAL))]
+    zones = {**target.region_zones, **{r: listed.zone for r, listed in directory.items()}}
+    for region in sorted(set(target.region_addresses) | set(directory)):
+        address = target.region_addresses.get(region) or directory[region].chat_address
+        name = role_name(Role.REGION, zones[region], region)
+        servers.append(TlsServer(f"region {region}", address, name))
+    for region, pods in sorted(target.pods.items()):
+        name = role_name(Role.ENGINE, zones.get(region, ""), region)
+        servers += [TlsServer(f"pod {pod.pod_id}", pod.address, name) for pod in pods]
+    return tuple(servers)
 
 
 async def prepare(
-    plan: DrillPlan, target: MeshTarget, disrupt_command: str = "", restore_command: str = ""
+    plan: DrillPlan,
+    target: MeshTarget,
+    disrupt_command: str = "",
+    restore_command: str = "",
+    rotate: Rotate | None = None,
 ) -> DrillSetup:
     """Resolve the plan against the mesh, checking that the disruption can
-    be made; DrillInputError or TargetError when the drill cannot run."""
-    primary = await tenant_of(target.global_address, target.primary_secret)
-    zones = {**target.region_zones, **await region_directory(target.global_address)}
-    commands = {"disrupt_command": disrupt_command, "restore_command": restore_command}
+    be made; DrillInputError or TargetError when the drill cannot run.
+    ``rotate`` re-issues a directory's certificates (kind cert-rotation)."""
+    primary = await tenant_of(target, target.primary_secret)
+    directory = await region_directory(target)
+    zones = {**target.region_zones, **{region: listed.zone for region, listed in directory.items()}}
     if not plan.names_region:
         others = [s for s in target.secrets.values() if s != primary.secret]
-        keys = (primary, *[await tenant_of(target.global_address, s) for s in others])
-        setup = DrillSetup(plan, target, keys, zones, **commands)
+        keys = (primary, *[await tenant_of(target, s) for s in others])
+        servers = tls_servers(target, directory) if plan.kind == "cert-rotation" else ()
+        setup = DrillSetup(
+            plan,
+            target,
+            keys,
+            zones,
+            disrupt_command=disrupt_command,
+            restore_command=restore_command,
+            tls_servers=servers,
+            rotate=rotate,
+        )
         setup.disruption_for("")
         return setup
     if plan.region and plan.region not in zones:
@@ -117,13 +193,13 @@ async def prepare(
         )
     zone = zones[plan.region] if plan.region else primary.zone
     secret = target.secret_for_zone(zone) or target.primary_secret
-    key = primary if secret == primary.secret else await tenant_of(target.global_address, secret)
+    key = primary if secret == primary.secret else await tenant_of(target, secret)
     if key.zone != zone:
         raise DrillInputError(
             f"region {plan.region} is in zone {zone}, the key's tenant in zone {key.zone}: "
             "traffic would never reach it"
         )
-    setup = DrillSetup(plan, target, (key,), zones, plan.region, **commands)
+    setup = DrillSetup(plan, target, (key,), zones, plan.region, disrupt_command, restore_command)
     # Fail now, not after the steady phase, when the part cannot be disrupted.
     for region in [plan.region] if plan.region else setup.zone_regions():
         setup.disruption_for(region)

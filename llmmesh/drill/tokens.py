@@ -10,7 +10,8 @@ BPE model re-tokenizing decoded text can in rare cases merge or split a
 piece differently. Texts repeat (every whole reply of a stream is the
 same), so counts are cached by text.
 
-A deployed mesh's pods are not reachable from the drill: the count is
+The drill reaches the pods with its admin certificate (an operator may
+look at any pod). A deployed mesh's pods are not reachable from the drill: the count is
 then the mesh's own, the ``completion_tokens`` of the stream's usage
 chunk, and the report says which source it used.
 """
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from llmmesh.grpcserver import open_channel
+from llmmesh.drill.target import Dial
 from llmmesh.v1 import engine_service_pb2 as epb
 from llmmesh.v1 import engine_service_pb2_grpc
 
@@ -30,10 +31,10 @@ TOKENIZE_TIMEOUT_S = 10.0
 
 
 class TokenCounter:
-    """Counts tokens of texts on the first of ``pod_addresses`` that answers."""
+    """Counts tokens of texts on the first pod that answers; ``pods`` open channels to them."""
 
-    def __init__(self, pod_addresses: Sequence[str]) -> None:
-        self._addresses = list(pod_addresses)
+    def __init__(self, pods: Sequence[Dial]) -> None:
+        self._pods = list(pods)
         self._cache: dict[str, int] = {}
         self._baseline: int | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -63,16 +64,16 @@ class TokenCounter:
         return self._cache[text]
 
     async def _tokenize(self, text: str) -> int | None:
-        while self._addresses:
+        while self._pods:
             if self._stub is None:
-                self._channel = open_channel(self._addresses[0])
+                self._channel = self._pods[0]()
                 self._stub = engine_service_pb2_grpc.EngineServiceStub(self._channel)
             try:
                 resp = await self._stub.Tokenize(epb.TokenizeRequest(text=text), timeout=TOKENIZE_TIMEOUT_S)
                 return len(resp.token_ids)
             except grpc.aio.AioRpcError:
                 # This pod is gone: the next one (every pod of a mesh serves the same tokenizer).
-                self._addresses.pop(0)
+                self._pods.pop(0)
                 if self._channel is not None:
                     await self._channel.close()
                 self._channel, self._stub = None, None

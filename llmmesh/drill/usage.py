@@ -21,7 +21,7 @@ import grpc
 import grpc.aio
 import httpx
 
-from llmmesh.grpcserver import open_channel
+from llmmesh.drill.target import Dial
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import billing_service_pb2_grpc
 
@@ -89,10 +89,10 @@ async def _billed_since(http: httpx.AsyncClient, before: UsageSnapshot) -> int |
     return total
 
 
-async def _missing_records(global_address: str, request_ids: Sequence[str]) -> int | None:
+async def _missing_records(dial: Dial, request_ids: Sequence[str]) -> int | None:
     if not request_ids:
         return 0
-    async with open_channel(global_address) as channel:
+    async with dial() as channel:
         billing = billing_service_pb2_grpc.BillingServiceStub(channel)
         try:
             resp = await billing.ReconcileUsage(
@@ -106,13 +106,14 @@ async def _missing_records(global_address: str, request_ids: Sequence[str]) -> i
 
 async def wait_for_billing(
     http: httpx.AsyncClient,
-    global_address: str,
+    dial: Dial,
     before: UsageSnapshot | None,
     received_output_tokens: int,
     request_ids: Sequence[str],
     wait_s: float,
 ) -> UsageCheck:
-    """Poll until billing caught up with the drill (see the module docstring), at most ``wait_s``."""
+    """Poll until billing caught up with the drill (see the module docstring),
+    at most ``wait_s``; ``dial`` opens a channel to the global plane."""
     began = time.monotonic()
     deadline = began + wait_s
     last: int | None = None
@@ -121,7 +122,7 @@ async def wait_for_billing(
     caught_up = False
     for _ in range(int(wait_s / POLL_S) + 2):
         billed = await _billed_since(http, before) if before is not None else None
-        missing = await _missing_records(global_address, request_ids)
+        missing = await _missing_records(dial, request_ids)
         settled = before is None or (
             billed is not None and billed >= received_output_tokens and billed == last
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import grpc.aio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,11 +22,13 @@ from llmmesh.drill.report import (
     stall_of,
     tally_tokens,
 )
+from llmmesh.drill.rotation import RotationTally
 from llmmesh.drill.routing_watch import RoutingSample, RoutingWatch
-from llmmesh.drill.setup import DrillSetup
+from llmmesh.drill.setup import DrillSetup, tls_servers
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
-from llmmesh.drill.target import MeshTarget, TenantKey
+from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TenantKey
 from llmmesh.drill.usage import UsageCheck
+from llmmesh.mtls import MeshSecurity
 
 ZONES = {"us-east": "us", "us-west": "us", "eu-west": "eu"}
 TIMELINE = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0)
@@ -52,8 +55,12 @@ def turn(
     return record
 
 
+def never_dialled() -> grpc.aio.Channel:
+    raise AssertionError("the report reads samples, it dials nothing")
+
+
 def watch(*samples: tuple[float, frozenset[str] | None]) -> RoutingWatch:
-    routing = RoutingWatch("127.0.0.1:1", "tenant", 0.25)
+    routing = RoutingWatch(never_dialled, "tenant", 0.25)
     routing.samples = [RoutingSample(at, regions) for at, regions in samples]
     return routing
 
@@ -187,11 +194,78 @@ def test_plans_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="streams"):
         DrillPlan(streams=0)
     assert DrillPlan(kind="global-plane", outage_s=5).partition_s == 5
+    with pytest.raises(ValueError, match="cert-rotation goes with mode rotate"):
+        DrillPlan(kind="cert-rotation")
+    with pytest.raises(ValueError, match="cert-rotation goes with mode rotate"):
+        DrillPlan(kind="region", mode="rotate")
+    with pytest.raises(ValueError, match="rotations"):
+        DrillPlan(kind="cert-rotation", mode="rotate", rotations=0)
+    # The rounds run from the disruption on; the last ends the rotation.
+    assert DrillPlan(kind="cert-rotation", mode="rotate", rotations=3, rotate_every_s=4).partition_s == 8
+
+
+ROTATION = DrillPlan(kind="cert-rotation", mode="rotate", streams=2, max_tokens=8, rotations=2)
+
+
+def rotation_report(records: list[TurnRecord], tally: RotationTally | None) -> dict[str, object]:
+    return build_report(
+        plan=ROTATION,
+        region="",
+        target="every certificate in /certs",
+        timeline=TIMELINE,
+        records=records,
+        routing=watch((9.0, frozenset(ZONES))),
+        region_zones=ZONES,
+        token_source="tokenizer",
+        usage=UsageCheck(24, 24, True, 1.0, 0),
+        rotation=tally,
+    )
+
+
+def test_a_rotation_passes_only_if_no_turn_failed_and_every_server_serves_the_new_certificate() -> None:
+    records = [turn(0, 9.0, 12.0), turn(1, 15.0, 19.0, region="us-west"), turn(0, 21.0, 22.0)]
+    servers = ("global", "region us-east", "region us-west", "pod us-east-pod-0")
+    clean = rotation_report(records, RotationTally(2, 26, servers))
+    assert clean["passed"] is True
+    assert (clean["cert_rotations"], clean["certificates_rotated"]) == (2, 26)
+    assert (clean["servers_checked"], clean["servers_presenting_new_cert"]) == (4, 4)
+    assert clean["servers_not_presenting_new_cert"] == []
+    assert clean["turns_affected"] == 2 and clean["time_to_return_s"] == pytest.approx(1.1)
+    stale = rotation_report(records, RotationTally(2, 26, servers, {"region us-west": "round 2: old serial"}))
+    assert stale["servers_presenting_new_cert"] == 3 and stale["passed"] is False
+    assert stale["servers_not_presenting_new_cert"] == [
+        {"server": "region us-west", "why": "round 2: old serial"}
+    ]
+    failed = turn(1, 15.0, 16.0, outcome=Outcome.FAILED_CLEARLY, tokens=None)
+    assert rotation_report([*records, failed], RotationTally(2, 26, servers))["passed"] is False
+    assert rotation_report(records, RotationTally(1, 13, servers))["passed"] is False  # a round short
+    assert rotation_report(records, None)["passed"] is False
+    # The figures belong to this kind only.
+    assert "servers_checked" not in build_report(
+        plan=DrillPlan(kind="redis"), region="", target="", timeline=TIMELINE, records=records,
+        routing=watch(), region_zones=ZONES, token_source="tokenizer", usage=UsageCheck(24, 24, True, 1.0, 0),
+    )  # fmt: skip
+
+
+def test_a_rotation_checks_the_global_plane_every_region_and_every_pod() -> None:
+    target = MeshTarget(
+        "http://edge", "127.0.0.1:9", {"us": "sk"}, "sk", MeshSecurity.insecure(),
+        region_zones={"us-east": "us"}, region_addresses={"us-east": "127.0.0.1:10"},
+        pods={"us-east": (PodRef("us-east-pod-0", "127.0.0.1:11"),)},
+    )  # fmt: skip
+    listed = {"us-east": ListedRegion("us", "10.0.0.1:1"), "eu-west": ListedRegion("eu", "10.0.0.2:1")}
+    servers = [(s.name, s.address, s.server_name) for s in tls_servers(target, listed)]
+    assert servers == [
+        ("global", "127.0.0.1:9", "global.llmmesh"),
+        ("region eu-west", "10.0.0.2:1", "eu-west.eu.region.llmmesh"),
+        ("region us-east", "127.0.0.1:10", "us-east.us.region.llmmesh"),
+        ("pod us-east-pod-0", "127.0.0.1:11", "us-east.us.engine.llmmesh"),
+    ]
 
 
 @pytest.mark.asyncio
 async def test_an_unnamed_region_is_the_one_running_most_turns_at_the_disruption() -> None:
-    target = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk")
+    target = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", MeshSecurity.insecure())
     key = TenantKey("sk", "tenant", "us")
     setup = DrillSetup(DrillPlan(kind="region"), target, (key,), ZONES)
     assert setup.zone_regions() == ["us-east", "us-west"]

@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc.aio
 import httpx
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.grpcserver import open_channel
+from llmmesh.mtls import holder_security
 from llmmesh.sqlstore import create_store_engine
 from region.zone_store import schema
 
@@ -75,6 +78,19 @@ class RunningMesh:
         pids = self.info["pids"]
         assert isinstance(pids, dict)
         return {str(plane): int(pid) for plane, pid in pids.items()}
+
+    @property
+    def certs_dir(self) -> Path:
+        """Where ``llmmesh up`` keeps the mesh's certificates (mesh.json's ``tls`` entry)."""
+        tls = self.info["tls"]
+        assert isinstance(tls, dict) and not tls["insecure"], tls
+        return Path(str(tls["certs_dir"]))
+
+    def channel(self, address: str, server_name: str, holder: str = "admin") -> grpc.aio.Channel:
+        """A gRPC channel to a plane of the mesh, presenting the mesh's ``holder``
+        certificate (admin, client) and expecting the server to answer to
+        ``server_name`` (:func:`llmmesh.identity.role_name`): the planes talk mTLS only."""
+        return open_channel(address, holder_security(holder, directory=self.certs_dir), server_name)
 
     def pod_metrics_urls(self, zone: str) -> list[str]:
         regions = self.info["regions"]

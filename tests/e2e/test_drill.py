@@ -1,22 +1,31 @@
 """``llmmesh drill failover`` against a real ``llmmesh up`` (the default
-topology, simulator pods): a region killed and partitioned, a pod killed,
-the global plane partitioned; and Redis killed in a mesh that runs its own
-(``--redis embedded``). Short settings; the drill's own JSON is what is
+topology, simulator pods, mutual TLS between every plane and the drill): a
+region killed and partitioned, a pod killed, the global plane partitioned,
+every certificate rotated twice; and Redis killed in a mesh that runs its
+own (``--redis embedded``). Short settings; the drill's own JSON is what is
 checked: every figure present, residency held, no turn lost, no token
 lost or repeated, and the mesh back to serving after each drill."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 
+from llmmesh.grpcserver import open_channel
+from llmmesh.identity import Role, role_name
+from llmmesh.v1 import geo_routing_service_pb2 as gpb
+from llmmesh.v1 import geo_routing_service_pb2_grpc
 from tests.e2e.conftest import RunningMesh, child_pids, pid_alive, start_up, stop_up
 
 pytestmark = pytest.mark.e2e
@@ -143,12 +152,51 @@ def test_a_global_plane_outage_fails_no_turn(global_outage: dict[str, Any]) -> N
     assert global_outage["turns_failed_clearly"] == 0, global_outage["errors"]
 
 
-def test_the_drill_refuses_what_the_mesh_cannot_do(drill_mesh: RunningMesh) -> None:
+async def _regions_listed(dial: Callable[[], grpc.aio.Channel]) -> set[str]:
+    async with dial() as channel:
+        geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+        listed = await geo.ListRegions(gpb.ListRegionsRequest(page_size=100), timeout=10)
+    return {s.report.region for s in listed.regions}
+
+
+def test_rotating_every_certificate_under_load_fails_no_turn(drill_mesh: RunningMesh) -> None:
+    certs = drill_mesh.certs_dir
+    leaves = sorted(p for p in certs.glob("*.pem") if p.name not in ("ca.pem", "ca-cert.pem"))
+    before = {p.name: p.read_bytes() for p in [*leaves, certs / "ca.pem"]}
+    report = drill(drill_mesh, "--kind", "cert-rotation", "--rotations", "2", "--rotate-every-s", "2")
+    assert_clean(report)
+    assert (report["kind"], report["mode"]) == ("cert-rotation", "rotate")
+    assert report["turns_failed_clearly"] == 0, report["errors"]
+    assert report["tokens_lost"] == 0 and report["usage_records_lost"] == 0
+    assert report["cert_rotations"] == 2 and report["certificates_rotated"] == 2 * len(leaves)
+    # The global plane, four regions and four pods, each asked on a new connection after each round.
+    assert report["servers_checked"] == 9
+    assert report["servers_presenting_new_cert"] == 9, report["servers_not_presenting_new_cert"]
+    assert report["passed"] is True
+    # Every leaf was re-issued by the same CA, which stays the one the planes trust.
+    assert all(before[p.name] != p.read_bytes() for p in leaves)
+    assert (certs / "ca.pem").read_bytes() == before["ca.pem"]
+    # New connections with the rotated admin certificate are served; plaintext ones are not.
+    address, name = str(drill_mesh.info["global_address"]), role_name(Role.GLOBAL)
+    listed = asyncio.run(_regions_listed(lambda: drill_mesh.channel(address, name)))
+    assert listed == set(drill_mesh.zone_of())
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        asyncio.run(_regions_listed(lambda: open_channel(address)))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_drill_refuses_what_the_mesh_cannot_do(drill_mesh: RunningMesh, tmp_path: Path) -> None:
     env = {**os.environ, "LLMMESH_HOME": str(drill_mesh.home)}
-    for flags, message in (
-        (["--kind", "redis"], "this mesh runs no Redis of its own"),
+    # The admin certificate without the CA that issued it: nothing to rotate with.
+    for name in ("admin.pem", "admin.key", "ca.pem"):
+        shutil.copy(drill_mesh.certs_dir / name, tmp_path / name)
+    refusals = [
         (["--region", "mars-north"], "geo-routing knows no region 'mars-north'"),
-    ):
+        (["--kind", "cert-rotation", "--certs-dir", str(tmp_path)], f"{tmp_path} holds no mesh CA"),
+    ]
+    if "redis_url" not in drill_mesh.info:
+        refusals.append((["--kind", "redis"], "this mesh runs no Redis of its own"))
+    for flags, message in refusals:
         result = subprocess.run(
             [sys.executable, "-m", "llmmesh", "drill", "failover", "--json", *flags],
             env=env,
