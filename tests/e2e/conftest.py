@@ -134,6 +134,10 @@ def served_requests(store_url: str) -> dict[str, set[str]]:
     return served
 
 
+NO_TENANT_ROWS: dict[str, list[dict[str, object]]] = {table.name: [] for table in schema.ZONE_TABLES}
+"""What :func:`tenant_rows` finds of a tenant a zone store never saw."""
+
+
 def tenant_rows(store_url: str, tenant_id: str) -> dict[str, list[dict[str, object]]]:
     """Every row of ``tenant_id`` in a zone store, by table."""
     engine = create_store_engine(store_url)

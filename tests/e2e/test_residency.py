@@ -19,13 +19,20 @@ import pytest
 import sqlalchemy as sa
 
 from llmmesh.sqlstore import create_store_engine
-from tests.e2e.conftest import RunningMesh, pod_counters, served_requests, start_up, stop_up, tenant_rows
+from tests.e2e.conftest import (
+    NO_TENANT_ROWS,
+    RunningMesh,
+    pod_counters,
+    served_requests,
+    start_up,
+    stop_up,
+    tenant_rows,
+)
 
 pytestmark = pytest.mark.e2e
 
 POLL_S = 0.1
 WAIT_S = 30.0
-EMPTY: dict[str, list[dict[str, object]]] = {"conversations": [], "messages": [], "usage_outbox": []}
 
 
 def auth(key: str) -> dict[str, str]:
@@ -95,7 +102,7 @@ def test_eu_stateless_turns_run_only_in_eu_regions(mesh: RunningMesh) -> None:
     assert set(served) <= eu_regions
     # The us zone saw none of it: no turn in its log, no prompt at its pods.
     assert us_footprint(mesh) == before
-    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == EMPTY
+    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == NO_TENANT_ROWS
     # Billing (global metadata only) heard of each turn from the eu region that ran it.
     deadline = time.monotonic() + WAIT_S
     for _ in range(int(WAIT_S / POLL_S)):
@@ -139,7 +146,7 @@ def test_eu_conversation_is_processed_and_stored_only_in_eu(mesh: RunningMesh) -
         assert request_id in served.get(resp.headers["x-llmmesh-region"], set())
 
     # Not a row of it in the us store, and the us zone processed nothing.
-    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == EMPTY
+    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == NO_TENANT_ROWS
     engine = create_store_engine(mesh.store_url("us"))
     try:
         with engine.connect() as conn:
@@ -218,7 +225,7 @@ def test_no_serving_eu_region_is_a_403_that_never_reaches_us(small_mesh: Running
 
     # Nothing of it reached us: not its store, not its pods.
     assert us_footprint(mesh) == before
-    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == EMPTY
+    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == NO_TENANT_ROWS
     # The us zone still serves, and llmmesh up reported the exits and goes on.
     us = httpx.post(
         f"{mesh.edge_url}/v1/chat/completions",

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.e2e.conftest import (
+    NO_TENANT_ROWS,
     RunningMesh,
     child_pids,
     pid_alive,
@@ -187,9 +188,7 @@ def test_a_config_on_postgresql_stores_and_redis(
         eu_id = eu.json()["id"]
         assert served_requests(zone_schemas["eu"]) == {"eu-west": {eu_id}}
         assert served_requests(zone_schemas["us"]) == {}
-        assert tenant_rows(zone_schemas["us"], running.tenant_id("eu")) == {
-            "conversations": [], "messages": [], "usage_outbox": []
-        }  # fmt: skip
+        assert tenant_rows(zone_schemas["us"], running.tenant_id("eu")) == NO_TENANT_ROWS
         us = chat(running, running.api_key, stream=True)
         assert us.status_code == 200 and us.text.rstrip().endswith("data: [DONE]")
         assert us.headers["x-llmmesh-region"] == "us-east"
