@@ -4,12 +4,15 @@ turns and stalls, residency, routing times and the verdict."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc.aio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmmesh.cli.certs import ensure_mesh_certs
+from llmmesh.client import MeshTls
 from llmmesh.drill.plan import DrillPlan
 from llmmesh.drill.report import (
     Timeline,
@@ -24,11 +27,12 @@ from llmmesh.drill.report import (
 )
 from llmmesh.drill.rotation import RotationTally
 from llmmesh.drill.routing_watch import RoutingSample, RoutingWatch
-from llmmesh.drill.setup import DrillSetup, tls_servers
+from llmmesh.drill.setup import DrillInputError, DrillSetup, tls_servers
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
 from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TenantKey
 from llmmesh.drill.usage import UsageCheck
-from llmmesh.mtls import MeshSecurity
+from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.mtls import MeshSecurity, holder_security
 
 ZONES = {"us-east": "us", "us-west": "us", "eu-west": "eu"}
 TIMELINE = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0)
@@ -274,3 +278,31 @@ async def test_an_unnamed_region_is_the_one_running_most_turns_at_the_disruption
     named = DrillSetup(DrillPlan(kind="region", region="us-east"), target, (key,), ZONES, "us-east")
     assert await named.choose_region(in_flight) == "us-east"
     assert await DrillSetup(DrillPlan(kind="redis"), target, (key,), ZONES).choose_region(in_flight) == ""
+
+
+def test_a_rotation_needs_certificates_and_the_ca_that_issues_them(tmp_path: Path) -> None:
+    key = TenantKey("sk", "tenant", "us")
+    plaintext = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", MeshSecurity.insecure())
+    with pytest.raises(DrillInputError, match="plaintext"):
+        DrillSetup(ROTATION, plaintext, (key,), ZONES, rotate=lambda _: []).disruption_for("")
+    issuer = tmp_path / "issuer"
+    ensure_mesh_certs(issuer, [PlaneIdentity(Role.ADMIN, "admin")])
+    held = tmp_path / "held"
+    held.mkdir()
+    for name in ("admin.pem", "admin.key", "ca.pem"):
+        (held / name).write_bytes((issuer / name).read_bytes())
+
+    def target(directory: Path) -> MeshTarget:
+        security = holder_security("admin", directory=directory)
+        tls = MeshTls(certs_dir=directory)
+        return MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", security, tls)
+
+    with pytest.raises(DrillInputError, match=f"{held} holds no mesh CA"):
+        DrillSetup(ROTATION, target(held), (key,), ZONES, rotate=lambda _: []).disruption_for("")
+    commanded = DrillSetup(
+        ROTATION, target(issuer), (key,), ZONES, "", "kubectl delete pod x", rotate=lambda _: []
+    )
+    with pytest.raises(DrillInputError, match="drop --disrupt-command"):
+        commanded.disruption_for("")
+    ready = DrillSetup(ROTATION, target(issuer), (key,), ZONES, rotate=lambda _: [])
+    assert ready.disruption_for("").description.startswith(f"every certificate in {issuer}, 2 times")
