@@ -28,6 +28,7 @@ def usage_record_from_proto(record: bpb.UsageRecord) -> UsageRecord:
         output_tokens=record.usage.output_tokens,
         cached_input_tokens=record.usage.cached_input_tokens,
         end_time=datetime_of(record.end_time) if record.HasField("end_time") else None,
+        continues_request_id=record.continues_request_id,
     )
 
 
@@ -81,5 +82,5 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
         self, request: bpb.ReconcileUsageRequest, context: ServicerContext
     ) -> bpb.ReconcileUsageResponse:
         async with abort_on_mesh_error(context):
-            missing = await self._ledger.reconcile(request.request_ids)
+            missing = await self._ledger.reconcile(request.request_ids, request.tenant_id)
             return bpb.ReconcileUsageResponse(missing_request_ids=missing)

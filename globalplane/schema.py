@@ -74,9 +74,10 @@ model_prices = sa.Table(
 usage_records = sa.Table(
     "usage_records",
     metadata,
-    # The primary key is what makes ingestion idempotent.
+    # The primary key is what makes ingestion idempotent; tenants choose
+    # their own request ids, so one tenant's id never hides another's turn.
     sa.Column("request_id", sa.String(128), primary_key=True),
-    sa.Column("tenant_id", sa.String(64), sa.ForeignKey("tenants.id"), nullable=False),
+    sa.Column("tenant_id", sa.String(64), sa.ForeignKey("tenants.id"), primary_key=True),
     sa.Column("model", sa.String(128), nullable=False),
     sa.Column("region", sa.String(64), nullable=False),
     sa.Column("period", sa.String(7), nullable=False),
@@ -86,7 +87,10 @@ usage_records = sa.Table(
     sa.Column("cost_usd", ExactDecimal, nullable=False),
     sa.Column("end_time", UtcDateTime, nullable=True),
     sa.Column("ingest_time", UtcDateTime, nullable=False),
+    # The turn a continuation's tokens belong to (that turn counts the request).
+    sa.Column("continues_request_id", sa.String(128), nullable=True),
     sa.Index("ix_usage_records_tenant_period", "tenant_id", "period"),
+    sa.Index("ix_usage_records_request_id", "request_id"),
 )
 
 usage_totals = sa.Table(

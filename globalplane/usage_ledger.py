@@ -1,10 +1,11 @@
 """The usage ledger: idempotent ingestion of metered turns, exact costs, monthly totals.
 
-Backed by the global store. Holds token counts and costs keyed by request
-id; never prompt or output text. A batch is ingested in one transaction that
-inserts the new records (the request id primary key makes a repeat a no-op,
-whichever process or coroutine delivers it) and adds them to the monthly
-totals.
+Backed by the global store. Holds token counts and costs keyed by tenant
+and request id; never prompt or output text. A batch is ingested in one
+transaction that inserts the new records (the (request id, tenant) primary
+key makes a repeat a no-op, whichever process or coroutine delivers it, and
+keeps one tenant's ids from hiding another's turns) and adds them to the
+monthly totals.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class UsageRecord:
     cached_input_tokens: int = 0
     end_time: datetime | None = None
     """When the turn ended (aware); ``None`` means when it is ingested."""
+    continues_request_id: str = ""
+    """The failed-over turn whose request this record's tokens belong to; it is not a request of its own."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class UsageLedger:
         now = self._clock()
 
         def ingest(conn: Connection) -> IngestOutcome:
-            rows: dict[str, dict[str, Any]] = {}
+            rows: dict[tuple[str, str], dict[str, Any]] = {}
             tenant_ids: dict[str, str] = {}
             models: dict[str, Model] = {}
             for record in records:
@@ -132,10 +135,8 @@ class UsageLedger:
                 if record.model not in models:
                     models[record.model] = find_model(conn, record.model)
                 row = _usage_row(record, tenant_ids[record.tenant_id], models[record.model], now)
-                rows.setdefault(record.request_id, row)
-            inserted = [
-                rows[rid] for (rid,) in insert_new_rows(conn, schema.usage_records, list(rows.values()))
-            ]
+                rows.setdefault((record.request_id, row["tenant_id"]), row)
+            inserted = [rows[key] for key in insert_new_rows(conn, schema.usage_records, list(rows.values()))]
             _add_to_totals(conn, inserted)
             return IngestOutcome(len(inserted), len(records) - len(inserted))
 
@@ -153,8 +154,9 @@ class UsageLedger:
 
         return await self._store.transaction(read)
 
-    async def reconcile(self, request_ids: Iterable[str]) -> list[str]:
-        """The ids among ``request_ids`` never ingested, in order, each once."""
+    async def reconcile(self, request_ids: Iterable[str], tenant_id: str = "") -> list[str]:
+        """The ids among ``request_ids`` never ingested (for ``tenant_id``,
+        when given; for any tenant otherwise), in order, each once."""
         wanted = list(dict.fromkeys(request_ids))
 
         def known(conn: Connection) -> set[str]:
@@ -162,9 +164,10 @@ class UsageLedger:
             found: set[str] = set()
             for start in range(0, len(wanted), _RECONCILE_CHUNK):
                 chunk = wanted[start : start + _RECONCILE_CHUNK]
-                found.update(
-                    conn.execute(sa.select(r.c.request_id).where(r.c.request_id.in_(chunk))).scalars()
-                )
+                query = sa.select(r.c.request_id).where(r.c.request_id.in_(chunk))
+                if tenant_id:
+                    query = query.where(r.c.tenant_id == find_tenant(conn, tenant_id).id)
+                found.update(conn.execute(query).scalars())
             return found
 
         billed = await self._store.transaction(known)
@@ -199,6 +202,7 @@ def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime)
         "cost_usd": turn_cost(model, record.input_tokens, record.output_tokens),
         "end_time": record.end_time,
         "ingest_time": now,
+        "continues_request_id": record.continues_request_id or None,
     }
 
 
@@ -216,7 +220,10 @@ def _add_to_totals(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     added: dict[tuple[str, str], UsageTotals] = {}
     for row in rows:
         key = (row["tenant_id"], row["period"])
-        turn = UsageTotals(row["period"], row["input_tokens"], row["output_tokens"], row["cost_usd"], 1)
+        requests = 0 if row["continues_request_id"] else 1
+        turn = UsageTotals(
+            row["period"], row["input_tokens"], row["output_tokens"], row["cost_usd"], requests
+        )
         added[key] = added.get(key, UsageTotals(row["period"])).plus(turn)
     u = schema.usage_totals
     zero = {"input_tokens": 0, "output_tokens": 0, "requests": 0, "cost_usd": Decimal(0)}

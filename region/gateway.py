@@ -42,6 +42,7 @@ import grpc
 import grpc.aio
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from llmmesh.access import require_caller
 from llmmesh.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -51,6 +52,7 @@ from llmmesh.errors import (
     Unavailable,
     from_stream_error,
 )
+from llmmesh.identity import Role as PlaneRole
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.pricing import format_usd
@@ -627,7 +629,7 @@ class ChatGateway:
         reason = meter.reason or common_pb2.FINISH_REASON_CANCELLED
         whole = meter.usage()
 
-        def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
+        def encode(request_id: str, input_tokens: int, output_tokens: int, continues: str = "") -> bytes:
             # The region that records a row ships it, and billing takes a
             # region's records only in its own name: a continued turn's
             # original row, written here, is this region's too.
@@ -643,6 +645,7 @@ class ChatGateway:
                 ),
                 finish_reason=reason,
                 end_time=self._now(),
+                continues_request_id=continues,
             ).SerializeToString()
 
         assistant = AssistantMessage(
@@ -699,3 +702,5 @@ def require_continuation_allowed(start: chat_service_pb2.ChatStart, allow_contin
             "this caller may not continue a turn",
             metadata={"param": "continuation"},
         )
+    # On a secured region, only the edge's certificate vouches for what a client received.
+    require_caller((PlaneRole.EDGE,), "continue a failed-over turn")

@@ -33,8 +33,11 @@ class UsageRecord(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    CONTINUES_REQUEST_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """The turn's request id; the idempotency key."""
+    """The turn's request id; with the tenant, the idempotency key (tenants'
+    request ids never collide).
+    """
     tenant_id: _builtins.str
     """The tenant billed."""
     model: _builtins.str
@@ -43,6 +46,11 @@ class UsageRecord(_message.Message):
     """The region that ran it."""
     finish_reason: _common_pb2.FinishReason.ValueType
     """How the turn ended."""
+    continues_request_id: _builtins.str
+    """Set when this record is what a continuation added to a failed-over turn
+    whose own record (under this id) billing has or will have: its tokens
+    are billed, and the turn still counts as one request.
+    """
     @_builtins.property
     def usage(self) -> _common_pb2.TokenUsage:
         """Token counts."""
@@ -61,10 +69,11 @@ class UsageRecord(_message.Message):
         usage: _common_pb2.TokenUsage | None = ...,
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        continues_request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "finish_reason", b"finish_reason", "model", b"model", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues_request_id", b"continues_request_id", "end_time", b"end_time", "finish_reason", b"finish_reason", "model", b"model", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -192,8 +201,11 @@ class ReconcileUsageRequest(_message.Message):
 
     REGION_FIELD_NUMBER: _builtins.int
     REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
     region: _builtins.str
     """The region asking."""
+    tenant_id: _builtins.str
+    """Only records of this tenant count as received; empty: any tenant's."""
     @_builtins.property
     def request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Request ids the region has shipped."""
@@ -203,10 +215,11 @@ class ReconcileUsageRequest(_message.Message):
         *,
         region: _builtins.str = ...,
         request_ids: _abc.Iterable[_builtins.str] | None = ...,
+        tenant_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "request_ids", b"request_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region", "request_ids", b"request_ids", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

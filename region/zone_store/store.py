@@ -65,8 +65,9 @@ from region.zone_store.turn_starts import accept_turn, duplicate_request, mark_s
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
-UsageEncoder = Callable[[str, int, int], bytes]
-"""Serializes the ``UsageRecord`` of (request id, input tokens, output tokens) for the outbox."""
+UsageEncoder = Callable[[str, int, int, str], bytes]
+"""Serializes the ``UsageRecord`` of (request id, input tokens, output tokens, the
+request id of the failed-over turn it continues or "") for the outbox."""
 
 _C = schema.conversations
 _M = schema.messages
@@ -386,12 +387,12 @@ class ZoneStore(SqlStore):
         original = continued.request_id
         now = self._clock()
 
-        def row(rid: str, input_tokens: int, output: int) -> dict[str, Any]:
+        def row(rid: str, input_tokens: int, output: int, continues: str = "") -> dict[str, Any]:
             return {
                 "request_id": rid,
                 "tenant_id": tenant_id,
                 "home_region": self.region,
-                "usage": encode_usage(rid, input_tokens, output),
+                "usage": encode_usage(rid, input_tokens, output, continues),
                 "tokens": input_tokens + output,
                 "created_at": now,
                 "attempts": 0,
@@ -414,7 +415,8 @@ class ZoneStore(SqlStore):
                 # What the turn's rows so far leave of the output delivered until now.
                 whole = continued.input_tokens + delivered
                 share = max(0, whole - turn_tokens(conn, tenant_id, original, request_id))
-                mine = row(request_id, 0, share)
+                # Billed as tokens of the original's request, not a request of its own.
+                mine = row(request_id, 0, share, original)
             if not insert_new_rows(conn, _O, [mine]):
                 raise duplicate_request(request_id)
             if conversation_id is None:

@@ -33,7 +33,7 @@ ALLOWED_COLUMNS: dict[str, set[str]] = {
     "model_prices": {"model", "revision", "input_per_1k_usd", "output_per_1k_usd", "effective_time"},
     "usage_records": {
         "request_id", "tenant_id", "model", "region", "period", "input_tokens", "output_tokens",
-        "cached_input_tokens", "cost_usd", "end_time", "ingest_time",
+        "cached_input_tokens", "cost_usd", "end_time", "ingest_time", "continues_request_id",
     },
     "usage_totals": {"tenant_id", "period", "input_tokens", "output_tokens", "requests", "cost_usd"},
     # Admin requests only (tenants, keys, models): no RPC that carries a turn is audited.
@@ -56,7 +56,7 @@ def test_cockroachdb_ddl_is_exact_and_keyed_for_idempotency() -> None:
     usage = _ddl(schema.usage_records)
     assert usage.startswith("CREATE TABLE usage_records (")
     assert "request_id VARCHAR(128) NOT NULL" in usage
-    assert "PRIMARY KEY (request_id)" in usage
+    assert "PRIMARY KEY (request_id, tenant_id)" in usage
     assert "cost_usd NUMERIC NOT NULL" in usage
     assert "FOREIGN KEY(tenant_id) REFERENCES tenants (id)" in usage
     prices = _ddl(schema.model_prices)
@@ -80,7 +80,7 @@ def test_decimals_are_numeric_on_servers_and_strings_on_sqlite() -> None:
 def test_ingestion_insert_compiles_to_on_conflict_do_nothing_for_cockroachdb() -> None:
     stmt = (
         postgresql.insert(schema.usage_records)
-        .values(request_id="r")
+        .values(request_id="r", tenant_id="t")
         .on_conflict_do_nothing()
         .returning(schema.usage_records.c.request_id)
     )

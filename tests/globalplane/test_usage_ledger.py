@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -130,3 +131,31 @@ async def test_reconcile_names_what_never_arrived(tenants: TenantBook, ledger: U
     tid = await _tenant_id(tenants)
     await ledger.record([_record(tid, "r1"), _record(tid, "r3")])
     assert await ledger.reconcile(["r1", "r2", "r3", "r4", "r2"]) == ["r2", "r4"]
+
+
+@pytest.mark.asyncio
+async def test_a_continuations_tokens_are_billed_without_a_second_request(
+    tenants: TenantBook, ledger: UsageLedger
+) -> None:
+    """A failed-over turn is one request, whichever regions ship parts of it."""
+    tid = await _tenant_id(tenants)
+    original = _record(tid, "req-turn", 10, 4)
+    continued = dataclasses.replace(
+        original, request_id="req-turn-r2", input_tokens=0, output_tokens=6, continues_request_id="req-turn"
+    )
+    await ledger.record([original, continued])
+    totals = await ledger.usage(tid)
+    assert (totals.requests, totals.input_tokens, totals.output_tokens) == (1, 10, 10)
+
+
+@pytest.mark.asyncio
+async def test_one_request_id_of_two_tenants_bills_both(tenants: TenantBook, ledger: UsageLedger) -> None:
+    """Tenants choose their request ids: one tenant's id never hides another's turn."""
+    first = await _tenant_id(tenants)
+    second = (await tenants.create_tenant("globex", "us", TenantTier.PRO)).id
+    outcome = await ledger.record([_record(first, "req-1", 5, 5), _record(second, "req-1", 7, 7)])
+    assert (outcome.accepted, outcome.duplicates) == (2, 0)
+    assert (await ledger.usage(second)).output_tokens == 7
+    again = await ledger.record([_record(second, "req-1", 7, 7)])
+    assert (again.accepted, again.duplicates) == (0, 1)
+    assert await ledger.reconcile(["req-1", "req-2"], second) == ["req-2"]

@@ -40,16 +40,17 @@ USER_TEXT = "Where do rivers go?"
 BEFORE, AFTER = "Rivers run down to", " the sea, mostly."
 
 
-def encoder(region: str) -> Callable[[str, int, int], bytes]:
+def encoder(region: str) -> Callable[[str, int, int, str], bytes]:
     """Usage rows as ``region`` writes them: in its own name, the only one billing takes from it."""
 
-    def encode(request_id: str, input_tokens: int, output_tokens: int) -> bytes:
+    def encode(request_id: str, input_tokens: int, output_tokens: int, continues: str) -> bytes:
         return billing_service_pb2.UsageRecord(
             request_id=request_id,
             tenant_id=T,
             model="m",
             region=region,
             usage=common_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens),
+            continues_request_id=continues,
         ).SerializeToString()
 
     return encode
@@ -104,6 +105,14 @@ def usage_rows(store: ZoneStore) -> dict[str, tuple[str, int, int, str]]:
     return out
 
 
+def continued_of(store: ZoneStore, request_id: str) -> str:
+    """The failed-over turn a usage row says its tokens belong to."""
+    o = zs.usage_outbox
+    with store.engine.connect() as conn:
+        usage = conn.execute(sa.select(o.c.usage).where(o.c.request_id == request_id)).scalar_one()
+    return billing_service_pb2.UsageRecord.FromString(usage).continues_request_id
+
+
 @pytest.mark.parametrize("first", ["failed region", "continuing region"])
 async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
     regions: tuple[ZoneStore, ZoneStore], first: str
@@ -120,7 +129,7 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
             "req-x",
             USER_TEXT,
             partial,
-            encoder("us-east")("req-x", PROMPT, DELIVERED + 1),
+            encoder("us-east")("req-x", PROMPT, DELIVERED + 1, ""),
             tokens=PROMPT + DELIVERED + 1,
         )
         return turn.duplicate
@@ -163,6 +172,9 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
         # What the failed region billed beyond the client's tokens is not billed again.
         assert rows["req-x"] == ("us-east", PROMPT, DELIVERED + 1, "us-east")
         assert rows["req-x-r2"] == ("us-west", 0, REST - 1, "us-west")
+        # Both rows ship; billing counts the continuation's tokens, not a second request.
+        assert continued_of(west, "req-x-r2") == "req-x"
+        assert continued_of(west, "req-x") == ""
     assert await west.tenant_tokens(T, since=conversation.created_at) == PROMPT + DELIVERED + REST
 
     stored = await west.messages(T, conversation.id)

@@ -1,0 +1,62 @@
+"""Bringing a global store made by an earlier version up to the current schema.
+
+``usage_records`` was keyed by request id alone, so one tenant's request id
+could hide another tenant's turn from billing; it is now keyed by (request
+id, tenant) and says which records continue a failed-over turn. An older
+table is converted in place, keeping every record: PostgreSQL (and
+CockroachDB) alter the primary key; SQLite, which cannot, copies the rows
+into a new table in one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from globalplane import schema
+
+log = logging.getLogger(__name__)
+
+_TABLE = schema.usage_records.name
+
+
+def usage_records_outdated(conn: Connection) -> bool:
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(_TABLE):
+        return False
+    key = set(inspector.get_pk_constraint(_TABLE)["constrained_columns"])
+    columns = {c["name"] for c in inspector.get_columns(_TABLE)}
+    return key != {"request_id", "tenant_id"} or "continues_request_id" not in columns
+
+
+def upgrade_usage_records(conn: Connection) -> None:
+    """Convert an older ``usage_records`` table; a current one is left alone."""
+    if not usage_records_outdated(conn):
+        return
+    log.warning("upgrading %s: keyed by (request_id, tenant_id) from now on", _TABLE)
+    if conn.dialect.name == "sqlite":
+        _rebuild(conn)
+        return
+    inspector = sa.inspect(conn)
+    columns = {c["name"] for c in inspector.get_columns(_TABLE)}
+    if "continues_request_id" not in columns:
+        conn.exec_driver_sql(f"ALTER TABLE {_TABLE} ADD COLUMN continues_request_id VARCHAR(128)")
+    name = inspector.get_pk_constraint(_TABLE)["name"]
+    conn.exec_driver_sql(
+        f'ALTER TABLE {_TABLE} DROP CONSTRAINT "{name}", ADD PRIMARY KEY (request_id, tenant_id)'
+    )
+    conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS ix_{_TABLE}_request_id ON {_TABLE} (request_id)")
+
+
+def _rebuild(conn: Connection) -> None:
+    old = f"{_TABLE}_before_upgrade"
+    kept = [c["name"] for c in sa.inspect(conn).get_columns(_TABLE)]
+    for index in sa.inspect(conn).get_indexes(_TABLE):
+        conn.exec_driver_sql(f'DROP INDEX "{index["name"]}"')
+    conn.exec_driver_sql(f'ALTER TABLE {_TABLE} RENAME TO "{old}"')
+    schema.usage_records.create(conn)
+    names = ", ".join(kept)
+    conn.exec_driver_sql(f'INSERT INTO {_TABLE} ({names}) SELECT {names} FROM "{old}"')
+    conn.exec_driver_sql(f'DROP TABLE "{old}"')

@@ -1,0 +1,95 @@
+"""A global store written by an earlier version (usage keyed by request id
+alone) is upgraded in place when the global plane opens it: every record
+kept, and from then on two tenants' turns with one request id both billed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from globalplane import schema
+from globalplane.model_catalog import ModelCatalog, default_model
+from globalplane.settings import GlobalSettings
+from globalplane.store import GlobalStore
+from globalplane.tenant_book import TenantBook
+from globalplane.tiers import TenantTier
+from globalplane.usage_ledger import UsageLedger, UsageRecord
+
+
+def _old_shape() -> sa.MetaData:
+    """``usage_records`` as it was: the request id alone the primary key."""
+    old = sa.MetaData()
+    for table in schema.metadata.sorted_tables:
+        if table.name == "usage_records":
+            columns = [
+                sa.Column(c.name, c.type, primary_key=c.name == "request_id", nullable=c.nullable)
+                for c in table.columns
+                if c.name != "continues_request_id"
+            ]
+            sa.Table(
+                table.name, old, *columns, sa.Index("ix_usage_records_tenant_period", "tenant_id", "period")
+            )
+        else:
+            table.to_metadata(old)
+    return old
+
+
+async def _upgrade_and_bill(url: str) -> None:
+    engine = sa.create_engine(url)
+    _old_shape().create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(schema.tenants).values(
+                id="ten_a",
+                name="a",
+                zone="us",
+                tier="pro",
+                rpm_limit=0,
+                tpm_limit=0,
+                monthly_token_quota=0,
+                allowed_models=[],
+                create_time=sa.func.now(),
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO usage_records (request_id, tenant_id, model, region, period, input_tokens,"
+                " output_tokens, cached_input_tokens, cost_usd, ingest_time)"
+                " VALUES ('req-1', 'ten_a', 'llmmesh-tiny', 'us-east', '2026-11', 3, 4, 0, '0.001',"
+                " CURRENT_TIMESTAMP)"
+            )
+        )
+    engine.dispose()
+    store = await GlobalStore.open(url)
+    try:
+        inspector = sa.inspect(store.engine)
+        assert set(inspector.get_pk_constraint("usage_records")["constrained_columns"]) == {
+            "request_id",
+            "tenant_id",
+        }
+        with store.engine.connect() as conn:
+            kept = conn.execute(
+                sa.text("SELECT request_id, tenant_id, output_tokens FROM usage_records")
+            ).all()
+        assert [tuple(r) for r in kept] == [("req-1", "ten_a", 4)]
+        await ModelCatalog(store, lambda model: []).add_missing([default_model(GlobalSettings())])
+        other = await TenantBook(store).create_tenant("b", "eu", TenantTier.PRO)
+        ledger = UsageLedger(store)
+        outcome = await ledger.record([UsageRecord("req-1", other.id, "llmmesh-tiny", "eu-west", 5, 6)])
+        assert outcome.accepted == 1
+        assert (await ledger.usage(other.id, "")).output_tokens == 6
+        assert await ledger.reconcile(["req-1"], other.id) == []
+    finally:
+        store.dispose()
+
+
+def test_a_sqlite_store_is_upgraded(tmp_path: Path) -> None:
+    asyncio.run(_upgrade_and_bill(f"sqlite:///{tmp_path / 'global.db'}"))
+
+
+@pytest.mark.services
+def test_a_postgresql_store_is_upgraded(postgres_schema_url: str) -> None:
+    asyncio.run(_upgrade_and_bill(postgres_schema_url))
