@@ -17,12 +17,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from engine.server import start_engine
-from engine.settings import EngineSettings
-from globalplane.server import start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.certs import CertFiles
-from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.client import (
     CertificateSetupError,
     ChatClient,
@@ -38,10 +32,9 @@ from llmmesh.client import (
     read_mesh_file,
 )
 from llmmesh.errors import NotFound, Unauthenticated, Unavailable
-from llmmesh.identity import PlaneIdentity, Role
 from llmmesh.mtls import MeshSecurity
-from region.server import start_region
-from tests.stack import DEV_KEY, Stack, region_settings, running_stack
+from tests.security.mesh_pki import CLIENT, secure_stack
+from tests.stack import DEV_KEY, Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
 
@@ -325,50 +318,11 @@ class SecureRegion:
     certs: Path
 
 
-HOLDERS = [
-    PlaneIdentity(Role.GLOBAL, "global"),
-    PlaneIdentity(Role.ENGINE, "us-east-pod-0", "us", "us-east"),
-    PlaneIdentity(Role.REGION, "us-east", "us", "us-east"),
-    PlaneIdentity(Role.CLIENT, "client"),
-    PlaneIdentity(Role.ADMIN, "admin"),
-]
-
-
-def tls_settings(files: CertFiles) -> dict[str, str]:
-    return {"tls_cert": str(files.cert), "tls_key": str(files.key), "tls_ca": str(files.ca)}
-
-
 @pytest_asyncio.fixture
 async def secure(tmp_path: Path) -> AsyncIterator[SecureRegion]:
-    certs = ensure_mesh_certs(tmp_path / "certs", HOLDERS)
-    glob_files, pod_files = certs["global"], certs["engine-us-east-pod-0"]
-    glob = await start_global_plane(
-        GlobalSettings(
-            dev_key=DEV_KEY,
-            heartbeat_interval_ms=200,
-            database_url="sqlite://",
-            tls_cert=str(glob_files.cert),
-            tls_key=str(glob_files.key),
-            tls_ca=str(glob_files.ca),
-        )
-    )
-    pod = await start_engine(
-        EngineSettings(
-            pod_id="us-east-pod-0",
-            tls_cert=str(pod_files.cert),
-            tls_key=str(pod_files.key),
-            tls_ca=str(pod_files.ca),
-        )
-    )
-    region = await start_region(
-        region_settings(glob.address, [pod], insecure=False, **tls_settings(certs["region-us-east"]))
-    )
-    try:
-        yield SecureRegion(region.address, tmp_path / "certs")
-    finally:
-        await region.stop(0.5)
-        await pod.stop(0.5)
-        await glob.stop(0.5)
+    async with secure_stack(tmp_path) as stack:
+        stack.pki.files(CLIENT)  # issued into the mesh's certificate directory
+        yield SecureRegion(stack.region.address, stack.pki.ca.directory)
 
 
 async def test_the_client_presents_its_certificate_to_an_mtls_region(secure: SecureRegion) -> None:
@@ -391,7 +345,10 @@ async def test_the_default_is_the_client_certificate_of_llmmesh_home(
     monkeypatch.setenv("LLMMESH_HOME", str(tmp_path / "bare"))
     with pytest.raises(CertificateSetupError, match="`llmmesh certs issue client`, or pass --insecure"):
         ChatClient(secure.address, DEV_KEY)
-    monkeypatch.setenv("LLMMESH_HOME", str(secure.certs.parent))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "certs").symlink_to(secure.certs)
+    monkeypatch.setenv("LLMMESH_HOME", str(home))
     async with ChatClient(secure.address, DEV_KEY) as chat:
         assert isinstance(await chat.list_conversations(), list)
 
