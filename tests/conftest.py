@@ -11,6 +11,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -63,9 +64,9 @@ def redis_url() -> str:
     return REDIS_URL
 
 
-@pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections use a fresh schema of the test database,
+@contextmanager
+def fresh_schema(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a new schema of the test database,
     dropped afterwards, so runs never see each other's rows."""
     schema = f"llmmesh_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(postgres_url)
@@ -77,3 +78,10 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
         with admin.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """:func:`fresh_schema` for one test."""
+    with fresh_schema(postgres_url) as url:
+        yield url

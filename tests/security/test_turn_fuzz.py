@@ -8,15 +8,12 @@ or none; models, roles and sampling are out of range."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
 import grpc.aio
 import pytest
-import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +21,7 @@ from globalplane.tiers import TenantTier
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc, common_pb2
+from tests.conftest import fresh_schema
 from tests.stack import DEV_KEY, Stack, running_stack
 
 OTHER_KEY = "sk-llmmesh-other-tenant"
@@ -135,21 +133,6 @@ async def _on_session(stack: Stack, attempt: Attempt) -> Streamed:
     return Streamed(attempt.key, request_id, tokens, attempt.start.HasField("continuation"))
 
 
-@contextmanager
-def _fresh_schema(base_url: str) -> Iterator[str]:
-    """A URL of ``base_url`` whose connections use a new schema, dropped afterwards."""
-    name = f"llmmesh_fuzz_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base_url)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{name}"')
-    try:
-        yield f"{base_url}?options=-csearch_path%3D{name}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{name}" CASCADE')
-        admin.dispose()
-
-
 async def _scenario(attempts: Sequence[Attempt], database_url: str, zone_store_url: str) -> None:
     async with running_stack(
         database_url=database_url,
@@ -189,5 +172,5 @@ def test_no_turn_streams_a_token_that_billing_does_not_hold(
     attempts: list[Attempt], postgres_url: str
 ) -> None:
     """On PostgreSQL, whose column lengths are enforced, as in production."""
-    with _fresh_schema(postgres_url) as global_url, _fresh_schema(postgres_url) as zone_url:
+    with fresh_schema(postgres_url) as global_url, fresh_schema(postgres_url) as zone_url:
         asyncio.run(_scenario(attempts, global_url, zone_url))
