@@ -23,9 +23,10 @@ region records first.
 
 Request ids and continuations are checked before any engine work: after
 admission, the turn is accepted in the zone store (:meth:`ChatGateway._accept`),
-which takes its request id once across the zone's tenants and accepts a
-continuation only of a turn the zone started for the same tenant and model,
-once. The turn's first event waits until the store marks it started: a turn
+which takes its request id once for its tenant (request ids are each
+tenant's own: another tenant's turn under the same id is a turn of its own)
+and accepts a continuation only of a turn the zone started for the same
+tenant and model, once. The turn's first event waits until the store marks it started: a turn
 whose id another acceptance took over meanwhile (a retry of a turn that had
 streamed nothing) stops before any output.
 """
@@ -363,7 +364,7 @@ class ChatGateway:
         start: chat_service_pb2.ChatStart,
     ) -> tuple[str, AcceptedTurn]:
         """The gate every turn passes before any engine work: the zone store
-        takes its request id (once across the zone's tenants) and, for a
+        takes its request id (once per tenant: ids are each tenant's own) and, for a
         continuation (from a caller :func:`require_continuation_allowed`
         let through), vouches for the turn it continues: started by this
         tenant, with this model, not continued before, and carrying no more
@@ -399,7 +400,7 @@ class ChatGateway:
         when another acceptance took its request id over meanwhile."""
         request_id = turn.prepared.request_id
         try:
-            held = await self._store.mark_started(request_id, turn.holder)
+            held = await self._store.mark_started(turn.caller.tenant_id, request_id, turn.holder)
         except Exception as err:
             log.exception("turn %s: the zone store could not mark it started", request_id)
             raise Unavailable(
@@ -450,12 +451,13 @@ class ChatGateway:
         generation: SessionGeneration | None = None
         forward: asyncio.Task[None] | None = None
         produced = False
+        engine_request_id = generation_id(prepared.request_id, turn.holder)
         try:
             generation = await pod.session.start(
-                prepared.request_id,
+                engine_request_id,
                 engine_service_pb2.GenerateSessionRequest(
                     start=engine_service_pb2.GenerateStart(
-                        request_id=prepared.request_id,
+                        request_id=engine_request_id,
                         model=prepared.model.name,
                         # The prompt as the router tokenized it (a pod's own
                         # tokens), so the pod does not render it again.
@@ -687,6 +689,13 @@ class ChatGateway:
             return ""
         self._shipper.notify()
         return next((m.id for m in record.messages if m.role == Role.ASSISTANT), "")
+
+
+def generation_id(request_id: str, holder: str) -> str:
+    """The id of a turn's generation on a pod. Request ids are each tenant's
+    own, so two tenants' turns of one id may run on one pod at once; this
+    acceptance's holder (a fixed-length random token) tells them apart."""
+    return f"{request_id}.{holder}"
 
 
 def require_continuation_allowed(start: chat_service_pb2.ChatStart, allow_continuation: bool) -> None:

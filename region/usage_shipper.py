@@ -5,8 +5,10 @@ Rows are written in the same transaction as the turn they meter
 recorded or recorded without being billed, and a region restart loses
 nothing: the next shipper finds every unshipped row. A row is marked shipped
 only after ``RecordUsage`` succeeded; if the region dies in between, the row
-is sent again and billing, which ingests idempotently by request id, counts
-it as a duplicate. While the global plane is down the shipper backs off
+is sent again and billing, which ingests idempotently by tenant and request
+id, counts it as a duplicate. Rows are told apart the same way: two
+tenants' turns may share a request id, and each is billed and marked
+shipped on its own. While the global plane is down the shipper backs off
 exponentially.
 
 Shipments are batched: a turn's row does not ship on its own the moment it
@@ -35,7 +37,7 @@ import grpc.aio
 
 from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
-from region.zone_store import ZoneStore
+from region.zone_store import PendingUsage, ZoneStore
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ class UsageShipper:
                 await self._delivered(rows)
                 return Shipment.SHIPPED
             if code not in _REJECTED or len(rows) == 1:
-                await self._store.note_attempt([request_id for request_id, _ in rows])
+                await self._store.note_attempt([row.key for row in rows])
                 return Shipment.FAILED
             # Find the record billing refuses without holding back the rest.
             failed = False
@@ -133,7 +135,7 @@ class UsageShipper:
                     await self._delivered([row])
                 else:
                     failed = True
-                    await self._store.note_attempt([row[0]])
+                    await self._store.note_attempt([row.key])
             return Shipment.FAILED if failed else Shipment.SHIPPED
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
@@ -155,9 +157,9 @@ class UsageShipper:
         if not await self.flush(drain_timeout_s):
             log.warning("usage rows are still pending at shutdown; they ship when the region is back")
 
-    async def _send(self, rows: Sequence[tuple[str, bytes]]) -> grpc.StatusCode | None:
+    async def _send(self, rows: Sequence[PendingUsage]) -> grpc.StatusCode | None:
         """None when billing took every record; otherwise the failure's code."""
-        records = [billing_service_pb2.UsageRecord.FromString(usage) for _, usage in rows]
+        records = [billing_service_pb2.UsageRecord.FromString(row.usage) for row in rows]
         try:
             await self._billing.RecordUsage(
                 billing_service_pb2.RecordUsageRequest(records=records), timeout=self._rpc_timeout_s
@@ -168,8 +170,8 @@ class UsageShipper:
             return code
         return None
 
-    async def _delivered(self, rows: Sequence[tuple[str, bytes]]) -> None:
-        await self._store.mark_shipped([request_id for request_id, _ in rows])
+    async def _delivered(self, rows: Sequence[PendingUsage]) -> None:
+        await self._store.mark_shipped([row.key for row in rows])
         self.delivered += len(rows)
 
     async def _run(self) -> None:

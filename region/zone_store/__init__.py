@@ -6,9 +6,11 @@ from region.zone_store.rows import (
     ConversationPage,
     ConversationRow,
     MessageRow,
+    PendingUsage,
     Role,
     TurnRecord,
     TurnStart,
+    UsageKey,
 )
 from region.zone_store.store import ZoneStore
 
@@ -18,8 +20,10 @@ __all__ = [
     "ConversationPage",
     "ConversationRow",
     "MessageRow",
+    "PendingUsage",
     "Role",
     "TurnRecord",
     "TurnStart",
+    "UsageKey",
     "ZoneStore",
 ]

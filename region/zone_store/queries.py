@@ -92,9 +92,12 @@ def touch(conn: Connection, conversation_id: str, now: datetime) -> None:
     conn.execute(sa.update(_C).where(_C.c.id == conversation_id).values(updated_at=now))
 
 
-def message_of_request(conn: Connection, request_id: str, role: Role) -> MessageRow | None:
-    """The message of ``role`` a request wrote, in whatever conversation (unique per request and role)."""
-    query = sa.select(_M).where(_M.c.request_id == request_id, _M.c.role == str(role))
+def message_of_request(conn: Connection, tenant_id: str, request_id: str, role: Role) -> MessageRow | None:
+    """The message of ``role`` the tenant's request wrote, in whatever
+    conversation (unique per tenant, request and role)."""
+    query = sa.select(_M).where(
+        _M.c.tenant_id == tenant_id, _M.c.request_id == request_id, _M.c.role == str(role)
+    )
     row = conn.execute(query).first()
     return None if row is None else message_of(row)
 
@@ -103,7 +106,7 @@ def messages_of_request(conn: Connection, tenant_id: str, request_id: str) -> tu
     """Every message the tenant's request wrote, in order."""
     query = (
         sa.select(_M)
-        .where(_M.c.request_id == request_id, _M.c.tenant_id == tenant_id)
+        .where(_M.c.tenant_id == tenant_id, _M.c.request_id == request_id)
         .order_by(_M.c.conversation_id, _M.c.seq)
     )
     return tuple(message_of(row) for row in conn.execute(query))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Role(StrEnum):
@@ -134,3 +135,22 @@ class AcceptedTurn:
     key's limits (0 for a turn of its own)."""
 
     counted_prompt_tokens: int = 0
+
+
+class UsageKey(NamedTuple):
+    """A usage row's key: request ids are a namespace per tenant."""
+
+    tenant_id: str
+    request_id: str
+
+
+class PendingUsage(NamedTuple):
+    """A usage row not shipped to billing yet: its key and its serialized ``UsageRecord``."""
+
+    tenant_id: str
+    request_id: str
+    usage: bytes
+
+    @property
+    def key(self) -> UsageKey:
+        return UsageKey(self.tenant_id, self.request_id)

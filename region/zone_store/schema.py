@@ -44,7 +44,8 @@ messages = sa.Table(
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("role", sa.String(16), nullable=False),
     sa.Column("content", sa.Text, nullable=False),
-    # The turn that wrote it; one message per role and request id makes a repeated turn a no-op.
+    # The turn that wrote it; one message per role and request id of a
+    # tenant makes a repeated turn a no-op (request ids are per tenant).
     sa.Column("request_id", sa.String(128), nullable=True),
     sa.Column("input_tokens", sa.BigInteger, nullable=False),
     sa.Column("output_tokens", sa.BigInteger, nullable=False),
@@ -54,15 +55,16 @@ messages = sa.Table(
     sa.Column("finish_reason", sa.String(32), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
-    sa.UniqueConstraint("request_id", "role", name="uq_messages_request_role"),
+    sa.UniqueConstraint("tenant_id", "request_id", "role", name="uq_messages_tenant_request_role"),
 )
 
 usage_outbox = sa.Table(
     "usage_outbox",
     metadata,
-    # Billing's idempotency key: a row is recorded once and shipped until billing has it.
+    # Billing's idempotency key, (tenant, request id): a row is recorded
+    # once and shipped until billing has it.
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
     sa.Column("request_id", sa.String(128), primary_key=True),
-    sa.Column("tenant_id", sa.String(64), nullable=False),
     sa.Column("home_region", sa.String(64), nullable=False),
     # A serialized llmmesh.v1.UsageRecord.
     sa.Column("usage", sa.LargeBinary, nullable=False),
@@ -78,10 +80,11 @@ usage_outbox = sa.Table(
 turn_starts = sa.Table(
     "turn_starts",
     metadata,
-    # One row per request id the zone ever accepted, of whichever tenant:
-    # a reused id is refused before any engine work.
+    # One row per request id a tenant ever had accepted in the zone: the
+    # tenant's reuse of an id is refused before any engine work. Each
+    # tenant's ids are its own, so no tenant can take another's.
+    sa.Column("tenant_id", sa.String(64), primary_key=True),
     sa.Column("request_id", sa.String(128), primary_key=True),
-    sa.Column("tenant_id", sa.String(64), nullable=False),
     # The region running the turn now (a takeover moves it).
     sa.Column("home_region", sa.String(64), nullable=False),
     sa.Column("model", sa.String(128), nullable=False),
@@ -93,13 +96,13 @@ turn_starts = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     # Which acceptance holds the row; a takeover changes it.
     sa.Column("holder", sa.String(64), nullable=False),
-    # A continuation: the original turn's request id and the tokens it carried.
+    # A continuation: the original turn's request id (of the same tenant) and the tokens it carried.
     sa.Column("continues", sa.String(128), nullable=True),
     sa.Column("carried_tokens", sa.BigInteger, nullable=False),
     # The attempt that continues this one, if any: a turn's attempts form one chain.
     sa.Column("continued_by", sa.String(128), nullable=True),
     sa.Column("created_at", UtcDateTime, nullable=False),
-    sa.Index("ix_turn_starts_continues", "continues"),
+    sa.Index("ix_turn_starts_tenant_continues", "tenant_id", "continues"),
 )
 
 ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts)

@@ -8,9 +8,10 @@ that another's conversation exists.
 
 A turn is recorded in one transaction (:meth:`ZoneStore.record_turn`): the
 user message, the assistant message and the usage row either all land or
-none does. The usage row's primary key, the request id, is claimed first,
-so a repeated turn (a retry, a replayed stream) changes nothing; concurrent
-turns on one conversation take its row lock and get consecutive ``seq``.
+none does. The usage row's primary key, the tenant and request id, is
+claimed first, so a repeated turn (a retry, a replayed stream) changes
+nothing; concurrent turns on one conversation take its row lock and get
+consecutive ``seq``.
 
 A turn continued in another region of the zone after its region failed
 mid-stream is recorded by :meth:`ZoneStore.record_continuation`, billed once
@@ -18,8 +19,13 @@ whichever region writes first.
 
 Before any engine work, a region records that it accepted a turn
 (:meth:`ZoneStore.accept_turn`, :mod:`region.zone_store.turn_starts`): a
-request id is taken once across the zone's tenants, and a continuation is
+tenant's request id is taken once in the zone, and a continuation is
 accepted only for a turn the zone started for the same tenant.
+
+Request ids are a namespace per tenant throughout: every row keyed by one
+(markers, usage rows, messages) is keyed by tenant and request id, and
+every lookup names the tenant, so one tenant's ids never collide with,
+block or reveal another's.
 """
 
 from __future__ import annotations
@@ -56,10 +62,13 @@ from region.zone_store.rows import (
     ConversationPage,
     ConversationRow,
     MessageRow,
+    PendingUsage,
     Role,
     TurnRecord,
     TurnStart,
+    UsageKey,
 )
+from region.zone_store.schema_upgrade import upgrade_request_keys
 from region.zone_store.turn_starts import accept_turn, duplicate_request, mark_started
 
 log = logging.getLogger(__name__)
@@ -106,9 +115,14 @@ class ZoneStore(SqlStore):
         return store
 
     def create_schema(self) -> None:
-        """Create missing tables, and add the columns a store created by an
-        earlier version lacks (each has a server default)."""
+        """Create missing tables, add the columns a store created by an
+        earlier version lacks (each has a server default), and key its rows
+        by tenant and request id (:mod:`region.zone_store.schema_upgrade`)."""
         self.create_tables(schema.metadata)
+        self._add_missing_columns()
+        self.run_transaction(upgrade_request_keys)
+
+    def _add_missing_columns(self) -> None:
         inspector = sa.inspect(self.engine)
         for table in schema.ZONE_TABLES:
             present = {c["name"] for c in inspector.get_columns(table.name)}
@@ -248,7 +262,7 @@ class ZoneStore(SqlStore):
         def append(conn: Connection) -> MessageRow:
             conversation = self._live(conn, tenant_id, conversation_id, lock=True)
             if request_id is not None:
-                existing = message_of_request(conn, request_id, Role.USER)
+                existing = message_of_request(conn, tenant_id, request_id, Role.USER)
                 if existing is not None:
                     if existing.conversation_id != conversation.id:
                         raise duplicate_request(request_id)
@@ -264,8 +278,9 @@ class ZoneStore(SqlStore):
     async def accept_turn(self, start: TurnStart) -> AcceptedTurn:
         """Record that this region accepted ``start``'s turn, before any
         engine work. ALREADY_EXISTS (``DUPLICATE_REQUEST``) for a request id
-        taken before, unless it is the tenant's own turn that has streamed
-        nothing yet (then this acceptance takes it over); for a continuation
+        the tenant used before, unless its turn has streamed nothing yet
+        (then this acceptance takes it over); another tenant's use of the
+        same id is no concern of this one. For a continuation
         the zone cannot vouch for, NOT_FOUND (``REQUEST_NOT_FOUND``),
         INVALID_ARGUMENT, FAILED_PRECONDITION, or ALREADY_EXISTS when the turn
         was continued before. Written with the other grouped work."""
@@ -274,10 +289,10 @@ class ZoneStore(SqlStore):
         now = self._clock()
         return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now))
 
-    async def mark_started(self, request_id: str, holder: str) -> bool:
-        """Note that the turn accepted as ``holder`` is about to stream; False
-        when another acceptance took its request id over (it must stop)."""
-        return await self.grouped(lambda conn: mark_started(conn, request_id, holder))
+    async def mark_started(self, tenant_id: str, request_id: str, holder: str) -> bool:
+        """Note that the tenant's turn accepted as ``holder`` is about to stream;
+        False when another acceptance took its request id over (it must stop)."""
+        return await self.grouped(lambda conn: mark_started(conn, tenant_id, request_id, holder))
 
     async def record_turn(
         self,
@@ -293,9 +308,9 @@ class ZoneStore(SqlStore):
 
         ``usage`` is the serialized ``UsageRecord`` the shipper sends to
         billing and ``tokens`` its input plus output tokens (for
-        :meth:`tenant_tokens`). A request id recorded before makes this a no-op
-        (``duplicate``); one that another tenant recorded is ALREADY_EXISTS
-        (``DUPLICATE_REQUEST``). Without a conversation, or when the
+        :meth:`tenant_tokens`). A request id the tenant recorded before makes
+        this a no-op (``duplicate``); another tenant's is another turn.
+        Without a conversation, or when the
         conversation is no longer the tenant's live one (deleted while the
         turn ran), only the usage row is written: the tokens were spent,
         and content never lands where the tenant cannot see it. A
@@ -318,9 +333,6 @@ class ZoneStore(SqlStore):
 
         def record(conn: Connection) -> TurnRecord:
             if not insert_new_rows(conn, _O, [usage_row]):
-                owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
-                if owner != tenant_id:
-                    raise duplicate_request(request_id)
                 return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, request_id))
             if conversation_id is None:
                 return TurnRecord(request_id, False, ())
@@ -330,7 +342,7 @@ class ZoneStore(SqlStore):
                 return TurnRecord(request_id, False, ())
             stored: list[MessageRow] = []
             if user_message is not None:
-                existing = message_of_request(conn, request_id, Role.USER)
+                existing = message_of_request(conn, tenant_id, request_id, Role.USER)
                 if existing is None:
                     stored.append(
                         append_message(conn, conversation, Role.USER, user_message, request_id, now)
@@ -379,7 +391,7 @@ class ZoneStore(SqlStore):
         assistant message under the original request id holding ``reply``,
         the whole reply (the original region's partial message, if it wrote
         one, is completed in place). A request id recorded before makes this
-        a no-op (``duplicate``).
+        a no-op (``duplicate``). Every request id here is the tenant's.
         """
         _require_tenant(tenant_id)
         _require_request_id(request_id)
@@ -400,8 +412,8 @@ class ZoneStore(SqlStore):
             }
 
         def record(conn: Connection) -> TurnRecord:
-            if conn.execute(sa.select(_O.c.request_id).where(_O.c.request_id == request_id)).first():
-                return self._recorded_before(conn, tenant_id, request_id, original)
+            if conn.execute(sa.select(_O.c.request_id).where(*_usage_of(tenant_id, request_id))).first():
+                return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, original))
             delivered = continued.output_tokens + output_tokens
             if insert_new_rows(conn, _O, [row(original, continued.input_tokens, delivered)]):
                 # Nothing was recorded for the turn: its original request id
@@ -409,9 +421,6 @@ class ZoneStore(SqlStore):
                 # it from being recorded twice, and has nothing to ship.
                 mine = row(request_id, 0, 0) | {"shipped_at": now}
             else:
-                owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == original)).scalar()
-                if owner != tenant_id:
-                    raise duplicate_request(original)
                 # What the turn's rows so far leave of the output delivered until now.
                 whole = continued.input_tokens + delivered
                 share = max(0, whole - turn_tokens(conn, tenant_id, original, request_id))
@@ -426,14 +435,14 @@ class ZoneStore(SqlStore):
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
             stored: list[MessageRow] = []
-            asked = message_of_request(conn, original, Role.USER)
+            asked = message_of_request(conn, tenant_id, original, Role.USER)
             if asked is not None and asked.conversation_id != conversation.id:
                 raise duplicate_request(original)
             if asked is None and user_message is not None:
                 asked = append_message(conn, conversation, Role.USER, user_message, original, now)
             if asked is not None:
                 stored.append(asked)
-            partial = message_of_request(conn, original, Role.ASSISTANT)
+            partial = message_of_request(conn, tenant_id, original, Role.ASSISTANT)
             if partial is None:
                 stored.append(
                     append_message(conn, conversation, Role.ASSISTANT, reply.content, original, now, reply)
@@ -442,35 +451,29 @@ class ZoneStore(SqlStore):
                 raise duplicate_request(original)
             else:
                 replace_reply(conn, partial.id, reply)
-                stored.append(message_of_request(conn, original, Role.ASSISTANT) or partial)
+                stored.append(message_of_request(conn, tenant_id, original, Role.ASSISTANT) or partial)
             touch(conn, conversation.id, now)
             return TurnRecord(request_id, False, tuple(stored))
 
         return await self.grouped(record)
 
-    @staticmethod
-    def _recorded_before(conn: Connection, tenant_id: str, request_id: str, original: str) -> TurnRecord:
-        owner = conn.execute(sa.select(_O.c.tenant_id).where(_O.c.request_id == request_id)).scalar()
-        if owner != tenant_id:
-            raise duplicate_request(request_id)
-        return TurnRecord(request_id, True, messages_of_request(conn, tenant_id, original))
-
     # ------------------------------------------------------------ usage outbox
 
-    async def pending_usage(self, limit: int = 100) -> list[tuple[str, bytes]]:
-        """Up to ``limit`` unshipped usage rows this region recorded: (request id, serialized record).
+    async def pending_usage(self, limit: int = 100) -> list[PendingUsage]:
+        """Up to ``limit`` unshipped usage rows this region recorded, each
+        with its key (tenant and request id) and serialized record.
 
         Rows that failed fewer times come first, so a record billing keeps
         rejecting does not hold back the others.
         """
         query = (
-            sa.select(_O.c.request_id, _O.c.usage)
+            sa.select(_O.c.tenant_id, _O.c.request_id, _O.c.usage)
             .where(_O.c.shipped_at.is_(None), _O.c.home_region == self.region)
-            .order_by(_O.c.attempts, _O.c.created_at, _O.c.request_id)
+            .order_by(_O.c.attempts, _O.c.created_at, _O.c.tenant_id, _O.c.request_id)
             .limit(limit)
         )
         rows = await self.transaction(lambda conn: conn.execute(query).all())
-        return [(row.request_id, bytes(row.usage)) for row in rows]
+        return [PendingUsage(row.tenant_id, row.request_id, bytes(row.usage)) for row in rows]
 
     async def tenant_tokens(
         self, tenant_id: str, since: datetime, *, shipped_after: datetime | None = None
@@ -493,29 +496,35 @@ class ZoneStore(SqlStore):
         )
         return int(await self.transaction(lambda conn: conn.execute(query).scalar_one()))
 
-    async def mark_shipped(self, request_ids: Sequence[str]) -> int:
-        """Mark rows delivered to billing (call only after it accepted them); how many changed."""
+    async def mark_shipped(self, keys: Sequence[UsageKey]) -> int:
+        """Mark the rows of ``keys`` (tenant, request id) delivered to billing
+        (call only after it accepted them); how many changed."""
         now = self._clock()
-        return await self._update_pending(request_ids, {"shipped_at": now})
+        return await self._update_pending(keys, {"shipped_at": now})
 
-    async def note_attempt(self, request_ids: Sequence[str]) -> None:
-        """Count a failed delivery of the unshipped rows among ``request_ids``."""
-        await self._update_pending(request_ids, {"attempts": _O.c.attempts + 1})
+    async def note_attempt(self, keys: Sequence[UsageKey]) -> None:
+        """Count a failed delivery of the unshipped rows among ``keys``."""
+        await self._update_pending(keys, {"attempts": _O.c.attempts + 1})
 
-    async def _update_pending(self, request_ids: Sequence[str], values: dict[str, Any]) -> int:
-        ids = sorted(set(request_ids))  # one lock order for every caller
+    async def _update_pending(self, keys: Sequence[UsageKey], values: dict[str, Any]) -> int:
+        by_tenant: dict[str, list[str]] = {}
+        # Sorted: one lock order for every caller.
+        for tenant_id, request_id in sorted(set(keys)):
+            by_tenant.setdefault(tenant_id, []).append(request_id)
 
         def update(conn: Connection) -> int:
             changed = 0
-            for start in range(0, len(ids), _ID_CHUNK):
-                chunk = ids[start : start + _ID_CHUNK]
-                result = conn.execute(
-                    sa.update(_O).where(_O.c.request_id.in_(chunk), _O.c.shipped_at.is_(None)).values(values)
-                )
-                changed += result.rowcount
+            for tenant_id, ids in by_tenant.items():
+                for start in range(0, len(ids), _ID_CHUNK):
+                    chunk = ids[start : start + _ID_CHUNK]
+                    pending = sa.and_(
+                        _O.c.tenant_id == tenant_id, _O.c.request_id.in_(chunk), _O.c.shipped_at.is_(None)
+                    )
+                    result = conn.execute(sa.update(_O).where(pending).values(values))
+                    changed += result.rowcount
             return changed
 
-        return await self.transaction(update) if ids else 0
+        return await self.transaction(update) if by_tenant else 0
 
     # ------------------------------------------------------------ helpers
 
@@ -542,6 +551,10 @@ class ZoneStore(SqlStore):
         if found is None:
             raise _not_found(conversation_id)
         return found
+
+
+def _usage_of(tenant_id: str, request_id: str) -> tuple[sa.ColumnElement[bool], ...]:
+    return (_O.c.tenant_id == tenant_id, _O.c.request_id == request_id)
 
 
 def _require_request_id(request_id: str) -> None:

@@ -1,14 +1,17 @@
 """The "started" marker of every turn a zone accepts (``turn_starts``),
-written before any engine work: one per request id across the zone's
-tenants and regions.
+written before any engine work: one per tenant and request id, across the
+zone's regions.
 
-A request id is taken once. Reusing it, while its turn runs or after it
-ended, by its tenant or another, is ALREADY_EXISTS (``DUPLICATE_REQUEST``):
-a reused id never streams a turn that its usage row would not bill. The
-one exception is a turn that streamed nothing yet (state ``accepted``): its
-tenant may take it over, which is how a caller retries a turn whose region
-failed before answering, and the first holder then finds it lost the id
-(:func:`mark_started`) and stops before any output.
+Request ids are a namespace per tenant: another tenant's use of the same
+id is a turn of its own, so no tenant can take, or learn of, ids another
+tenant uses. A tenant's request id is taken once. The tenant reusing it,
+while its turn runs or after it ended, is ALREADY_EXISTS
+(``DUPLICATE_REQUEST``): a reused id never streams a turn that its usage
+row would not bill. The one exception is a turn that streamed nothing yet
+(state ``accepted``): its tenant may take it over, which is how a caller
+retries a turn whose region failed before answering, and the first holder
+then finds it lost the id (:func:`mark_started`) and stops before any
+output.
 
 A continuation is accepted only for a turn the zone started for the same
 tenant and model, once per turn, carrying no more tokens than that turn
@@ -39,8 +42,12 @@ STARTED = "started"
 
 
 def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) -> AcceptedTurn:
-    """Take ``start.request_id`` for ``start``'s turn in region ``region``."""
-    recorded = conn.execute(sa.select(_O.c.request_id).where(_O.c.request_id == start.request_id)).first()
+    """Take ``start.request_id`` of ``start.tenant_id`` for ``start``'s turn in region ``region``."""
+    recorded = conn.execute(
+        sa.select(_O.c.request_id).where(
+            _O.c.tenant_id == start.tenant_id, _O.c.request_id == start.request_id
+        )
+    ).first()
     if recorded is not None:
         raise duplicate_request(start.request_id)
     accepted = AcceptedTurn()
@@ -63,16 +70,21 @@ def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) 
     if not insert_new_rows(conn, _T, [row]):
         _take_over(conn, start, region)
     if start.continues is not None:
-        _link(conn, start.continues, start.request_id)
+        _link(conn, start.tenant_id, start.continues, start.request_id)
     return accepted
 
 
-def mark_started(conn: Connection, request_id: str, holder: str) -> bool:
-    """Note that the turn's first event is about to reach its caller; False
-    when this acceptance no longer holds the id (another took it over)."""
+def mark_started(conn: Connection, tenant_id: str, request_id: str, holder: str) -> bool:
+    """Note that the tenant's turn's first event is about to reach its caller;
+    False when this acceptance no longer holds the id (another took it over)."""
     done = conn.execute(
         sa.update(_T)
-        .where(_T.c.request_id == request_id, _T.c.holder == holder, _T.c.state == ACCEPTED)
+        .where(
+            _T.c.tenant_id == tenant_id,
+            _T.c.request_id == request_id,
+            _T.c.holder == holder,
+            _T.c.state == ACCEPTED,
+        )
         .values(state=STARTED)
     )
     return bool(done.rowcount == 1)
@@ -81,16 +93,18 @@ def mark_started(conn: Connection, request_id: str, holder: str) -> bool:
 def attempts_of(tenant_id: str, original_request_id: str) -> sa.Select[tuple[str]]:
     """The request ids of the continuations accepted for the tenant's turn."""
     return sa.select(_T.c.request_id).where(
-        _T.c.continues == original_request_id, _T.c.tenant_id == tenant_id
+        _T.c.tenant_id == tenant_id, _T.c.continues == original_request_id
     )
 
 
 def _check_continuation(conn: Connection, start: TurnStart) -> AcceptedTurn:
     original_id = start.continues
     assert original_id is not None
-    original = conn.execute(sa.select(_T).where(_T.c.request_id == original_id)).first()
-    # Another tenant's turn is answered as a missing one: nothing to learn from it.
-    if original is None or original.tenant_id != start.tenant_id:
+    # Only the tenant's own turns are looked at: another tenant's id is not this tenant's turn.
+    original = conn.execute(
+        sa.select(_T).where(_T.c.tenant_id == start.tenant_id, _T.c.request_id == original_id)
+    ).first()
+    if original is None:
         raise NotFound(
             Reason.REQUEST_NOT_FOUND,
             f"no turn {original_id!r} of this tenant to continue",
@@ -129,8 +143,8 @@ def _take_over(conn: Connection, start: TurnStart, region: str) -> None:
     taken = conn.execute(
         sa.update(_T)
         .where(
-            _T.c.request_id == start.request_id,
             _T.c.tenant_id == start.tenant_id,
+            _T.c.request_id == start.request_id,
             _T.c.state == ACCEPTED,
             # A continuation stays one of the same turn.
             _T.c.continues.is_(None) if start.continues is None else _T.c.continues == start.continues,
@@ -148,11 +162,12 @@ def _take_over(conn: Connection, start: TurnStart, region: str) -> None:
         raise duplicate_request(start.request_id)
 
 
-def _link(conn: Connection, original_id: str, request_id: str) -> None:
-    """Make ``request_id`` the one continuation of turn ``original_id``."""
+def _link(conn: Connection, tenant_id: str, original_id: str, request_id: str) -> None:
+    """Make ``request_id`` the one continuation of the tenant's turn ``original_id``."""
     linked = conn.execute(
         sa.update(_T)
         .where(
+            _T.c.tenant_id == tenant_id,
             _T.c.request_id == original_id,
             sa.or_(_T.c.continued_by.is_(None), _T.c.continued_by == request_id),
         )

@@ -26,7 +26,7 @@ from region.quota import QuotaLedger, month_start
 from region.ratelimit import LocalRateLimiter
 from region.ratelimit_redis import RedisRateLimiter
 from region.safety import RulesBackend, StreamingOutputFilter
-from region.zone_store import ZoneStore
+from region.zone_store import UsageKey, ZoneStore
 from region.zone_store.rows import AssistantMessage
 
 pytestmark = pytest.mark.asyncio
@@ -126,12 +126,12 @@ async def test_rows_shipped_before_the_billing_read_are_not_counted_twice(store:
     store_clock = [NOW - timedelta(minutes=5)]
     store._clock = lambda: store_clock[0]  # rows recorded and shipped five minutes ago
     await record(store, "old", 100)
-    await store.mark_shipped(["old"])
+    await store.mark_shipped([UsageKey("ten_a", "old")])
     quota = ledger(billing, store, clocks)
     assert await quota.used("ten_a") == 100  # billing's total holds it
     store_clock[0] = NOW + timedelta(seconds=1)
     await record(store, "new", 40)
-    await store.mark_shipped(["new"])  # shipped after billing was read: counted here
+    await store.mark_shipped([UsageKey("ten_a", "new")])  # shipped after billing was read: counted here
     assert await quota.used("ten_a") == 140
     clocks.mono += 31
     clocks.wall = NOW + timedelta(seconds=2)
@@ -161,7 +161,7 @@ async def test_with_billing_never_reached_every_row_of_the_month_counts(store: Z
     await record(store, "last-month", 1000)
     store._clock = lambda: NOW
     await record(store, "r1", 30)
-    await store.mark_shipped(["r1"])
+    await store.mark_shipped([UsageKey("ten_a", "r1")])
     assert await ledger(billing, store, clocks).used("ten_a") == 30
 
 

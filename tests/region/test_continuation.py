@@ -23,7 +23,6 @@ import pytest_asyncio
 import sqlalchemy as sa
 
 from globalplane.tiers import TenantTier
-from llmmesh.errors import AlreadyExists
 from llmmesh.grpcserver import open_channel
 from llmmesh.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
@@ -167,7 +166,7 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
         # turn under its original id, one request; its own row ships nothing.
         assert rows["req-x"] == ("us-west", PROMPT, DELIVERED + REST, "us-west")
         assert rows["req-x-r2"] == ("us-west", 0, 0, "us-west")
-        assert [rid for rid, _ in await west.pending_usage()] == ["req-x"]
+        assert [row.request_id for row in await west.pending_usage()] == ["req-x"]
     else:
         # What the failed region billed beyond the client's tokens is not billed again.
         assert rows["req-x"] == ("us-east", PROMPT, DELIVERED + 1, "us-east")
@@ -183,24 +182,42 @@ async def test_a_continued_turn_is_billed_and_stored_once_in_either_order(
     assert (stored[1].input_tokens, stored[1].output_tokens) == (PROMPT, DELIVERED + REST)
 
 
-async def test_a_continuation_of_another_tenants_request_id_is_refused(
+async def test_a_continuation_leaves_another_tenants_turn_of_the_same_id_alone(
     regions: tuple[ZoneStore, ZoneStore],
 ) -> None:
     east, west = regions
-    other = billing_service_pb2.UsageRecord(request_id="req-y", tenant_id="tenant-b").SerializeToString()
-    await east.record_turn("tenant-b", None, "req-y", None, reply("x", 1), other)
-    with pytest.raises(AlreadyExists, match="already used"):
-        await west.record_continuation(
-            T,
-            None,
-            "req-y-r2",
-            None,
-            ContinuedTurn("req-y", PROMPT, 1, "x"),
-            reply("xy", 2),
-            1,
-            encoder("us-west"),
-        )
-    assert set(usage_rows(west)) == {"req-y"}
+    b = "tenant-b"
+    theirs = await east.create_conversation(b, "m")
+    other = billing_service_pb2.UsageRecord(request_id="req-y", tenant_id=b).SerializeToString()
+    await east.record_turn(b, theirs.id, "req-y", "b asks", reply("x", 1), other, tokens=13)
+    before = await east.messages(b, theirs.id)
+    mine = await west.create_conversation(T, "m")
+    turn = await west.record_continuation(
+        T,
+        mine.id,
+        "req-y-r2",
+        USER_TEXT,
+        ContinuedTurn("req-y", PROMPT, 1, "x"),
+        reply("xy", 2),
+        1,
+        encoder("us-west"),
+    )
+    # The tenant's own request id: its turn is recorded whole, in its own conversation.
+    assert not turn.duplicate
+    assert [(m.role, m.conversation_id) for m in turn.messages] == [
+        (Role.USER, mine.id),
+        (Role.ASSISTANT, mine.id),
+    ]
+    o = zs.usage_outbox
+    with west.engine.connect() as conn:
+        rows = conn.execute(sa.select(o.c.tenant_id, o.c.request_id, o.c.tokens, o.c.usage)).all()
+    assert sorted((r.tenant_id, r.request_id, r.tokens) for r in rows) == [
+        (T, "req-y", PROMPT + 2),
+        (T, "req-y-r2", 0),
+        (b, "req-y", 13),
+    ]
+    assert next(r.usage for r in rows if r.tenant_id == b) == other
+    assert await east.messages(b, theirs.id) == before
 
 
 # ---------------------------------------------------------------- through the gateway
@@ -280,7 +297,7 @@ async def began_and_died(store: ZoneStore, tenant_id: str, request_id: str, prom
     await store.accept_turn(
         TurnStart(request_id, tenant_id, "llmmesh-tiny", prompt_tokens, SAMPLING.max_tokens, holder)
     )
-    assert await store.mark_started(request_id, holder)
+    assert await store.mark_started(tenant_id, request_id, holder)
 
 
 async def settle(stack: Stack) -> None:

@@ -89,7 +89,7 @@ def marker(
 async def started(store: ZoneStore, request_id: str, tenant_id: str = A) -> None:
     turn = marker(request_id, tenant_id)
     await store.accept_turn(turn)
-    assert await store.mark_started(request_id, turn.holder)
+    assert await store.mark_started(tenant_id, request_id, turn.holder)
 
 
 async def test_only_a_started_turn_of_the_same_tenant_and_model_is_continued(
@@ -133,7 +133,7 @@ async def test_a_turn_is_continued_once(regions: tuple[ZoneStore, ZoneStore]) ->
     await west.accept_turn(first)
     # The continuing region failed before it streamed: its retry elsewhere takes the same attempt over.
     await east.accept_turn(marker("req-a-r2", continues="req-a", carried=3))
-    assert not await west.mark_started("req-a-r2", first.holder)
+    assert not await west.mark_started(A, "req-a-r2", first.holder)
     for turn in (
         marker("req-a-r3", continues="req-a", carried=5),
         marker("req-a-r9", continues="req-a", carried=0),
@@ -143,6 +143,21 @@ async def test_a_turn_is_continued_once(regions: tuple[ZoneStore, ZoneStore]) ->
     # A continuation names its turn's original, never another continuation.
     with pytest.raises(InvalidArgument, match="original request id"):
         await west.accept_turn(marker("req-a-r2-r2", continues="req-a-r2"))
+
+
+async def test_a_continuation_continues_its_tenants_own_turn_of_the_id(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    await started(east, "req-c", B)  # another tenant's turn, prompt 12
+    mine = TurnStart("req-c", A, "m", 30, 40, uuid.uuid4().hex)
+    await east.accept_turn(mine)
+    assert await east.mark_started(A, "req-c", mine.holder)
+    assert await west.accept_turn(marker("req-c-r2", continues="req-c")) == AcceptedTurn(30)
+    # B's turn was not continued by A's continuation: B may continue it, under the same id.
+    assert await west.accept_turn(marker("req-c-r2", B, continues="req-c")) == AcceptedTurn(12)
+    with pytest.raises(AlreadyExists, match="already continued"):
+        await west.accept_turn(marker("req-c-r3", continues="req-c"))
 
 
 @pytest.mark.services

@@ -1,8 +1,10 @@
 """Request ids at a region, as an attacker with a valid key sends them
 straight to ``ChatService``: the region checks each id before any engine
-work (a malformed one is INVALID_ARGUMENT, a reused one ALREADY_EXISTS,
-whoever used it first), so no turn streams that its usage row would not
-bill; and a malformed model name never reaches the global plane.
+work (a malformed one is INVALID_ARGUMENT, one its tenant used before
+ALREADY_EXISTS), so no turn streams that its usage row would not bill; a
+request id is each tenant's own, so another tenant's turn of the same id is
+a turn of its own, billed to that tenant, and no tenant can take ids
+another will use; and a malformed model name never reaches the global plane.
 
 The store's rules run on SQLite and PostgreSQL (concurrent acceptances
 included); the gateway's on a real in-process region.
@@ -66,32 +68,41 @@ def marker(request_id: str, tenant_id: str = A, holder: str = "") -> TurnStart:
     return TurnStart(request_id, tenant_id, "m", 12, 40, holder or uuid.uuid4().hex)
 
 
-async def test_a_request_id_is_taken_once_across_the_zones_tenants_and_regions(
+async def test_a_request_id_is_taken_once_per_tenant_across_the_zones_regions(
     regions: tuple[ZoneStore, ZoneStore],
 ) -> None:
     east, west = regions
     first = marker("req-1")
     await east.accept_turn(first)
-    assert await east.mark_started("req-1", first.holder)
-    for store, tenant in ((east, A), (west, A), (west, B)):
+    assert await east.mark_started(A, "req-1", first.holder)
+    for store in (east, west):
         with pytest.raises(AlreadyExists, match="already used") as info:
-            await store.accept_turn(marker("req-1", tenant))
+            await store.accept_turn(marker("req-1", A))
         assert info.value.reason == Reason.DUPLICATE_REQUEST
-    # The first acceptance's marker is untouched: still tenant A's, in us-east.
+    # Tenant B's "req-1" is B's own: a turn of its own, taken once too.
+    theirs = marker("req-1", B)
+    await west.accept_turn(theirs)
+    assert await west.mark_started(B, "req-1", theirs.holder)
+    with pytest.raises(AlreadyExists):
+        await east.accept_turn(marker("req-1", B))
+    # Each acceptance's marker is untouched by the other's.
     with east.engine.connect() as conn:
-        rows = conn.execute(sa.select(zs.turn_starts)).all()
-    assert [(r.request_id, r.tenant_id, r.home_region, r.holder) for r in rows] == [
-        ("req-1", A, "us-east", first.holder)
+        rows = conn.execute(sa.select(zs.turn_starts).order_by(zs.turn_starts.c.tenant_id)).all()
+    assert [(r.request_id, r.tenant_id, r.home_region, r.holder, r.state) for r in rows] == [
+        ("req-1", A, "us-east", first.holder, "started"),
+        ("req-1", B, "us-west", theirs.holder, "started"),
     ]
 
 
-async def test_an_id_recorded_before_markers_existed_is_taken(regions: tuple[ZoneStore, ZoneStore]) -> None:
+async def test_an_id_recorded_before_markers_existed_is_taken_for_its_tenant(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
     east, _ = regions
     usage = billing_service_pb2.UsageRecord(request_id="req-old", tenant_id=B).SerializeToString()
     await east.record_turn(B, None, "req-old", None, AssistantMessage("x", "m", "FINISH_REASON_STOP"), usage)
-    for tenant in (A, B):
-        with pytest.raises(AlreadyExists):
-            await east.accept_turn(marker("req-old", tenant))
+    with pytest.raises(AlreadyExists):
+        await east.accept_turn(marker("req-old", B))
+    await east.accept_turn(marker("req-old", A))
 
 
 async def test_a_turn_that_streamed_nothing_may_be_retried_by_its_tenant_only(
@@ -101,19 +112,24 @@ async def test_a_turn_that_streamed_nothing_may_be_retried_by_its_tenant_only(
     # us-east accepted the turn and went silent before it streamed anything.
     stalled = marker("req-2")
     await east.accept_turn(stalled)
-    with pytest.raises(AlreadyExists):
-        await west.accept_turn(marker("req-2", B))
+    # Another tenant's turn of the same id takes nothing from it.
+    theirs = marker("req-2", B)
+    await west.accept_turn(theirs)
+    assert await west.mark_started(B, "req-2", theirs.holder)
     retry = marker("req-2")
     await west.accept_turn(retry)
     # us-east comes back: it has lost the id and must not stream.
-    assert not await east.mark_started("req-2", stalled.holder)
-    assert await west.mark_started("req-2", retry.holder)
+    assert not await east.mark_started(A, "req-2", stalled.holder)
+    assert not await east.mark_started(B, "req-2", stalled.holder)
+    assert await west.mark_started(A, "req-2", retry.holder)
     with pytest.raises(AlreadyExists):
         await east.accept_turn(marker("req-2"))
 
 
 @pytest.mark.services
-async def test_concurrent_acceptances_of_one_id_on_postgresql_take_it_once(postgres_schema_url: str) -> None:
+async def test_concurrent_acceptances_of_one_id_on_postgresql_take_it_once_per_tenant(
+    postgres_schema_url: str,
+) -> None:
     stores = [ZoneStore(create_store_engine(postgres_schema_url), "us", f"us-r{n}") for n in range(6)]
     stores[0].create_schema()
     try:
@@ -124,16 +140,19 @@ async def test_concurrent_acceptances_of_one_id_on_postgresql_take_it_once(postg
                 *(store.accept_turn(start) for store, start in zip(stores, starts, strict=True)),
                 return_exceptions=True,
             )
-            # Every acceptance of the winner's tenant may take over an accepted turn: what
-            # matters is that once one is marked started, exactly one holder streams.
+            # Every acceptance of a tenant may take over its accepted turn: what matters
+            # is that once one is marked started, exactly one holder per tenant streams.
+            accepted = [
+                (store, start)
+                for store, start, outcome in zip(stores, starts, outcomes, strict=True)
+                if not isinstance(outcome, BaseException)
+            ]
             started = await asyncio.gather(
-                *(
-                    store.mark_started(request_id, start.holder)
-                    for store, start, outcome in zip(stores, starts, outcomes, strict=True)
-                    if not isinstance(outcome, BaseException)
-                )
+                *(store.mark_started(start.tenant_id, request_id, start.holder) for store, start in accepted)
             )
-            assert started.count(True) == 1, (outcomes, started)
+            held = zip(accepted, started, strict=True)
+            streaming = sorted(start.tenant_id for (_, start), ok in held if ok)
+            assert streaming == [A, B], (outcomes, started)
             for outcome in outcomes:
                 assert not isinstance(outcome, BaseException) or isinstance(outcome, AlreadyExists)
     finally:
@@ -215,9 +234,8 @@ async def test_the_longest_request_id_runs_and_is_billed(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("running", [False, True], ids=["finished", "running"])
-async def test_a_reused_request_id_streams_nothing(stack: Stack, running: bool) -> None:
+async def test_a_request_id_reused_by_its_tenant_streams_nothing(stack: Stack, running: bool) -> None:
     tenant_a = await new_tenant(stack, TenantTier.PRO)
-    tenant_b = await new_tenant(stack, TenantTier.PRO)
     request_id = f"req-{uuid.uuid4().hex[:8]}"
     async with open_channel(stack.region.address) as channel:
         call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(tenant_a))
@@ -228,10 +246,8 @@ async def test_a_reused_request_id_streams_nothing(stack: Stack, running: bool) 
         if not running:
             first += await read_all(call)
         steps = engine_steps(stack)
-        # Its own tenant again, and another tenant: neither gets a turn.
-        for secret in (tenant_a, tenant_b):
-            again = await turn(stack.region.address, secret, start(request_id, text="Something else."))
-            assert_refused(again, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+        again = await turn(stack.region.address, tenant_a, start(request_id, text="Something else."))
+        assert_refused(again, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
         if not running:
             assert engine_steps(stack) == steps
         else:
@@ -250,6 +266,51 @@ async def test_a_reused_request_id_streams_nothing(stack: Stack, running: bool) 
         outcome.usage.input_tokens,
         outcome.usage.output_tokens,
     )
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["after", "while running"])
+async def test_two_tenants_turns_of_one_request_id_both_stream_and_each_is_billed_to_its_tenant(
+    running: bool,
+) -> None:
+    # One pod: both turns run on it, at once in the second case.
+    async with running_stack(region_overrides={"safety_backends": "none"}, **FAST_POD) as stack:
+        secret_a = await new_tenant(stack, TenantTier.PRO)
+        secret_b = await new_tenant(stack, TenantTier.PRO)
+        tenant_a = stack.region.policy.authenticate(secret_a).tenant_id
+        tenant_b = stack.region.policy.authenticate(secret_b).tenant_id
+        async with open_channel(stack.region.address) as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(secret_a))
+            await call.write(start("req-1", max_tokens=200 if running else 12))
+            await call.done_writing()
+            events_a = [await call.read()]
+            assert events_a[0].HasField("started"), events_a
+            if not running:
+                events_a += await read_all(call)
+            theirs = await turn(stack.region.address, secret_b, start("req-1", text="Something else."))
+            events_a += await read_all(call)
+        mine = Outcome(events_a)
+        for outcome in (mine, theirs):
+            assert outcome.error is None and outcome.finished.reason, outcome
+            assert outcome.events[0].started.request_id == "req-1"
+            assert outcome.usage.output_tokens > 0
+        # Each tenant's reuse of its own id is still refused.
+        for secret in (secret_a, secret_b):
+            again = await turn(stack.region.address, secret, start("req-1"))
+            assert_refused(again, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+        await stack.region.gateway.drain()
+        assert await stack.region.shipper.flush(timeout_s=10)
+        assert sorted((r.request_id, r.tenant_id) for r in await outbox_rows(stack)) == sorted(
+            [("req-1", tenant_a), ("req-1", tenant_b)]
+        )
+        ledger = stack.global_plane.ledger
+        for tenant_id, outcome in ((tenant_a, mine), (tenant_b, theirs)):
+            assert await ledger.reconcile(["req-1"], tenant_id) == []
+            billed = await ledger.usage(tenant_id, "")
+            assert (billed.requests, billed.input_tokens, billed.output_tokens) == (
+                1,
+                outcome.usage.input_tokens,
+                outcome.usage.output_tokens,
+            )
 
 
 async def test_a_turn_whose_region_went_silent_before_streaming_runs_under_its_id(stack: Stack) -> None:

@@ -1,7 +1,7 @@
 """The usage shipper against a fake BillingService on a real in-process gRPC server.
 
-The fake ingests by request id as billing does, and can be down, lose its
-replies after ingesting, or reject a tenant's records.
+The fake ingests by tenant and request id as billing does, and can be down,
+lose its replies after ingesting, or reject a tenant's records.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc, common_pb2
 from region.usage_shipper import Shipment, UsageShipper
-from region.zone_store import AssistantMessage, ZoneStore
+from region.zone_store import AssistantMessage, UsageKey, ZoneStore
 from region.zone_store import schema as zs
 
 pytestmark = pytest.mark.asyncio
@@ -30,7 +30,7 @@ REPLY = AssistantMessage("ok", "m", "FINISH_REASON_STOP", 3, 2, 0, Decimal("0.00
 
 
 class FakeBilling(billing_service_pb2_grpc.BillingServiceServicer):
-    """Ingests idempotently by request id, like the global plane's UsageLedger."""
+    """Ingests idempotently by tenant and request id, like the global plane's UsageLedger."""
 
     def __init__(self, failures: int = 0, lost_replies: int = 0) -> None:
         self.failures = failures
@@ -38,9 +38,9 @@ class FakeBilling(billing_service_pb2_grpc.BillingServiceServicer):
         self.down = False
         self.rejected_tenants: set[str] = set()
         self.calls = 0
-        self.received: Counter[str] = Counter()
+        self.received: Counter[UsageKey] = Counter()
         """Each record in each call that reached ingestion."""
-        self.billed: Counter[str] = Counter()
+        self.billed: Counter[UsageKey] = Counter()
         """Each record counted (the first time it arrived)."""
 
     async def RecordUsage(
@@ -56,9 +56,10 @@ class FakeBilling(billing_service_pb2_grpc.BillingServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown tenant")
         accepted = 0
         for record in request.records:
-            self.received[record.request_id] += 1
-            if record.request_id not in self.billed:
-                self.billed[record.request_id] += 1
+            key = UsageKey(record.tenant_id, record.request_id)
+            self.received[key] += 1
+            if key not in self.billed:
+                self.billed[key] += 1
                 accepted += 1
         if self.lost_replies > 0:
             self.lost_replies -= 1
@@ -76,7 +77,8 @@ class FakeBilling(billing_service_pb2_grpc.BillingServiceServicer):
     async def ReconcileUsage(
         self, request: billing_service_pb2.ReconcileUsageRequest, context: grpc.aio.ServicerContext
     ) -> billing_service_pb2.ReconcileUsageResponse:
-        missing = [rid for rid in request.request_ids if rid not in self.billed]
+        billed = {rid for tenant, rid in self.billed if request.tenant_id in ("", tenant)}
+        missing = [rid for rid in request.request_ids if rid not in billed]
         return billing_service_pb2.ReconcileUsageResponse(missing_request_ids=missing)
 
 
@@ -100,14 +102,14 @@ async def open_store(path: Path) -> ZoneStore:
 
 async def record_turns(
     store: ZoneStore, n: int, tenant_id: str = "tenant-a", prefix: str = "req"
-) -> list[str]:
+) -> list[UsageKey]:
     ids = [f"{prefix}-{i:03d}" for i in range(n)]
     for rid in ids:
         record = billing_service_pb2.UsageRecord(
             request_id=rid, tenant_id=tenant_id, model="m", region="eu-west", usage=common_pb2.TokenUsage()
         )
         await store.record_turn(tenant_id, None, rid, None, REPLY, record.SerializeToString())
-    return ids
+    return [UsageKey(tenant_id, rid) for rid in ids]
 
 
 def shipper(
@@ -220,12 +222,13 @@ async def test_a_rejected_record_does_not_hold_back_the_others(tmp_path: Path) -
     store = await open_store(tmp_path)
     try:
         good = await record_turns(store, 4)
-        bad = await record_turns(store, 1, tenant_id="tenant-gone", prefix="bad")
+        # The same request ids as the good ones: another tenant's are other turns.
+        bad = await record_turns(store, 2, tenant_id="tenant-gone")
         async with billing_stub(fake) as stub:
             ships = shipper(store, stub)
             assert await ships.ship_batch() is Shipment.FAILED
             assert fake.billed == Counter(good)
-            assert [rid for rid, _ in await store.pending_usage()] == bad
+            assert [row.key for row in await store.pending_usage()] == bad
             fake.rejected_tenants.clear()  # say the tenant is restored
             assert await ships.flush(timeout_s=30)
         assert fake.billed == Counter(good + bad)

@@ -27,13 +27,14 @@ def test_tables_compile_for_cockroachdb_with_exact_costs_and_idempotency_keys() 
     statements = [flat(s) for s in create_table_statements(COCKROACH)]
     creates = {s.split()[2]: s for s in statements if s.startswith("CREATE TABLE")}
     assert set(creates) == {"conversations", "messages", "usage_outbox", "turn_starts"}
-    assert "PRIMARY KEY (request_id)" in creates["turn_starts"]
+    # Request ids are each tenant's own.
+    assert "PRIMARY KEY (tenant_id, request_id)" in creates["turn_starts"]
     messages = creates["messages"]
     assert "cost_usd NUMERIC NOT NULL" in messages
-    assert 'CONSTRAINT uq_messages_request_role UNIQUE (request_id, "role")' in messages
+    assert 'CONSTRAINT uq_messages_tenant_request_role UNIQUE (tenant_id, request_id, "role")' in messages
     assert "CONSTRAINT uq_messages_conversation_seq UNIQUE (conversation_id, seq)" in messages
     assert "FOREIGN KEY(conversation_id) REFERENCES conversations (id)" in messages
-    assert "PRIMARY KEY (request_id)" in creates["usage_outbox"]
+    assert "PRIMARY KEY (tenant_id, request_id)" in creates["usage_outbox"]
     assert "usage BYTEA NOT NULL" in creates["usage_outbox"]
     assert "deleted_at TIMESTAMP WITH TIME ZONE," in creates["conversations"]
     assert all("home_region VARCHAR(64) NOT NULL" in s for s in creates.values())
@@ -42,6 +43,7 @@ def test_tables_compile_for_cockroachdb_with_exact_costs_and_idempotency_keys() 
         "CREATE INDEX ix_usage_outbox_pending ON usage_outbox (shipped_at, attempts, created_at)"
         in statements
     )
+    assert "CREATE INDEX ix_turn_starts_tenant_continues ON turn_starts (tenant_id, continues)" in statements
 
 
 def test_each_zone_is_one_super_region_of_its_own_database_regions() -> None:

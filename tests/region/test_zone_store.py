@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.errors import AlreadyExists, InvalidArgument, MeshError, NotFound, Reason
+from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.ids import ConversationId
 from llmmesh.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, common_pb2
-from region.zone_store import AssistantMessage, ConversationRow, Role, ZoneStore
+from region.zone_store import AssistantMessage, ConversationRow, PendingUsage, Role, UsageKey, ZoneStore
 from region.zone_store import schema as zs
 
 pytestmark = pytest.mark.asyncio
@@ -184,7 +184,7 @@ async def test_a_soft_deleted_conversation_is_gone_from_every_read(store: ZoneSt
     late = await store.record_turn(A, gone.id, "req-2", "hi", REPLY, usage("req-2"))
     assert (late.duplicate, late.messages) == (False, ())
     assert count(store, zs.messages, zs.messages.c.request_id == "req-2") == 0
-    assert [rid for rid, _ in await store.pending_usage()] == ["req-1", "req-2"]
+    assert [row.request_id for row in await store.pending_usage()] == ["req-1", "req-2"]
 
 
 async def test_one_tenant_can_never_reach_anothers_conversation(store: ZoneStore) -> None:
@@ -207,9 +207,9 @@ async def test_one_tenant_can_never_reach_anothers_conversation(store: ZoneStore
     assert (await store.list_conversations(B)).items == []
     turn = await store.record_turn(B, mine.id, "req-b", "injected", REPLY, usage("req-b", B))
     assert turn.messages == ()
-    with pytest.raises(AlreadyExists) as dup:
-        await store.record_turn(B, None, "req-a", None, REPLY, usage("req-a", B))
-    assert dup.value.reason == Reason.DUPLICATE_REQUEST
+    # A's request id is no handle on A's turn: under B it is B's own, another turn.
+    theirs = await store.record_turn(B, mine.id, "req-a", "injected", REPLY, usage("req-a", B))
+    assert (theirs.duplicate, theirs.messages) == (False, ())
     assert await store.messages(A, mine.id) == before
     still = await store.get_conversation(A, mine.id)
     assert (still.id, still.title, still.tenant_id) == (mine.id, "private", A)
@@ -257,7 +257,7 @@ async def test_a_turn_without_a_conversation_records_only_usage(store: ZoneStore
     turn = await store.record_turn(A, None, "req-1", "q", REPLY, usage("req-1"))
     assert (turn.duplicate, turn.messages) == (False, ())
     assert count(store, zs.messages) == 0
-    assert await store.pending_usage() == [("req-1", usage("req-1"))]
+    assert await store.pending_usage() == [PendingUsage(A, "req-1", usage("req-1"))]
 
 
 async def test_a_failure_mid_turn_leaves_neither_messages_nor_usage(store: ZoneStore) -> None:
@@ -298,14 +298,37 @@ async def test_errors_that_are_not_conflicts_are_not_retried(store: ZoneStore) -
 async def test_the_outbox_hands_out_unshipped_rows_least_tried_first(store: ZoneStore) -> None:
     for rid in ("req-1", "req-2", "req-3"):
         await store.record_turn(A, None, rid, None, REPLY, usage(rid))
-    await store.note_attempt(["req-1"])
-    assert [rid for rid, _ in await store.pending_usage(2)] == ["req-2", "req-3"]
-    assert await store.mark_shipped(["req-2", "req-unknown"]) == 1
-    assert await store.mark_shipped(["req-2"]) == 0
-    assert await store.pending_usage() == [("req-3", usage("req-3")), ("req-1", usage("req-1"))]
+    await store.note_attempt([UsageKey(A, "req-1")])
+    assert [row.request_id for row in await store.pending_usage(2)] == ["req-2", "req-3"]
+    assert await store.mark_shipped([UsageKey(A, "req-2"), UsageKey(A, "req-unknown")]) == 1
+    assert await store.mark_shipped([UsageKey(A, "req-2")]) == 0
+    assert await store.pending_usage() == [
+        PendingUsage(A, "req-3", usage("req-3")),
+        PendingUsage(A, "req-1", usage("req-1")),
+    ]
     assert await store.pending_usage_count() == 2
-    await store.note_attempt(["req-2"])  # shipped rows are left alone
+    await store.note_attempt([UsageKey(A, "req-2")])  # shipped rows are left alone
     assert count(store, zs.usage_outbox, zs.usage_outbox.c.attempts > 0) == 1
+
+
+async def test_request_ids_are_each_tenants_own(store: ZoneStore) -> None:
+    mine, theirs = await store.create_conversation(A, "m"), await store.create_conversation(B, "m")
+    asked_a = await store.append_user_message(A, mine.id, "a asks", request_id="req-1")
+    asked_b = await store.append_user_message(B, theirs.id, "b asks", request_id="req-1")
+    assert asked_a.id != asked_b.id
+    turn_a = await store.record_turn(A, mine.id, "req-1", "a asks", REPLY, usage("req-1"))
+    turn_b = await store.record_turn(B, theirs.id, "req-1", "b asks", REPLY, usage("req-1", B))
+    assert not turn_a.duplicate and not turn_b.duplicate
+    assert [m.content for m in turn_b.messages] == ["b asks", REPLY.content]
+    assert [m.conversation_id for m in turn_a.messages] == [mine.id, mine.id]
+    assert (await store.record_turn(A, mine.id, "req-1", "a asks", REPLY, usage("req-1"))).duplicate
+    assert await store.pending_usage() == [
+        PendingUsage(A, "req-1", usage("req-1")),
+        PendingUsage(B, "req-1", usage("req-1", B)),
+    ]
+    # Shipping one tenant's row leaves the other's pending.
+    assert await store.mark_shipped([UsageKey(B, "req-1")]) == 1
+    assert await store.pending_usage() == [PendingUsage(A, "req-1", usage("req-1"))]
 
 
 @pytest.mark.parametrize("kind", ["file", pytest.param("postgresql", marks=pytest.mark.services)])
@@ -321,8 +344,8 @@ async def test_each_region_ships_its_own_rows(
     try:
         await west.record_turn(A, None, "req-w", None, REPLY, usage("req-w"))
         await central.record_turn(A, None, "req-c", None, REPLY, usage("req-c"))
-        assert [rid for rid, _ in await west.pending_usage()] == ["req-w"]
-        assert [rid for rid, _ in await central.pending_usage()] == ["req-c"]
+        assert [row.request_id for row in await west.pending_usage()] == ["req-w"]
+        assert [row.request_id for row in await central.pending_usage()] == ["req-c"]
     finally:
         west.dispose()
         central.dispose()

@@ -1,0 +1,225 @@
+"""A zone store written by an earlier version, whose request ids were one
+namespace across the zone's tenants, is upgraded in place when a region
+opens it: every row kept, and from then on request ids are each tenant's
+own (SQLite file and PostgreSQL)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from llmmesh.errors import AlreadyExists
+from llmmesh.ids import ConversationId
+from llmmesh.v1 import billing_service_pb2
+from region.zone_store import AssistantMessage, PendingUsage, TurnStart, UsageKey, ZoneStore
+from region.zone_store import schema as zs
+from region.zone_store.schema_upgrade import outdated_tables
+
+pytestmark = pytest.mark.asyncio
+
+A, B = "tenant-a", "tenant-b"
+NOW = datetime(2031, 5, 17, 12, 0, tzinfo=UTC)
+REPLY = AssistantMessage("an answer", "m", "FINISH_REASON_STOP", 3, 2)
+
+
+def _columns(table: sa.Table, key: str, *, leave_out: tuple[str, ...] = ()) -> list[sa.Column[Any]]:
+    columns = []
+    for c in table.columns:
+        if c.name in leave_out:
+            continue
+        default = c.server_default.arg if c.server_default is not None else None  # type: ignore[attr-defined]
+        foreign = [sa.ForeignKey(fk.target_fullname) for fk in c.foreign_keys]
+        columns.append(
+            sa.Column(
+                c.name,
+                c.type,
+                *foreign,
+                primary_key=c.name == key,
+                nullable=c.nullable,
+                server_default=default,
+            )
+        )
+    return columns
+
+
+def old_shape(*, before_markers: bool) -> sa.MetaData:
+    """The zone tables keyed by request id alone; ``before_markers``: as
+    they were before ``turn_starts`` and the outbox's ``tokens`` existed."""
+    old = sa.MetaData()
+    zs.conversations.to_metadata(old)
+    sa.Table(
+        "messages",
+        old,
+        *_columns(zs.messages, "id"),
+        sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
+        sa.UniqueConstraint("request_id", "role", name="uq_messages_request_role"),
+    )
+    sa.Table(
+        "usage_outbox",
+        old,
+        *_columns(zs.usage_outbox, "request_id", leave_out=("tokens",) if before_markers else ()),
+        sa.Index("ix_usage_outbox_pending", "shipped_at", "attempts", "created_at"),
+        sa.Index("ix_usage_outbox_tenant_created", "tenant_id", "created_at"),
+    )
+    if not before_markers:
+        sa.Table(
+            "turn_starts",
+            old,
+            *_columns(zs.turn_starts, "request_id"),
+            sa.Index("ix_turn_starts_continues", "continues"),
+        )
+    return old
+
+
+def usage(request_id: str, tenant_id: str) -> bytes:
+    return billing_service_pb2.UsageRecord(request_id=request_id, tenant_id=tenant_id).SerializeToString()
+
+
+def write_old_store(url: str, *, before_markers: bool) -> str:
+    """An old store holding tenant A's turn "req-1" (shipped) and "req-2" (pending); the conversation's id."""
+    old = old_shape(before_markers=before_markers)
+    conversation = str(ConversationId.new("us", "us-east"))
+    engine = sa.create_engine(url)
+    old.create_all(engine)
+    t = old.tables
+    outbox: dict[str, Any] = {"tenant_id": A, "home_region": "us-east", "created_at": NOW, "attempts": 0}
+    if not before_markers:
+        outbox["tokens"] = 5
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(t["conversations"]).values(
+                id=conversation,
+                tenant_id=A,
+                zone="us",
+                home_region="us-east",
+                model="m",
+                title="kept",
+                created_at=NOW,
+                updated_at=NOW,
+            )
+        )
+        for seq, role in ((1, "user"), (2, "assistant")):
+            conn.execute(
+                sa.insert(t["messages"]).values(
+                    id=f"msg-{seq}",
+                    conversation_id=conversation,
+                    tenant_id=A,
+                    home_region="us-east",
+                    seq=seq,
+                    role=role,
+                    content=f"{role} text",
+                    request_id="req-1",
+                    input_tokens=0,
+                    output_tokens=0,
+                    cached_input_tokens=0,
+                    cost_usd=Decimal("0.000000123456789012345"),
+                    model="m",
+                    finish_reason="",
+                    created_at=NOW,
+                )
+            )
+        conn.execute(
+            sa.insert(t["usage_outbox"]),
+            [
+                {**outbox, "request_id": "req-1", "usage": usage("req-1", A), "shipped_at": NOW},
+                {**outbox, "request_id": "req-2", "usage": usage("req-2", A), "shipped_at": None},
+            ],
+        )
+        if not before_markers:
+            conn.execute(
+                sa.insert(t["turn_starts"]).values(
+                    request_id="req-1",
+                    tenant_id=A,
+                    home_region="us-east",
+                    model="m",
+                    prompt_tokens=3,
+                    max_output_tokens=40,
+                    state="started",
+                    holder="h1",
+                    continues=None,
+                    carried_tokens=0,
+                    continued_by=None,
+                    created_at=NOW,
+                )
+            )
+    engine.dispose()
+    return conversation
+
+
+def keys_of(store: ZoneStore) -> dict[str, set[str]]:
+    inspector = sa.inspect(store.engine)
+    keys = {
+        t: set(inspector.get_pk_constraint(t)["constrained_columns"]) for t in ("usage_outbox", "turn_starts")
+    }
+    keys["messages"] = set().union(
+        *(
+            set(u["column_names"])
+            for u in inspector.get_unique_constraints("messages")
+            if "role" in u["column_names"]
+        )
+    )
+    return keys
+
+
+async def upgrade_and_use(url: str, *, before_markers: bool) -> None:
+    conversation = write_old_store(url, before_markers=before_markers)
+    store = await ZoneStore.open(url, "us", "us-east")
+    try:
+        assert keys_of(store) == {
+            "usage_outbox": {"tenant_id", "request_id"},
+            "turn_starts": {"tenant_id", "request_id"},
+            "messages": {"tenant_id", "request_id", "role"},
+        }
+        with store.engine.connect() as conn:
+            assert outdated_tables(conn) == []
+            outbox = conn.execute(
+                sa.select(zs.usage_outbox.c.request_id, zs.usage_outbox.c.shipped_at).order_by("request_id")
+            ).all()
+        assert [(r.request_id, r.shipped_at is not None) for r in outbox] == [
+            ("req-1", True),
+            ("req-2", False),
+        ]
+        assert [(m.seq, m.content, m.request_id) for m in await store.messages(A, conversation)] == [
+            (1, "user text", "req-1"),
+            (2, "assistant text", "req-1"),
+        ]
+        assert (await store.messages(A, conversation))[0].cost_usd == Decimal("0.000000123456789012345")
+        assert await store.pending_usage() == [PendingUsage(A, "req-2", usage("req-2", A))]
+
+        # Tenant A's ids stay taken; tenant B's "req-1" is a turn of its own, content and usage.
+        for taken in ("req-1", "req-2"):
+            with pytest.raises(AlreadyExists):
+                await store.accept_turn(TurnStart(taken, A, "m", 3, 40, "h2"))
+        await store.accept_turn(TurnStart("req-1", B, "m", 3, 40, "h3"))
+        assert await store.mark_started(B, "req-1", "h3")
+        theirs = await store.create_conversation(B, "m")
+        turn = await store.record_turn(B, theirs.id, "req-1", "b asks", REPLY, usage("req-1", B), tokens=5)
+        assert not turn.duplicate and len(turn.messages) == 2
+        assert await store.mark_shipped([UsageKey(A, "req-2")]) == 1
+        assert await store.pending_usage() == [PendingUsage(B, "req-1", usage("req-1", B))]
+        assert await store.tenant_tokens(A, NOW) == (0 if before_markers else 10)
+    finally:
+        store.dispose()
+    # Opening the upgraded store again changes nothing.
+    again = await ZoneStore.open(url, "us", "us-east")
+    try:
+        with again.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(zs.usage_outbox)).scalar_one() == 3
+    finally:
+        again.dispose()
+
+
+@pytest.mark.parametrize("before_markers", [False, True], ids=["keyed by request id", "before markers"])
+async def test_a_sqlite_zone_store_is_upgraded(tmp_path: Path, before_markers: bool) -> None:
+    await upgrade_and_use(f"sqlite:///{tmp_path / 'zone-us.db'}", before_markers=before_markers)
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("before_markers", [False, True], ids=["keyed by request id", "before markers"])
+async def test_a_postgresql_zone_store_is_upgraded(postgres_schema_url: str, before_markers: bool) -> None:
+    await upgrade_and_use(postgres_schema_url, before_markers=before_markers)
