@@ -21,6 +21,8 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from llmmesh.certs import CertFiles, identity_of_pem
 from llmmesh.config import setting
@@ -88,9 +90,6 @@ def _read(files: CertFiles) -> _Loaded:
 
 
 def _pair_matches(cert: bytes, key: bytes) -> bool:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
     leaf = x509.load_pem_x509_certificate(cert).public_key()
     private = serialization.load_pem_private_key(key, password=None)
     fmt = serialization.PublicFormat.SubjectPublicKeyInfo
