@@ -60,6 +60,8 @@ def start_pod(model_dir: Path, run_dir: Path, *flags: str) -> VllmPod:
                 "--port", "0",
                 "--metrics-port", "0",
                 "--ready-file", str(ready),
+                # The engine is under test here; the pod's mTLS is tests/security's.
+                "--insecure",
                 *flags,
             ],
             env={**os.environ, "LLMMESH_HOME": str(run_dir)},
