@@ -11,9 +11,8 @@ SQLite and PostgreSQL; the gateway's on a real in-process region.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,7 +23,6 @@ import sqlalchemy as sa
 
 from globalplane.tiers import TenantTier
 from llmmesh.grpcserver import open_channel
-from llmmesh.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from region.zone_store import AssistantMessage, Role, ZoneStore
 from region.zone_store import schema as zs
@@ -64,27 +62,6 @@ def reply(content: str, output_tokens: int) -> AssistantMessage:
         output_tokens=output_tokens,
         cost_usd=Decimal("0.001"),
     )
-
-
-@pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])
-def zone_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return f"sqlite:///{tmp_path / 'us.db'}"
-    url: str = request.getfixturevalue("postgres_schema_url")
-    return url
-
-
-@pytest.fixture
-def regions(zone_url: str) -> Iterator[tuple[ZoneStore, ZoneStore]]:
-    """The zone store as us-east (the region that failed) and us-west (the one continuing) use it."""
-    stores = []
-    for region in ("us-east", "us-west"):
-        store = ZoneStore(create_store_engine(zone_url), "us", region)
-        store.create_schema()
-        stores.append(store)
-    yield stores[0], stores[1]
-    for store in stores:
-        store.dispose()
 
 
 def usage_rows(store: ZoneStore) -> dict[str, tuple[str, int, int, str]]:

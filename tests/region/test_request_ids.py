@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import grpc
@@ -41,27 +40,6 @@ A, B = "tenant-a", "tenant-b"
 
 
 # ---------------------------------------------------------------- the store
-
-
-@pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])
-def zone_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return f"sqlite:///{tmp_path / 'us.db'}"
-    url: str = request.getfixturevalue("postgres_schema_url")
-    return url
-
-
-@pytest.fixture
-def regions(zone_url: str) -> Iterator[tuple[ZoneStore, ZoneStore]]:
-    """The zone store as us-east and us-west use it."""
-    stores = []
-    for region in ("us-east", "us-west"):
-        store = ZoneStore(create_store_engine(zone_url), "us", region)
-        store.create_schema()
-        stores.append(store)
-    yield stores[0], stores[1]
-    for store in stores:
-        store.dispose()
 
 
 def marker(request_id: str, tenant_id: str = A, holder: str = "") -> TurnStart:
