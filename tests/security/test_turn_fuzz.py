@@ -8,7 +8,7 @@ or none; models, roles and sampling are out of range."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -90,45 +90,39 @@ def _refused_clearly(err: grpc.aio.AioRpcError | None) -> None:
     assert err is None or err.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), err
 
 
-async def _on_chat(stack: Stack, attempt: Attempt) -> Streamed:
+async def _on_chat(channel: grpc.aio.Channel, attempt: Attempt) -> AsyncIterator[pb.ChatResponse]:
     metadata = (("authorization", f"Bearer {attempt.key}"),)
-    request_id, tokens = "", 0
-    async with open_channel(stack.region.address) as channel:
-        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(
-            iter([pb.ChatRequest(start=attempt.start)]), metadata=metadata, timeout=20
-        )
-        try:
-            async for event in call:
-                if event.HasField("started"):
-                    request_id = event.started.request_id
-                tokens += len(event.delta.token_ids) if event.HasField("delta") else 0
-        except grpc.aio.AioRpcError as err:
-            failed = err
-        else:
-            failed = None
-    _refused_clearly(failed)
-    return Streamed(attempt.key, request_id, tokens, attempt.start.HasField("continuation"))
+    call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(
+        iter([pb.ChatRequest(start=attempt.start)]), metadata=metadata, timeout=20
+    )
+    async for response in call:
+        yield response
 
 
-async def _on_session(stack: Stack, attempt: Attempt) -> Streamed:
+async def _on_session(channel: grpc.aio.Channel, attempt: Attempt) -> AsyncIterator[pb.ChatResponse]:
+    call = chat_service_pb2_grpc.ChatServiceStub(channel).ChatSession(timeout=20)
+    await call.write(
+        pb.ChatSessionRequest(start=pb.SessionTurnStart(start=attempt.start, api_key=attempt.key))
+    )
+    await call.done_writing()
+    async for message in call:
+        for event in message.events:
+            yield event.response
+
+
+async def _send(stack: Stack, attempt: Attempt) -> Streamed:
+    """Run ``attempt`` on Chat or on a ChatSession stream; what it streamed."""
     request_id, tokens = "", 0
+    failed: grpc.aio.AioRpcError | None = None
+    send = _on_session if attempt.on_session else _on_chat
     async with open_channel(stack.region.address) as channel:
-        call = chat_service_pb2_grpc.ChatServiceStub(channel).ChatSession(timeout=20)
-        await call.write(
-            pb.ChatSessionRequest(start=pb.SessionTurnStart(start=attempt.start, api_key=attempt.key))
-        )
-        await call.done_writing()
         try:
-            async for message in call:
-                for event in message.events:
-                    response = event.response
-                    if response.HasField("started"):
-                        request_id = response.started.request_id
-                    tokens += len(response.delta.token_ids) if response.HasField("delta") else 0
+            async for response in send(channel, attempt):
+                if response.HasField("started"):
+                    request_id = response.started.request_id
+                tokens += len(response.delta.token_ids) if response.HasField("delta") else 0
         except grpc.aio.AioRpcError as err:
             failed = err
-        else:
-            failed = None
     _refused_clearly(failed)
     return Streamed(attempt.key, request_id, tokens, attempt.start.HasField("continuation"))
 
@@ -148,10 +142,8 @@ async def _scenario(attempts: Sequence[Attempt], database_url: str, zone_store_u
         tenant_of_key = {DEV_KEY: dev[0].id, OTHER_KEY: other.id}
         # Sequential and concurrent sends both: duplicates race in the second half.
         half = len(attempts) // 2
-        results = [await (_on_session if a.on_session else _on_chat)(stack, a) for a in attempts[:half]]
-        results += await asyncio.gather(
-            *((_on_session if a.on_session else _on_chat)(stack, a) for a in attempts[half:])
-        )
+        results = [await _send(stack, a) for a in attempts[:half]]
+        results += await asyncio.gather(*(_send(stack, a) for a in attempts[half:]))
         await stack.region.gateway.drain()
         assert await stack.region.shipper.flush(timeout_s=15), "usage not delivered"
         ledger = stack.global_plane.ledger
