@@ -18,10 +18,15 @@ import httpx
 import pytest
 import pytest_asyncio
 from cryptography import x509
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
+from edge.server import start_edge
+from edge.settings import EdgeSettings
 from llmmesh.errors import DOMAIN, MeshError, Reason, from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.identity import PlaneIdentity, Role, role_name
+from llmmesh.mtls import MeshTlsSettings, TlsSetupError
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -44,6 +49,7 @@ from tests.security.mesh_pki import (
     US_EAST,
     US_WEST,
     SecureStack,
+    make_pki,
     secure_stack,
 )
 from tests.stack import DEV_KEY
@@ -307,8 +313,6 @@ async def test_every_refusal_names_the_mesh_domain(stack: SecureStack) -> None:
             await policy_service_pb2_grpc.PolicyServiceStub(ch).ListTenants(
                 ppb.ListTenantsRequest(), timeout=5
             )
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
 
     status = rpc_status.from_call(info.value)
     assert status is not None
@@ -384,10 +388,6 @@ def test_an_identity_names_its_place() -> None:
 
 @pytest.mark.asyncio
 async def test_a_plane_refuses_to_start_with_a_certificate_of_another_role(tmp_path: Path) -> None:
-    from edge.server import start_edge
-    from edge.settings import EdgeSettings
-    from llmmesh.mtls import TlsSetupError
-    from tests.security.mesh_pki import make_pki
 
     pki = make_pki(tmp_path)
     with pytest.raises(TlsSetupError, match="not a edge identity"):
@@ -395,7 +395,6 @@ async def test_a_plane_refuses_to_start_with_a_certificate_of_another_role(tmp_p
 
 
 def test_a_plane_without_a_certificate_says_how_to_get_one(tmp_path: Path) -> None:
-    from llmmesh.mtls import MeshTlsSettings, TlsSetupError
 
     settings = MeshTlsSettings(tls_cert=str(tmp_path / "none.pem"))
     with pytest.raises(TlsSetupError, match=r"llmmesh certs issue.*--insecure"):
