@@ -5,7 +5,6 @@ global store. Secrets are never written: an API key's secret is redacted."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -87,29 +86,3 @@ class AuditLog:
             ]
 
         return await self._store.transaction(read)
-
-
-Handler = Callable[[Any, Any], Awaitable[Any]]
-
-
-def audited(
-    servicer: object, log_: AuditLog, methods: Sequence[tuple[str, Callable[[Any, Any], str]]]
-) -> None:
-    """Wrap ``servicer``'s named unary methods so that each change that
-    succeeds is recorded; ``methods`` pairs a method name with a function
-    of (request, response) naming the change's target."""
-    for name, target_of in methods:
-        handler: Handler = getattr(servicer, name)
-
-        async def wrapped(
-            request: Any,
-            context: Any,
-            _handler: Handler = handler,
-            _name: str = name,
-            _target: Callable[[Any, Any], str] = target_of,
-        ) -> Any:
-            response = await _handler(request, context)
-            await log_.record(_name, _target(request, response), request)
-            return response
-
-        setattr(servicer, name, wrapped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from globalplane.audit import AuditLog, audited
+from globalplane.audit import AuditLog
 from globalplane.paging import page_of, page_window
 from globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, TenantUpdate
 from globalplane.protoconv import datetime_of, required_tier, tier_from_proto, tier_to_proto, timestamp
@@ -100,16 +100,6 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     def __init__(self, book: TenantBook, audit: AuditLog) -> None:
         self._book = book
         self._audit = audit
-        audited(
-            self,
-            audit,
-            [
-                ("CreateTenant", lambda req, resp: resp.tenant.id),
-                ("UpdateTenant", lambda req, resp: resp.tenant.id),
-                ("CreateApiKey", lambda req, resp: resp.api_key.id),
-                ("RevokeApiKey", lambda req, resp: resp.api_key.id),
-            ],
-        )
 
     async def ListAuditEvents(
         self, request: ppb.ListAuditEventsRequest, context: ServicerContext
@@ -151,6 +141,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
                 monthly_token_quota=spec.monthly_token_quota,
                 allowed_models=tuple(spec.allowed_models),
             )
+            await self._audit.record("CreateTenant", tenant.id, request)
             return ppb.CreateTenantResponse(tenant=tenant_to_proto(tenant))
 
     async def GetTenant(
@@ -175,6 +166,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
         async with abort_on_mesh_error(context):
             update = tenant_update_from_proto(request.tenant, list(request.update_fields))
             tenant = await self._book.update_tenant(request.tenant.id, update)
+            await self._audit.record("UpdateTenant", tenant.id, request)
             return ppb.UpdateTenantResponse(tenant=tenant_to_proto(tenant))
 
     async def CreateApiKey(
@@ -185,6 +177,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
             key, secret = await self._book.create_api_key(
                 request.tenant, expire_time=expire, secret=request.secret
             )
+            await self._audit.record("CreateApiKey", key.id, request)
             return ppb.CreateApiKeyResponse(api_key=api_key_to_proto(key), secret=secret)
 
     async def RevokeApiKey(
@@ -192,6 +185,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     ) -> ppb.RevokeApiKeyResponse:
         async with abort_on_mesh_error(context):
             key = await self._book.revoke_api_key(request.key_id)
+            await self._audit.record("RevokeApiKey", key.id, request)
             return ppb.RevokeApiKeyResponse(api_key=api_key_to_proto(key))
 
     async def ListApiKeys(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from globalplane.audit import AuditLog
 from globalplane.model_catalog import Model, ModelCatalog, ModelTier, parse_price
 from globalplane.protoconv import required_tier, tier_to_proto
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
@@ -71,8 +72,9 @@ def model_from_proto(model: mpb.Model) -> Model:
 class ModelRegistryServicer(model_registry_service_pb2_grpc.ModelRegistryServiceServicer):
     """Models, their prices, tiers and deployments."""
 
-    def __init__(self, catalog: ModelCatalog) -> None:
+    def __init__(self, catalog: ModelCatalog, audit: AuditLog) -> None:
         self._catalog = catalog
+        self._audit = audit
 
     async def ListModels(
         self, request: mpb.ListModelsRequest, context: ServicerContext
@@ -101,4 +103,5 @@ class ModelRegistryServicer(model_registry_service_pb2_grpc.ModelRegistryService
     ) -> mpb.UpsertModelResponse:
         async with abort_on_mesh_error(context):
             stored = await self._catalog.upsert_model(model_from_proto(request.model))
+            await self._audit.record("UpsertModel", stored.name, request)
             return mpb.UpsertModelResponse(model=model_to_proto(stored))

@@ -123,7 +123,7 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
                 BillingServicer(ledger, tenants), server
             )
             model_registry_service_pb2_grpc.add_ModelRegistryServiceServicer_to_server(
-                ModelRegistryServicer(catalog), server
+                ModelRegistryServicer(catalog, audit), server
             )
             geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
                 GeoRoutingServicer(directory, tenants), server

@@ -36,9 +36,11 @@ from llmmesh.v1 import (
     engine_service_pb2,
     engine_service_pb2_grpc,
     geo_routing_service_pb2_grpc,
+    model_registry_service_pb2_grpc,
     policy_service_pb2_grpc,
 )
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
+from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 from tests.security.mesh_pki import (
     ADMIN,
@@ -203,14 +205,22 @@ async def test_admin_changes_need_an_admin_certificate_and_are_audited(stack: Se
             ppb.CreateApiKeyRequest(tenant=tenant.id, secret="sk-acme-secret-1"), timeout=5
         )
         await policy.RevokeApiKey(ppb.RevokeApiKeyRequest(key_id=key.api_key.id), timeout=5)
+        model = mpb.Model(
+            name="llmmesh-big",
+            tier=mpb.MODEL_TIER_LARGE,
+            context_window=8192,
+            pricing=mpb.ModelPricing(input_per_1k_usd="0.01", output_per_1k_usd="0.02"),
+        )
+        registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(ch)
+        await registry.UpsertModel(mpb.UpsertModelRequest(model=model), timeout=5)
         first = await policy.ListAuditEvents(ppb.ListAuditEventsRequest(page_size=2), timeout=5)
         rest = await policy.ListAuditEvents(
             ppb.ListAuditEventsRequest(page_size=2, page_token=first.next_page_token), timeout=5
         )
     events = [*first.events, *rest.events]
-    assert [e.method for e in events] == ["CreateTenant", "CreateApiKey", "RevokeApiKey"]
+    assert [e.method for e in events] == ["CreateTenant", "CreateApiKey", "RevokeApiKey", "UpsertModel"]
     assert {e.actor for e in events} == {ADMIN.uri}
-    assert [e.target for e in events] == [tenant.id, key.api_key.id, key.api_key.id]
+    assert [e.target for e in events] == [tenant.id, key.api_key.id, key.api_key.id, "llmmesh-big"]
     assert json.loads(events[1].request_json)["secret"] == "<redacted>"
     assert all("sk-acme-secret-1" not in e.request_json for e in events)
     assert not rest.next_page_token
