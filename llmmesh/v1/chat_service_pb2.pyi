@@ -505,15 +505,25 @@ class ChatDelta(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Position of this delta in the turn's stream, 1 for the first; a
     continuation goes on from Continuation.last_sequence + 1.
     """
     text: _builtins.str
-    """The new text."""
+    """The new text of the reply's content."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The new tokens."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCallDelta]:
+        """Parts of tool calls the new tokens make (their text is not in text)."""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]:
+        """With SamplingParams.logprobs: one per new token, in order."""
 
     def __init__(
         self,
@@ -521,10 +531,12 @@ class ChatDelta(_message.Message):
         sequence: _builtins.int = ...,
         text: _builtins.str = ...,
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        tool_calls: _abc.Iterable[_common_pb2.ToolCallDelta] | None = ...,
+        logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sequence", b"sequence", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "sequence", b"sequence", "text", b"text", "token_ids", b"token_ids", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

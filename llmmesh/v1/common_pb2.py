@@ -24,33 +24,55 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmmesh/v1/common.proto\x12\nllmmesh.v1\"P\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xbe\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"V\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"/\n\x08GeoPoint\x12\x10\n\x08latitude\x18\x01 \x01(\x01\x12\x11\n\tlongitude\x18\x02 \x01(\x01\"\xce\x01\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x37\n\x08metadata\x18\x05 \x03(\x0b\x32%.llmmesh.v1.StreamError.MetadataEntry\x12\x16\n\x0eretry_delay_ms\x18\x06 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*N\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FREE\x10\x01\x12\x0c\n\x08TIER_PRO\x10\x02\x12\x13\n\x0fTIER_ENTERPRISE\x10\x03*\x95\x01\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x17\n\x13\x43HAT_ROLE_DEVELOPER\x10\x04\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x05*\xb7\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*\x92\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_SERVING\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmmesh/v1/common.proto\x12\nllmmesh.v1\"\x90\x01\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12(\n\ntool_calls\x18\x04 \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x05 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\\\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"D\n\nToolChoice\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.llmmesh.v1.ToolChoiceMode\x12\x0c\n\x04name\x18\x02 \x01(\t\"x\n\x0eResponseFormat\x12,\n\x04type\x18\x01 \x01(\x0e\x32\x1e.llmmesh.v1.ResponseFormatType\x12\x13\n\x0bschema_name\x18\x02 \x01(\t\x12\x13\n\x0bschema_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"z\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\x13\n\x0btoken_bytes\x18\x04 \x01(\x0c\x12#\n\x03top\x18\x05 \x03(\x0b\x32\x16.llmmesh.v1.TopLogprob\"S\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12\x13\n\x0btoken_bytes\x18\x04 \x01(\x0c\"\x9e\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x05\x88\x01\x01\x12=\n\nlogit_bias\x18\t \x03(\x0b\x32).llmmesh.v1.SamplingParams.LogitBiasEntry\x12\x10\n\x08logprobs\x18\n \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\x0b \x01(\x05H\x06\x88\x01\x01\x12)\n\x05tools\x18\x0c \x03(\x0b\x32\x1a.llmmesh.v1.ToolDefinition\x12+\n\x0btool_choice\x18\r \x01(\x0b\x32\x16.llmmesh.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x0e \x01(\x08H\x07\x88\x01\x01\x12\x33\n\x0fresponse_format\x18\x0f \x01(\x0b\x32\x1a.llmmesh.v1.ResponseFormat\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0f\n\r_top_logprobsB\x16\n\x14_parallel_tool_calls\"V\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x03 \x01(\x03\"/\n\x08GeoPoint\x12\x10\n\x08latitude\x18\x01 \x01(\x01\x12\x11\n\tlongitude\x18\x02 \x01(\x01\"\xce\x01\n\x0bStreamError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x37\n\x08metadata\x18\x05 \x03(\x0b\x32%.llmmesh.v1.StreamError.MetadataEntry\x12\x16\n\x0eretry_delay_ms\x18\x06 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*N\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FREE\x10\x01\x12\x0c\n\x08TIER_PRO\x10\x02\x12\x13\n\x0fTIER_ENTERPRISE\x10\x03*\x95\x01\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x17\n\x13\x43HAT_ROLE_DEVELOPER\x10\x04\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x05*\xd5\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*\x92\x01\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_SERVING\x10\x01\x12\x19\n\x15HEALTH_STATE_DEGRADED\x10\x02\x12\x19\n\x15HEALTH_STATE_DRAINING\x10\x03\x12\x15\n\x11HEALTH_STATE_DOWN\x10\x04*\xa3\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1a\n\x16TOOL_CHOICE_MODE_NAMED\x10\x04*\xa5\x01\n\x12ResponseFormatType\x12$\n RESPONSE_FORMAT_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_FORMAT_TYPE_TEXT\x10\x01\x12$\n RESPONSE_FORMAT_TYPE_JSON_OBJECT\x10\x02\x12$\n RESPONSE_FORMAT_TYPE_JSON_SCHEMA\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_STREAMERROR_METADATAENTRY']._loaded_options = None
   _globals['_STREAMERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_TIER']._serialized_start=660
-  _globals['_TIER']._serialized_end=738
-  _globals['_CHATROLE']._serialized_start=741
-  _globals['_CHATROLE']._serialized_end=890
-  _globals['_FINISHREASON']._serialized_start=893
-  _globals['_FINISHREASON']._serialized_end=1076
-  _globals['_HEALTHSTATE']._serialized_start=1079
-  _globals['_HEALTHSTATE']._serialized_end=1225
-  _globals['_CHATMESSAGE']._serialized_start=39
-  _globals['_CHATMESSAGE']._serialized_end=119
-  _globals['_SAMPLINGPARAMS']._serialized_start=122
-  _globals['_SAMPLINGPARAMS']._serialized_end=312
-  _globals['_TOKENUSAGE']._serialized_start=314
-  _globals['_TOKENUSAGE']._serialized_end=400
-  _globals['_GEOPOINT']._serialized_start=402
-  _globals['_GEOPOINT']._serialized_end=449
-  _globals['_STREAMERROR']._serialized_start=452
-  _globals['_STREAMERROR']._serialized_end=658
-  _globals['_STREAMERROR_METADATAENTRY']._serialized_start=611
-  _globals['_STREAMERROR_METADATAENTRY']._serialized_end=658
+  _globals['_TIER']._serialized_start=1834
+  _globals['_TIER']._serialized_end=1912
+  _globals['_CHATROLE']._serialized_start=1915
+  _globals['_CHATROLE']._serialized_end=2064
+  _globals['_FINISHREASON']._serialized_start=2067
+  _globals['_FINISHREASON']._serialized_end=2280
+  _globals['_HEALTHSTATE']._serialized_start=2283
+  _globals['_HEALTHSTATE']._serialized_end=2429
+  _globals['_TOOLCHOICEMODE']._serialized_start=2432
+  _globals['_TOOLCHOICEMODE']._serialized_end=2595
+  _globals['_RESPONSEFORMATTYPE']._serialized_start=2598
+  _globals['_RESPONSEFORMATTYPE']._serialized_end=2763
+  _globals['_CHATMESSAGE']._serialized_start=40
+  _globals['_CHATMESSAGE']._serialized_end=184
+  _globals['_TOOLCALL']._serialized_start=186
+  _globals['_TOOLCALL']._serialized_end=241
+  _globals['_TOOLCALLDELTA']._serialized_start=243
+  _globals['_TOOLCALLDELTA']._serialized_end=318
+  _globals['_TOOLDEFINITION']._serialized_start=320
+  _globals['_TOOLDEFINITION']._serialized_end=412
+  _globals['_TOOLCHOICE']._serialized_start=414
+  _globals['_TOOLCHOICE']._serialized_end=482
+  _globals['_RESPONSEFORMAT']._serialized_start=484
+  _globals['_RESPONSEFORMAT']._serialized_end=604
+  _globals['_TOKENLOGPROB']._serialized_start=606
+  _globals['_TOKENLOGPROB']._serialized_end=728
+  _globals['_TOPLOGPROB']._serialized_start=730
+  _globals['_TOPLOGPROB']._serialized_end=813
+  _globals['_SAMPLINGPARAMS']._serialized_start=816
+  _globals['_SAMPLINGPARAMS']._serialized_end=1486
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1304
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1352
+  _globals['_TOKENUSAGE']._serialized_start=1488
+  _globals['_TOKENUSAGE']._serialized_end=1574
+  _globals['_GEOPOINT']._serialized_start=1576
+  _globals['_GEOPOINT']._serialized_end=1623
+  _globals['_STREAMERROR']._serialized_start=1626
+  _globals['_STREAMERROR']._serialized_end=1832
+  _globals['_STREAMERROR_METADATAENTRY']._serialized_start=1785
+  _globals['_STREAMERROR_METADATAENTRY']._serialized_end=1832
 # @@protoc_insertion_point(module_scope)

@@ -82,6 +82,8 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     """The client cancelled the generation."""
     FINISH_REASON_ERROR: _FinishReason.ValueType  # 5
     """The generation failed; an error event or status says why."""
+    FINISH_REASON_TOOL_CALLS: _FinishReason.ValueType  # 6
+    """The model called one or more tools; the reply's tool calls say which."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -97,6 +99,8 @@ FINISH_REASON_CANCELLED: FinishReason.ValueType  # 4
 """The client cancelled the generation."""
 FINISH_REASON_ERROR: FinishReason.ValueType  # 5
 """The generation failed; an error event or status says why."""
+FINISH_REASON_TOOL_CALLS: FinishReason.ValueType  # 6
+"""The model called one or more tools; the reply's tool calls say which."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 class _HealthState:
@@ -125,6 +129,66 @@ HEALTH_STATE_DRAINING: HealthState.ValueType  # 3
 HEALTH_STATE_DOWN: HealthState.ValueType  # 4
 Global___HealthState: _TypeAlias = HealthState  # noqa: Y015
 
+class _ToolChoiceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolChoiceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolChoiceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ToolChoiceMode.ValueType  # 0
+    """"auto" when tools are given, "none" otherwise."""
+    TOOL_CHOICE_MODE_NONE: _ToolChoiceMode.ValueType  # 1
+    """Never call a tool."""
+    TOOL_CHOICE_MODE_AUTO: _ToolChoiceMode.ValueType  # 2
+    """The model decides."""
+    TOOL_CHOICE_MODE_REQUIRED: _ToolChoiceMode.ValueType  # 3
+    """Call at least one tool."""
+    TOOL_CHOICE_MODE_NAMED: _ToolChoiceMode.ValueType  # 4
+    """Call the tool ToolChoice.name."""
+
+class ToolChoiceMode(_ToolChoiceMode, metaclass=_ToolChoiceModeEnumTypeWrapper):
+    """Whether and which tool the model must call."""
+
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode.ValueType  # 0
+""""auto" when tools are given, "none" otherwise."""
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode.ValueType  # 1
+"""Never call a tool."""
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.ValueType  # 2
+"""The model decides."""
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.ValueType  # 3
+"""Call at least one tool."""
+TOOL_CHOICE_MODE_NAMED: ToolChoiceMode.ValueType  # 4
+"""Call the tool ToolChoice.name."""
+Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
+
+class _ResponseFormatType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ResponseFormatTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResponseFormatType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESPONSE_FORMAT_TYPE_UNSPECIFIED: _ResponseFormatType.ValueType  # 0
+    """Free text."""
+    RESPONSE_FORMAT_TYPE_TEXT: _ResponseFormatType.ValueType  # 1
+    """Free text, asked for explicitly."""
+    RESPONSE_FORMAT_TYPE_JSON_OBJECT: _ResponseFormatType.ValueType  # 2
+    """Any valid JSON object."""
+    RESPONSE_FORMAT_TYPE_JSON_SCHEMA: _ResponseFormatType.ValueType  # 3
+    """JSON valid against ResponseFormat.schema_json."""
+
+class ResponseFormatType(_ResponseFormatType, metaclass=_ResponseFormatTypeEnumTypeWrapper):
+    """The shape of a reply's text."""
+
+RESPONSE_FORMAT_TYPE_UNSPECIFIED: ResponseFormatType.ValueType  # 0
+"""Free text."""
+RESPONSE_FORMAT_TYPE_TEXT: ResponseFormatType.ValueType  # 1
+"""Free text, asked for explicitly."""
+RESPONSE_FORMAT_TYPE_JSON_OBJECT: ResponseFormatType.ValueType  # 2
+"""Any valid JSON object."""
+RESPONSE_FORMAT_TYPE_JSON_SCHEMA: ResponseFormatType.ValueType  # 3
+"""JSON valid against ResponseFormat.schema_json."""
+Global___ResponseFormatType: _TypeAlias = ResponseFormatType  # noqa: Y015
+
 @_typing.final
 class ChatMessage(_message.Message):
     """One message of a conversation."""
@@ -134,26 +198,272 @@ class ChatMessage(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     role: Global___ChatRole.ValueType
     """Who wrote the message."""
     content: _builtins.str
     """The message text."""
     name: _builtins.str
     """An optional participant name, as in the OpenAI API."""
+    tool_call_id: _builtins.str
+    """Of a tool message: the id of the call it answers."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """The tool calls of an assistant message."""
+
     def __init__(
         self,
         *,
         role: Global___ChatRole.ValueType = ...,
         content: _builtins.str = ...,
         name: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class ToolCall(_message.Message):
+    """One tool call of an assistant message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The call's id, which the tool message answering it names."""
+    name: _builtins.str
+    """The function called."""
+    arguments: _builtins.str
+    """The arguments as JSON text."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    """A part of a tool call as it streams: the first part of a call carries its
+    index, id and name; later parts of the same index carry more arguments.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Which call of the reply, 0 for the first."""
+    id: _builtins.str
+    """The call's id; set in its first part only."""
+    name: _builtins.str
+    """The function called; set in its first part only."""
+    arguments: _builtins.str
+    """More of the arguments' JSON text."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "index", b"index", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
+
+@_typing.final
+class ToolDefinition(_message.Message):
+    """A function the model may call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The function's name."""
+    description: _builtins.str
+    """What it does, for the model."""
+    parameters_json: _builtins.str
+    """Its parameters as a JSON Schema (JSON text); empty: no parameters."""
+    strict: _builtins.bool
+    """Whether the arguments must match the schema exactly."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json", b"parameters_json", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolDefinition: _TypeAlias = ToolDefinition  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """The tool_choice of a request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    mode: Global___ToolChoiceMode.ValueType
+    """How the model may choose."""
+    name: _builtins.str
+    """The function it must call, with TOOL_CHOICE_MODE_NAMED."""
+    def __init__(
+        self,
+        *,
+        mode: Global___ToolChoiceMode.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
+
+@_typing.final
+class ResponseFormat(_message.Message):
+    """The response_format of a request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    SCHEMA_NAME_FIELD_NUMBER: _builtins.int
+    SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    type: Global___ResponseFormatType.ValueType
+    """Which shape."""
+    schema_name: _builtins.str
+    """The schema's name, with JSON_SCHEMA."""
+    schema_json: _builtins.str
+    """The JSON Schema as JSON text, with JSON_SCHEMA."""
+    strict: _builtins.bool
+    """Whether the schema is followed strictly."""
+    def __init__(
+        self,
+        *,
+        type: Global___ResponseFormatType.ValueType = ...,
+        schema_name: _builtins.str = ...,
+        schema_json: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schema_json", b"schema_json", "schema_name", b"schema_name", "strict", b"strict", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResponseFormat: _TypeAlias = ResponseFormat  # noqa: Y015
+
+@_typing.final
+class TokenLogprob(_message.Message):
+    """The log probability of one output token, and of the likeliest
+    alternatives at its position.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    TOKEN_BYTES_FIELD_NUMBER: _builtins.int
+    TOP_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    """The token."""
+    token: _builtins.str
+    """Its text."""
+    logprob: _builtins.float
+    """Its log probability."""
+    token_bytes: _builtins.bytes
+    """Its UTF-8 bytes (a token may hold part of a character)."""
+    @_builtins.property
+    def top(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprob]:
+        """The likeliest tokens at this position, most likely first."""
+
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        token_bytes: _builtins.bytes = ...,
+        top: _abc.Iterable[Global___TopLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token", b"token", "token_bytes", b"token_bytes", "token_id", b"token_id", "top", b"top"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class TopLogprob(_message.Message):
+    """One of the likeliest tokens at a position."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    TOKEN_BYTES_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    """The token."""
+    token: _builtins.str
+    """Its text."""
+    logprob: _builtins.float
+    """Its log probability."""
+    token_bytes: _builtins.bytes
+    """Its UTF-8 bytes."""
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        token_bytes: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token", b"token", "token_bytes", b"token_bytes", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015
 
 @_typing.final
 class SamplingParams(_message.Message):
@@ -163,12 +473,41 @@ class SamplingParams(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LogitBiasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     TOP_P_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGIT_BIAS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    RESPONSE_FORMAT_FIELD_NUMBER: _builtins.int
     max_tokens: _builtins.int
     """The most output tokens to generate."""
     temperature: _builtins.float
@@ -181,9 +520,35 @@ class SamplingParams(_message.Message):
     """Keep generating past the end-of-sequence token, up to max_tokens
     (benchmarks use it for replies of a fixed length).
     """
+    presence_penalty: _builtins.float
+    """Penalises tokens that appeared in the output at all (-2 to 2)."""
+    frequency_penalty: _builtins.float
+    """Penalises tokens by how often they appeared in the output (-2 to 2)."""
+    logprobs: _builtins.bool
+    """Return each output token's log probability."""
+    top_logprobs: _builtins.int
+    """With logprobs, this many likeliest alternatives per position (0 to 20)."""
+    parallel_tool_calls: _builtins.bool
+    """Whether the model may call several tools in one reply (default true)."""
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stop sequences; the output ends before the first one produced."""
+
+    @_builtins.property
+    def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
+        """Added to the logits of these token ids (-100 to 100)."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDefinition]:
+        """Functions the model may call."""
+
+    @_builtins.property
+    def tool_choice(self) -> Global___ToolChoice:
+        """Whether and which tool the model must call."""
+
+    @_builtins.property
+    def response_format(self) -> Global___ResponseFormat:
+        """The shape of the reply's text."""
 
     def __init__(
         self,
@@ -194,25 +559,50 @@ class SamplingParams(_message.Message):
         stop: _abc.Iterable[_builtins.str] | None = ...,
         seed: _builtins.int | None = ...,
         ignore_eos: _builtins.bool = ...,
+        presence_penalty: _builtins.float | None = ...,
+        frequency_penalty: _builtins.float | None = ...,
+        logit_bias: _abc.Mapping[_builtins.int, _builtins.float] | None = ...,
+        logprobs: _builtins.bool = ...,
+        top_logprobs: _builtins.int | None = ...,
+        tools: _abc.Iterable[Global___ToolDefinition] | None = ...,
+        tool_choice: Global___ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
+        response_format: Global___ResponseFormat | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "max_tokens", b"max_tokens", "parallel_tool_calls", b"parallel_tool_calls", "presence_penalty", b"presence_penalty", "response_format", b"response_format", "seed", b"seed", "temperature", b"temperature", "tool_choice", b"tool_choice", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty", "_max_tokens", b"_max_tokens", "_parallel_tool_calls", b"_parallel_tool_calls", "_presence_penalty", b"_presence_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "parallel_tool_calls", b"parallel_tool_calls", "presence_penalty", b"presence_penalty", "response_format", b"response_format", "seed", b"seed", "stop", b"stop", "temperature", b"temperature", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__frequency_penalty: _TypeAlias = _typing.Literal["frequency_penalty"]  # noqa: Y015
+    _WhichOneofArgType__frequency_penalty: _TypeAlias = _typing.Literal["_frequency_penalty", b"_frequency_penalty"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofReturnType__presence_penalty: _TypeAlias = _typing.Literal["presence_penalty"]  # noqa: Y015
+    _WhichOneofArgType__presence_penalty: _TypeAlias = _typing.Literal["_presence_penalty", b"_presence_penalty"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_logprobs: _TypeAlias = _typing.Literal["top_logprobs"]  # noqa: Y015
+    _WhichOneofArgType__top_logprobs: _TypeAlias = _typing.Literal["_top_logprobs", b"_top_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__frequency_penalty) -> _WhichOneofReturnType__frequency_penalty | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__presence_penalty) -> _WhichOneofReturnType__presence_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_logprobs) -> _WhichOneofReturnType__top_logprobs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 

@@ -370,6 +370,8 @@ class TokenDelta(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKEN_OFFSET_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Position of this delta in the stream, 1 for the first."""
     text: _builtins.str
@@ -380,6 +382,16 @@ class TokenDelta(_message.Message):
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The tokens."""
 
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCallDelta]:
+        """Parts of tool calls these tokens make; their tokens' text is then not
+        in text, which holds only the reply's content.
+        """
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]:
+        """With SamplingParams.logprobs: one per token, in order."""
+
     def __init__(
         self,
         *,
@@ -387,10 +399,12 @@ class TokenDelta(_message.Message):
         text: _builtins.str = ...,
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
         output_token_offset: _builtins.int = ...,
+        tool_calls: _abc.Iterable[_common_pb2.ToolCallDelta] | None = ...,
+        logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_token_offset", b"output_token_offset", "sequence", b"sequence", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "output_token_offset", b"output_token_offset", "sequence", b"sequence", "text", b"text", "token_ids", b"token_ids", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
