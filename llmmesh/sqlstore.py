@@ -215,7 +215,7 @@ class SqlStore:
         """
         return await asyncio.to_thread(self.run_transaction, work)
 
-    async def grouped(self, work: Callable[[Connection], T]) -> T:
+    async def grouped(self, work: Callable[[Connection], T], *, urgent: bool = False) -> T:
         """:meth:`transaction`, committed together with the other grouped
         work that arrives while a group is being written (group commit).
 
@@ -225,8 +225,14 @@ class SqlStore:
         a savepoint of its own, so one that raises rolls back only its own
         writes and gets its own error; a conflict that aborts the
         transaction runs the whole group again.
+
+        ``urgent`` work is what a caller waits on before it can answer (a
+        turn's acceptance, say): waiting urgent work goes in a group of its
+        own, ahead of the rest, and other groups take at most
+        ``GROUP_LIMIT`` members, so urgent work waits for at most one small
+        group already being written.
         """
-        return await self._group.run(work)
+        return await self._group.run(work, urgent)
 
     def run_transaction(self, work: Callable[[Connection], T]) -> T:
         """:meth:`transaction` on the calling thread (which it blocks)."""
@@ -260,11 +266,16 @@ class SqlStore:
         return self._serial if self._serial is not None else contextlib.nullcontext()
 
 
+GROUP_LIMIT = 8
+"""The most members of a group of work that is not urgent."""
+
+
 class _Grouped:
     """One piece of grouped work and where its outcome goes."""
 
-    def __init__(self, work: Callable[[Connection], Any]) -> None:
+    def __init__(self, work: Callable[[Connection], Any], urgent: bool) -> None:
         self.work = work
+        self.urgent = urgent
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # Retrieved here, so the error of a member whose caller went away is not reported as lost.
         self.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -281,8 +292,8 @@ class _GroupCommit:
         self._pending: list[_Grouped] = []
         self._writer: asyncio.Task[None] | None = None
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
-        item = _Grouped(work)
+    async def run(self, work: Callable[[Connection], T], urgent: bool) -> T:
+        item = _Grouped(work, urgent)
         self._pending.append(item)
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
@@ -292,7 +303,7 @@ class _GroupCommit:
 
     async def _write(self) -> None:
         while self._pending:
-            group, self._pending = self._pending, []
+            group = self._next_group()
             try:
                 write = functools.partial(_run_group, group=group)
                 await asyncio.to_thread(self._store.run_transaction, write)
@@ -304,6 +315,16 @@ class _GroupCommit:
                 continue
             for item in group:
                 _settle(item.outcome, item.result, item.error)
+
+    def _next_group(self) -> list[_Grouped]:
+        """The waiting urgent work if there is any, else the oldest
+        ``GROUP_LIMIT`` members; taken off the waiting list."""
+        urgent = [item for item in self._pending if item.urgent]
+        if urgent:
+            self._pending = [item for item in self._pending if not item.urgent]
+            return urgent
+        group, self._pending = self._pending[:GROUP_LIMIT], self._pending[GROUP_LIMIT:]
+        return group
 
 
 def _run_group(conn: Connection, group: Sequence[_Grouped]) -> None:

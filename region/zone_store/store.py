@@ -287,12 +287,12 @@ class ZoneStore(SqlStore):
         _require_tenant(start.tenant_id)
         _require_request_id(start.request_id)
         now = self._clock()
-        return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now))
+        return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now), urgent=True)
 
     async def mark_started(self, tenant_id: str, request_id: str, holder: str) -> bool:
         """Note that the tenant's turn accepted as ``holder`` is about to stream;
         False when another acceptance took its request id over (it must stop)."""
-        return await self.grouped(lambda conn: mark_started(conn, tenant_id, request_id, holder))
+        return await self.grouped(lambda conn: mark_started(conn, tenant_id, request_id, holder), urgent=True)
 
     async def record_turn(
         self,

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.sqlstore import SqlStore, create_store_engine
+from llmmesh.sqlstore import GROUP_LIMIT, SqlStore, create_store_engine
 
 pytestmark = pytest.mark.asyncio
 
@@ -66,10 +66,32 @@ async def test_work_arriving_together_commits_once(store: SqlStore) -> None:
     results = await asyncio.gather(*(store.grouped(insert(i)) for i in range(20)))
     assert results == list(range(20))
     assert stored(store) == list(range(20))
-    assert commits[0] <= 2  # one group, or the first alone and the rest together
+    # Groups of at most GROUP_LIMIT, the first maybe alone.
+    assert commits[0] <= 1 + -(-20 // GROUP_LIMIT)
     commits[0] = 0
     assert await store.grouped(insert(99)) == 99  # alone: a group of one
     assert commits[0] == 1
+
+
+async def test_urgent_work_goes_ahead_of_waiting_work(store: SqlStore) -> None:
+    ran: list[int] = []
+
+    def logged(row_id: int) -> Callable[[Connection], int]:
+        def work(conn: Connection) -> int:
+            ran.append(row_id)
+            return insert(row_id)(conn)
+
+        return work
+
+    commits = commits_of(store)
+    waiting = [store.grouped(logged(i)) for i in range(3 * GROUP_LIMIT)]
+    urgent = [store.grouped(logged(100 + i), urgent=True) for i in range(2)]
+    assert await asyncio.gather(*waiting, *urgent) == [*range(3 * GROUP_LIMIT), 100, 101]
+    # Both urgent pieces in one group, written before any of the others.
+    assert ran[:2] == [100, 101]
+    assert ran[2:] == list(range(3 * GROUP_LIMIT))
+    assert commits[0] == 1 + 3
+    assert stored(store) == [*range(3 * GROUP_LIMIT), 100, 101]
 
 
 async def test_a_failing_member_rolls_back_only_its_own_writes(store: SqlStore) -> None:
