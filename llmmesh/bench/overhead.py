@@ -64,7 +64,11 @@ the step that ended the previous one, so requests reach a busy pod at a
 fixed phase of its step cycle set by the path's own latency, and the wait
 for the next step boundary would hide part of what the path adds (a
 request that arrives later waits less). Independent users arrive at random
-phases; the delay restores that, and costs both systems the same.
+phases; the delay restores that, and costs both systems the same. A
+round's delays are stratified (one in each equal slice of the range, in a
+seeded order, the same for every system), so that the phases, and with
+them most of the spread of time to first token at a busy pod, are spread
+alike for every system rather than left to independent draws.
 """
 
 from __future__ import annotations
@@ -231,6 +235,7 @@ class OverheadBench:
                     if not start.ok:
                         progress(f"{name}: its first request failed: {start.error}")
                     after_idle.setdefault(key(system, level), []).append(start)
+                    jittered[system].deal(f"c{level}-r{round_index}", len(requests))
                     run = await measure_level(name, jittered[system], requests, level, progress)
                     runs.setdefault(key(system, level), []).append(run)
         return runs, after_idle

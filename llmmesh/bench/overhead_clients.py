@@ -12,7 +12,8 @@ tokens generated, so :class:`SimChunkCounter` counts each chunk's tokens
 from its text, and the final usage chunk settles any difference.
 
 :class:`ArrivalJitter` delays each request a seeded random time before the
-client sends it (outside its TTFT), for both systems alike.
+client sends it (outside its TTFT), for all systems alike, stratified over
+each round.
 """
 
 from __future__ import annotations
@@ -47,18 +48,43 @@ class SimChunkCounter(ChunkCounter):
 
 
 class ArrivalJitter:
-    """Sends each request through ``client`` after a random delay, uniform
-    in ``[0, max_delay_s)`` and drawn from ``seed``; the delay is not part of
-    the request's record (its clock starts when the client sends)."""
+    """Sends each request through ``client`` after a random delay in
+    ``[0, max_delay_s)``, drawn from ``seed``; the delay is not part of the
+    request's record (its clock starts when the client sends).
+
+    :meth:`deal` stratifies a round's delays: of ``count`` requests, one
+    delay falls in each ``1/count`` of the range, in a seeded random order.
+    A busy pod's step clock turns each delay into the phase at which the
+    request arrives, and the wait for the next step boundary is most of the
+    spread of a time to first token; with stratified delays every system
+    sees the same spread of phases in a round, whatever its own latency
+    shifts them by, where independent draws leave each system's median to
+    chance by up to a step's share of ``1/sqrt(count)``. Outside a dealt
+    round each delay is drawn uniformly."""
 
     def __init__(self, client: StreamingClient, max_delay_s: float, seed: str) -> None:
         self._client = client
         self._max_delay_s = max_delay_s
+        self._seed = seed
         self._rng = random.Random(seed)
+        self._dealt: list[float] = []
+
+    def deal(self, round_name: str, count: int) -> None:
+        """The next ``count`` delays, stratified and shuffled from the seed
+        and ``round_name``: every client dealt the same round draws the same."""
+        rng = random.Random(f"{self._seed}/{round_name}")
+        delays = [(k + rng.random()) / count * self._max_delay_s for k in range(count)]
+        rng.shuffle(delays)
+        self._dealt = delays[::-1]
+
+    def _delay(self) -> float:
+        if self._dealt:
+            return self._dealt.pop()
+        return self._rng.uniform(0.0, self._max_delay_s)
 
     async def generate(self, request: ChatRequest) -> RequestRecord:
         if self._max_delay_s > 0:
-            await asyncio.sleep(self._rng.uniform(0.0, self._max_delay_s))
+            await asyncio.sleep(self._delay())
         return await self._client.generate(request)
 
     async def close(self) -> None:

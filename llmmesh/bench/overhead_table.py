@@ -72,7 +72,7 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
     )
     lines += [
         "what the mesh adds" + (" (mtls: what mTLS adds to the mesh's ttft over plaintext)" if mtls else ""),
-        header + (f" {'mtls p50':>10} {'mtls p99':>10}" if mtls else ""),
+        header + (f" {'mtls p50':>10} {'mtls p99':>10} {'mtls p50 95% ci':>17}" if mtls else ""),
     ]
     for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
         line = (
@@ -82,6 +82,8 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
         )
         if mtls:
             line += f" {_added(values[MTLS_ADDED_P50])} {_added(values['mtls_added_ttft_p99_ms'])}"
+            low, high = values["mtls_added_ttft_p50_ci95_low_ms"], values["mtls_added_ttft_p50_ci95_high_ms"]
+            line += f" {_interval(low, high)}"
         lines.append(line)
     return lines
 
@@ -92,6 +94,10 @@ def _ms(value: float | None) -> str:
 
 def _added(value: float | None) -> str:
     return f"{'-':>10}" if value is None else f"{value:>+8.1f}ms"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return f"{'-':>17}" if low is None or high is None else f"{f'[{low:+.1f},{high:+.1f}]ms':>17}"
 
 
 def _share(value: float | None) -> str:

@@ -207,6 +207,41 @@ async def test_each_request_waits_its_seeded_delay_before_it_is_sent(monkeypatch
     assert inner.closed
 
 
+@pytest.mark.asyncio
+async def test_a_dealt_round_spreads_its_delays_one_to_each_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple[str, object]] = []
+
+    async def sleep(delay: float) -> None:
+        log.append(("sleep", delay))
+
+    monkeypatch.setattr("llmmesh.bench.overhead_clients.asyncio.sleep", sleep)
+    requests = ChatWorkload().requests("t", 8, 1)
+    inner = _Logged(log)
+
+    async def dealt(seed: str, round_name: str) -> list[float]:
+        log.clear()
+        jittered = ArrivalJitter(inner, 0.016, seed)
+        jittered.deal(round_name, len(requests))
+        for request in requests:
+            await jittered.generate(request)
+        return [float(value) for kind, value in log if kind == "sleep"]  # type: ignore[arg-type]
+
+    delays = await dealt("seed", "c16-r0")
+    # One delay in each 2 ms slice of the 16 ms range, in no fixed order.
+    assert sorted(int(delay // 0.002) for delay in delays) == list(range(8))
+    assert delays != sorted(delays)
+    # Every system dealt the same round draws the same delays; another round others.
+    assert await dealt("seed", "c16-r0") == delays
+    assert await dealt("seed", "c16-r1") != delays
+    # Past the dealt ones, delays are drawn as before.
+    log.clear()
+    jittered = ArrivalJitter(inner, 0.016, "seed")
+    jittered.deal("c16-r0", 1)
+    await jittered.generate(requests[0])
+    await jittered.generate(requests[1])
+    assert all(0.0 <= float(value) < 0.016 for kind, value in log if kind == "sleep")  # type: ignore[arg-type]
+
+
 class _SseServer:
     """A tiny HTTP/1.1 server answering every POST with ``reply(n)``, the
     n-th reply's raw bytes (head and body); closes the connection after a
@@ -432,7 +467,13 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     assert "mesh_mtls/c16" in table
     header = next(line for line in table.splitlines() if line.startswith("level") and "mtls p50" in line)
     row = table.splitlines()[table.splitlines().index(header) + 2]
-    assert row.split()[0] == "c16" and row.split()[-2] == "+0.6ms"
+    assert row.split()[0] == "c16" and row.split()[-3] == "+0.6ms"
+    # Every plaintext sample at 42 ms, nine in ten mTLS ones at 42.6 ms:
+    # each resampled median differs by 0.6 ms.
+    assert ratios["mtls_added_ttft_p50_ci95_low_ms"] == pytest.approx(0.6)
+    assert ratios["mtls_added_ttft_p50_ci95_high_ms"] == pytest.approx(0.6)
+    assert ratios["mtls_added_ttft_mean_ms"] == pytest.approx(0.6 + 2.4 / 10)
+    assert row.split()[-1] == "[+0.6,+0.6]ms"
     assert "mtls_ttft_p50 met" in table
 
     # 1.5 ms more at the median misses the target, and with it ``all``.
