@@ -25,6 +25,7 @@ class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     CANCELLED = "cancelled"
+    TOOL_CALLS = "tool_calls"
 
 
 class HealthState(StrEnum):
@@ -43,8 +44,63 @@ class ChatTurn:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call. ``parameters_json`` is its parameters'
+    JSON Schema as JSON text; empty means it takes no parameters."""
+
+    name: str
+    description: str = ""
+    parameters_json: str = ""
+    strict: bool = False
+
+
+class ToolChoiceMode(StrEnum):
+    """Whether and which tool the model must call."""
+
+    NONE = "none"
+    AUTO = "auto"
+    REQUIRED = "required"
+    NAMED = "named"
+
+
+@dataclass(frozen=True)
+class ToolChoiceSpec:
+    """A request's tool choice; ``name`` is the function with ``NAMED`` and
+    empty otherwise. The wire's unspecified choice arrives here already
+    resolved: ``AUTO`` when tools are given, ``NONE`` otherwise."""
+
+    mode: ToolChoiceMode = ToolChoiceMode.NONE
+    name: str = ""
+
+
+class ResponseFormatType(StrEnum):
+    """The shape of the reply's text."""
+
+    TEXT = "text"
+    JSON_OBJECT = "json_object"
+    JSON_SCHEMA = "json_schema"
+
+
+@dataclass(frozen=True)
+class ResponseFormatSpec:
+    """A request's response format; ``schema_json`` (JSON text) and
+    ``schema_name`` are set with ``JSON_SCHEMA`` only."""
+
+    type: ResponseFormatType
+    schema_name: str = ""
+    schema_json: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling parameters; ``None`` takes the engine's default."""
+    """Sampling parameters; ``None`` takes the engine's default.
+
+    ``logit_bias`` pairs (token id, bias) sorted by token id; ``top_logprobs``
+    is meaningful only with ``logprobs``. ``tools`` with ``tool_choice``
+    other than ``NONE`` may make the reply tool calls
+    (:class:`ToolCallPart`); ``response_format`` JSON shapes the content.
+    """
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -52,6 +108,23 @@ class SamplingOptions:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoiceSpec = field(default_factory=ToolChoiceSpec)
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormatSpec | None = None
+
+    @property
+    def guided(self) -> bool:
+        """True when the output must follow a grammar: a JSON response
+        format, or a tool choice of ``REQUIRED`` or ``NAMED``."""
+        if self.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+            return True
+        return self.response_format is not None and self.response_format.type != ResponseFormatType.TEXT
 
 
 @dataclass(frozen=True)
@@ -82,13 +155,55 @@ class GenerationStarted:
 
 
 @dataclass(frozen=True)
+class ToolCallPart:
+    """A part of a tool call as it streams. The first part of call ``index``
+    (0 for the reply's first call) carries ``id`` and ``name``; later parts of
+    the same index carry more of the arguments' JSON text. Concatenating a
+    call's ``arguments`` gives its arguments as a JSON object's text."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One of the likeliest tokens at a position."""
+
+    token_id: int
+    token: str
+    logprob: float
+    token_bytes: bytes
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The log probability of one output token and, with ``top_logprobs``,
+    the likeliest tokens at its position, most likely first."""
+
+    token_id: int
+    token: str
+    logprob: float
+    token_bytes: bytes
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class GeneratedTokens:
     """New output tokens. ``text`` may lag the tokens while a stop sequence
-    could still be forming; the lag is flushed before the finish event."""
+    could still be forming; the lag is flushed before the finish event.
+
+    ``text`` is the reply's content only: the text of tokens that make tool
+    calls arrives as ``tool_calls`` parts instead. ``logprobs`` has one entry
+    per token of ``token_ids`` when the request asked for logprobs, and is
+    empty otherwise."""
 
     token_ids: tuple[int, ...]
     text: str
     output_token_offset: int
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)

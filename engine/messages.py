@@ -17,10 +17,18 @@ from engine.backend import (
     GenerationStarted,
     HealthState,
     LoadSnapshot,
+    ResponseFormatSpec,
+    ResponseFormatType,
     SamplingOptions,
+    TokenLogprobs,
+    ToolCallPart,
+    ToolChoiceMode,
+    ToolChoiceSpec,
+    ToolSpec,
 )
 from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from llmmesh.chat_tokenizer import chat_role_name
+from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 
@@ -28,6 +36,18 @@ _FINISH_REASONS = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
     FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.TOOL_CALLS: common_pb2.FINISH_REASON_TOOL_CALLS,
+}
+_TOOL_CHOICE_MODES = {
+    common_pb2.TOOL_CHOICE_MODE_NONE: ToolChoiceMode.NONE,
+    common_pb2.TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.AUTO,
+    common_pb2.TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.REQUIRED,
+    common_pb2.TOOL_CHOICE_MODE_NAMED: ToolChoiceMode.NAMED,
+}
+_RESPONSE_FORMAT_TYPES = {
+    common_pb2.RESPONSE_FORMAT_TYPE_TEXT: ResponseFormatType.TEXT,
+    common_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT: ResponseFormatType.JSON_OBJECT,
+    common_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA: ResponseFormatType.JSON_SCHEMA,
 }
 _HEALTH = {
     HealthState.SERVING: common_pb2.HEALTH_STATE_SERVING,
@@ -42,7 +62,11 @@ def chat_turns(messages: Iterable[common_pb2.ChatMessage]) -> list[ChatTurn]:
 
 
 def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:
-    """Sampling options; unset optional fields stay ``None``."""
+    """Sampling options; unset optional fields stay ``None``.
+
+    An unspecified tool choice becomes ``AUTO`` when tools are given and
+    ``NONE`` otherwise; an unknown enum number raises ``InvalidArgument``
+    (param ``tool_choice`` or ``response_format``), never a silent default."""
     return SamplingOptions(
         max_tokens=params.max_tokens if params.HasField("max_tokens") else None,
         temperature=params.temperature if params.HasField("temperature") else None,
@@ -50,6 +74,47 @@ def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:
         stop=tuple(params.stop),
         seed=params.seed if params.HasField("seed") else None,
         ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty if params.HasField("presence_penalty") else None,
+        frequency_penalty=params.frequency_penalty if params.HasField("frequency_penalty") else None,
+        logit_bias=tuple(sorted(params.logit_bias.items())),
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs if params.HasField("top_logprobs") else None,
+        tools=tuple(
+            ToolSpec(tool.name, tool.description, tool.parameters_json, tool.strict) for tool in params.tools
+        ),
+        tool_choice=_tool_choice(params),
+        parallel_tool_calls=params.parallel_tool_calls if params.HasField("parallel_tool_calls") else True,
+        response_format=_response_format(params),
+    )
+
+
+def _tool_choice(params: common_pb2.SamplingParams) -> ToolChoiceSpec:
+    choice = params.tool_choice
+    if choice.mode == common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED:
+        return ToolChoiceSpec(ToolChoiceMode.AUTO if params.tools else ToolChoiceMode.NONE)
+    mode = _TOOL_CHOICE_MODES.get(choice.mode)
+    if mode is None:
+        raise InvalidArgument(
+            Reason.INVALID_SAMPLING,
+            f"tool_choice.mode {choice.mode} is not a tool choice mode",
+            metadata={"param": "tool_choice"},
+        )
+    return ToolChoiceSpec(mode, choice.name)
+
+
+def _response_format(params: common_pb2.SamplingParams) -> ResponseFormatSpec | None:
+    response_format = params.response_format
+    if response_format.type == common_pb2.RESPONSE_FORMAT_TYPE_UNSPECIFIED:
+        return None
+    kind = _RESPONSE_FORMAT_TYPES.get(response_format.type)
+    if kind is None:
+        raise InvalidArgument(
+            Reason.INVALID_SAMPLING,
+            f"response_format.type {response_format.type} is not a response format",
+            metadata={"param": "response_format"},
+        )
+    return ResponseFormatSpec(
+        kind, response_format.schema_name, response_format.schema_json, response_format.strict
     )
 
 
@@ -68,6 +133,27 @@ def delta(sequence: int, event: GeneratedTokens) -> pb.TokenDelta:
         text=event.text,
         token_ids=event.token_ids,
         output_token_offset=event.output_token_offset,
+        tool_calls=[tool_call_delta(part) for part in event.tool_calls],
+        logprobs=[token_logprob(entry) for entry in event.logprobs],
+    )
+
+
+def tool_call_delta(part: ToolCallPart) -> common_pb2.ToolCallDelta:
+    return common_pb2.ToolCallDelta(index=part.index, id=part.id, name=part.name, arguments=part.arguments)
+
+
+def token_logprob(entry: TokenLogprobs) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(
+        token_id=entry.token_id,
+        token=entry.token,
+        logprob=entry.logprob,
+        token_bytes=entry.token_bytes,
+        top=[
+            common_pb2.TopLogprob(
+                token_id=top.token_id, token=top.token, logprob=top.logprob, token_bytes=top.token_bytes
+            )
+            for top in entry.top
+        ],
     )
 
 
