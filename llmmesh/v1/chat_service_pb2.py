@@ -27,15 +27,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"~\n\x12\x43hatSessionRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.llmmesh.v1.SessionTurnStartH\x00\x12/\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1d.llmmesh.v1.SessionTurnCancelH\x00\x42\x08\n\x06\x61\x63tion\"I\n\x10SessionTurnStart\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStart\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"7\n\x11SessionTurnCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x13\x43hatSessionResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.llmmesh.v1.TurnEvent\"K\n\tTurnEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.llmmesh.v1.ChatResponse\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xde\x01\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\"\x8c\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xd9\x01\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\nrate_limit\x18\x08 \x01(\x0b\x32\x1b.llmmesh.v1.RateLimitStatus\"\xd9\x01\n\x0fRateLimitStatus\x12\x16\n\x0elimit_requests\x18\x01 \x01(\x03\x12\x1a\n\x12remaining_requests\x18\x02 \x01(\x03\x12\x31\n\x0ereset_requests\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x03\x12\x18\n\x10remaining_tokens\x18\x05 \x01(\x03\x12/\n\x0creset_tokens\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x99\x01\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.llmmesh.v1.ToolCallDelta\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.llmmesh.v1.TokenLogprob\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x02\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"S\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x03 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"g\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x04 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xd1\x05\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12R\n\x0b\x43hatSession\x12\x1e.llmmesh.v1.ChatSessionRequest\x1a\x1f.llmmesh.v1.ChatSessionResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"~\n\x12\x43hatSessionRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.llmmesh.v1.SessionTurnStartH\x00\x12/\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1d.llmmesh.v1.SessionTurnCancelH\x00\x42\x08\n\x06\x61\x63tion\"I\n\x10SessionTurnStart\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStart\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"7\n\x11SessionTurnCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x13\x43hatSessionResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.llmmesh.v1.TurnEvent\"K\n\tTurnEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.llmmesh.v1.ChatResponse\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xde\x01\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\"\xbe\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\x12\x30\n\x12\x65mitted_tool_calls\x18\x06 \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xd9\x01\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\nrate_limit\x18\x08 \x01(\x0b\x32\x1b.llmmesh.v1.RateLimitStatus\"\xd9\x01\n\x0fRateLimitStatus\x12\x16\n\x0elimit_requests\x18\x01 \x01(\x03\x12\x1a\n\x12remaining_requests\x18\x02 \x01(\x03\x12\x31\n\x0ereset_requests\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x03\x12\x18\n\x10remaining_tokens\x18\x05 \x01(\x03\x12/\n\x0creset_tokens\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x99\x01\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.llmmesh.v1.ToolCallDelta\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.llmmesh.v1.TokenLogprob\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xed\x02\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\ntool_calls\x18\x0c \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\r \x01(\t\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"S\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x03 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"g\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x04 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xd1\x05\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12R\n\x0b\x43hatSession\x12\x1e.llmmesh.v1.ChatSessionRequest\x1a\x1f.llmmesh.v1.ChatSessionResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.chat_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAFETYSTAGE']._serialized_start=3756
-  _globals['_SAFETYSTAGE']._serialized_end=3848
+  _globals['_SAFETYSTAGE']._serialized_start=3870
+  _globals['_SAFETYSTAGE']._serialized_end=3962
   _globals['_CHATSESSIONREQUEST']._serialized_start=135
   _globals['_CHATSESSIONREQUEST']._serialized_end=261
   _globals['_SESSIONTURNSTART']._serialized_start=263
@@ -51,51 +51,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATSTART']._serialized_start=642
   _globals['_CHATSTART']._serialized_end=864
   _globals['_CONTINUATION']._serialized_start=867
-  _globals['_CONTINUATION']._serialized_end=1007
-  _globals['_CHATCANCEL']._serialized_start=1009
-  _globals['_CHATCANCEL']._serialized_end=1037
-  _globals['_CHATRESPONSE']._serialized_start=1040
-  _globals['_CHATRESPONSE']._serialized_end=1320
-  _globals['_CHATSTARTED']._serialized_start=1323
-  _globals['_CHATSTARTED']._serialized_end=1540
-  _globals['_RATELIMITSTATUS']._serialized_start=1543
-  _globals['_RATELIMITSTATUS']._serialized_end=1760
-  _globals['_CHATDELTA']._serialized_start=1763
-  _globals['_CHATDELTA']._serialized_end=1916
-  _globals['_SAFETYVERDICT']._serialized_start=1918
-  _globals['_SAFETYVERDICT']._serialized_end=2027
-  _globals['_CHATUSAGE']._serialized_start=2029
-  _globals['_CHATUSAGE']._serialized_end=2097
-  _globals['_CHATFINISHED']._serialized_start=2099
-  _globals['_CHATFINISHED']._serialized_end=2175
-  _globals['_CONVERSATION']._serialized_start=2178
-  _globals['_CONVERSATION']._serialized_end=2458
-  _globals['_STOREDMESSAGE']._serialized_start=2461
-  _globals['_STOREDMESSAGE']._serialized_end=2762
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=2764
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=2844
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=2846
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=2922
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=2924
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=2973
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=2975
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=3048
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=3050
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=3133
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=3135
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=3236
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=3238
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=3290
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=3292
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=3368
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=3370
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=3473
-  _globals['_LISTMESSAGESRESPONSE']._serialized_start=3475
-  _globals['_LISTMESSAGESRESPONSE']._serialized_end=3567
-  _globals['_GETREGIONINFOREQUEST']._serialized_start=3569
-  _globals['_GETREGIONINFOREQUEST']._serialized_end=3591
-  _globals['_GETREGIONINFORESPONSE']._serialized_start=3594
-  _globals['_GETREGIONINFORESPONSE']._serialized_end=3754
-  _globals['_CHATSERVICE']._serialized_start=3851
-  _globals['_CHATSERVICE']._serialized_end=4572
+  _globals['_CONTINUATION']._serialized_end=1057
+  _globals['_CHATCANCEL']._serialized_start=1059
+  _globals['_CHATCANCEL']._serialized_end=1087
+  _globals['_CHATRESPONSE']._serialized_start=1090
+  _globals['_CHATRESPONSE']._serialized_end=1370
+  _globals['_CHATSTARTED']._serialized_start=1373
+  _globals['_CHATSTARTED']._serialized_end=1590
+  _globals['_RATELIMITSTATUS']._serialized_start=1593
+  _globals['_RATELIMITSTATUS']._serialized_end=1810
+  _globals['_CHATDELTA']._serialized_start=1813
+  _globals['_CHATDELTA']._serialized_end=1966
+  _globals['_SAFETYVERDICT']._serialized_start=1968
+  _globals['_SAFETYVERDICT']._serialized_end=2077
+  _globals['_CHATUSAGE']._serialized_start=2079
+  _globals['_CHATUSAGE']._serialized_end=2147
+  _globals['_CHATFINISHED']._serialized_start=2149
+  _globals['_CHATFINISHED']._serialized_end=2225
+  _globals['_CONVERSATION']._serialized_start=2228
+  _globals['_CONVERSATION']._serialized_end=2508
+  _globals['_STOREDMESSAGE']._serialized_start=2511
+  _globals['_STOREDMESSAGE']._serialized_end=2876
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=2878
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=2958
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=2960
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=3036
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=3038
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=3087
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=3089
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=3162
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=3164
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=3247
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=3249
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=3350
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=3352
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=3404
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=3406
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=3482
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=3484
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=3587
+  _globals['_LISTMESSAGESRESPONSE']._serialized_start=3589
+  _globals['_LISTMESSAGESRESPONSE']._serialized_end=3681
+  _globals['_GETREGIONINFOREQUEST']._serialized_start=3683
+  _globals['_GETREGIONINFOREQUEST']._serialized_end=3705
+  _globals['_GETREGIONINFORESPONSE']._serialized_start=3708
+  _globals['_GETREGIONINFORESPONSE']._serialized_end=3868
+  _globals['_CHATSERVICE']._serialized_start=3965
+  _globals['_CHATSERVICE']._serialized_end=4686
 # @@protoc_insertion_point(module_scope)

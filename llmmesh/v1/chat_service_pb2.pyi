@@ -283,6 +283,7 @@ class Continuation(_message.Message):
     EMITTED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     EMITTED_TEXT_FIELD_NUMBER: _builtins.int
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    EMITTED_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     original_request_id: _builtins.str
     """The request id of the broken turn."""
     original_region: _builtins.str
@@ -297,6 +298,14 @@ class Continuation(_message.Message):
     def emitted_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Output tokens already delivered."""
 
+    @_builtins.property
+    def emitted_tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]:
+        """The tool calls already delivered, one per call index in order, each
+        merged from its parts (id, name and the arguments so far): the
+        continuing region stores the whole reply and filters what follows with
+        them. Their text is not in emitted_text.
+        """
+
     def __init__(
         self,
         *,
@@ -305,10 +314,11 @@ class Continuation(_message.Message):
         emitted_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         emitted_text: _builtins.str = ...,
         last_sequence: _builtins.int = ...,
+        emitted_tool_calls: _abc.Iterable[_common_pb2.ToolCall] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["emitted_text", b"emitted_text", "emitted_token_ids", b"emitted_token_ids", "last_sequence", b"last_sequence", "original_region", b"original_region", "original_request_id", b"original_request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["emitted_text", b"emitted_text", "emitted_token_ids", b"emitted_token_ids", "emitted_tool_calls", b"emitted_tool_calls", "last_sequence", b"last_sequence", "original_region", b"original_region", "original_request_id", b"original_request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -713,6 +723,8 @@ class StoredMessage(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The message id."""
     conversation_id: _builtins.str
@@ -733,9 +745,15 @@ class StoredMessage(_message.Message):
     """The turn's request id."""
     finish_reason: _common_pb2.FinishReason.ValueType
     """Why the turn ended (assistant messages)."""
+    tool_call_id: _builtins.str
+    """Of a tool message: the id of the call it answers."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was stored."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCall]:
+        """The tool calls of an assistant message."""
 
     def __init__(
         self,
@@ -751,10 +769,12 @@ class StoredMessage(_message.Message):
         request_id: _builtins.str = ...,
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        tool_calls: _abc.Iterable[_common_pb2.ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "cost_usd", b"cost_usd", "create_time", b"create_time", "finish_reason", b"finish_reason", "id", b"id", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "request_id", b"request_id", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "cost_usd", b"cost_usd", "create_time", b"create_time", "finish_reason", b"finish_reason", "id", b"id", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "request_id", b"request_id", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
