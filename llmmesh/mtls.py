@@ -28,6 +28,7 @@ from llmmesh.certs import CertFiles, identity_of_pem
 from llmmesh.config import setting
 from llmmesh.home import mesh_home
 from llmmesh.identity import IdentityError, PlaneIdentity, Role
+from llmmesh.renewing_channel import RenewingChannel
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,11 @@ class MeshSecurity:
             log.warning("keeping the mesh certificate in use: cannot reload %s: %s", self.files.cert, err)
         return self._loaded
 
+    def current_stamp(self) -> object:
+        """What the certificate files look like now (as last read while a
+        rotation is half written): a new value after each rotation."""
+        return self._current().stamp
+
     def server_credentials(self) -> grpc.ServerCredentials:
         """Credentials that require a client certificate from the mesh CA
         and pick up a rotated certificate on the next connection."""
@@ -185,11 +191,16 @@ def open_secure_channel(
     address: str, security: MeshSecurity, server_name: str, options: Sequence[tuple[str, int | str]]
 ) -> grpc.aio.Channel:
     """A channel to ``address`` that expects the server to answer to
-    ``server_name`` (see :func:`llmmesh.identity.role_name`)."""
+    ``server_name`` (see :func:`llmmesh.identity.role_name`), presenting
+    this plane's certificate as it is when each call starts
+    (:class:`~llmmesh.renewing_channel.RenewingChannel`)."""
     if not security.enabled:
         return grpc.aio.insecure_channel(address, options=list(options))
     named = [*options, ("grpc.ssl_target_name_override", server_name)]
-    return grpc.aio.secure_channel(address, security.channel_credentials(), options=named)
+    return RenewingChannel(
+        lambda: grpc.aio.secure_channel(address, security.channel_credentials(), options=named),
+        security.current_stamp,
+    )
 
 
 def holder_security(stem: str, *, insecure: bool = False, directory: Path | None = None) -> MeshSecurity:
