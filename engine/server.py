@@ -9,6 +9,9 @@ from collections.abc import Callable
 import grpc.aio
 
 from engine.backend import EngineBackend
+from engine.embedding import Embedder
+from engine.embedding_pod import add_embedding_service, start_embedder
+from engine.embedding_servicer import EMBEDDING_SERVICE_NAME
 from engine.metrics_endpoint import MetricsEndpoint
 from engine.servicer import SERVICE_NAME, EngineServicer
 from engine.settings import EngineSettings
@@ -38,6 +41,8 @@ ENGINE_ACCESS = dict.fromkeys(
         "GetLoad",
         "WatchLoad",
         "StreamKvEvents",
+        "Embed",
+        "GetEmbeddingInfo",
     ),
     _PODS_REGION,
 )
@@ -80,11 +85,13 @@ class EnginePod:
         server: GrpcServer,
         servicer: EngineServicer,
         metrics: MetricsEndpoint,
+        embedder: Embedder | None = None,
     ) -> None:
         self.address = address
         self.pod_id = pod_id
         self.backend = backend
         self.metrics = metrics
+        self.embedder = embedder
         self._server = server
         self._servicer = servicer
 
@@ -97,6 +104,8 @@ class EnginePod:
         finally:
             self.metrics.stop()
             await self.backend.close()
+            if self.embedder is not None:
+                await self.embedder.backend.close()
 
 
 async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | None = None) -> EnginePod:
@@ -111,25 +120,36 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     backend = create_backend(settings, on_crash)
     await backend.start()
     servicer = EngineServicer(backend, settings.load_interval_ms)
+    try:
+        embedder = await start_embedder(settings, settings.backend)
+    except BaseException:
+        await backend.close()
+        raise
+
+    async def close_backends() -> None:
+        await backend.close()
+        if embedder is not None:
+            await embedder.backend.close()
 
     def register(server: grpc.aio.Server) -> None:
         pb_grpc.add_EngineServiceServicer_to_server(servicer, server)
+        if embedder is not None:
+            add_embedding_service(server, embedder, settings.pod_id)
 
-    server = GrpcServer(
-        register, [SERVICE_NAME], settings.host, settings.port, security=security, access=access
-    )
+    services = [SERVICE_NAME, *([EMBEDDING_SERVICE_NAME] if embedder is not None else [])]
+    server = GrpcServer(register, services, settings.host, settings.port, security=security, access=access)
     try:
         metrics = MetricsEndpoint(backend.prometheus_registry(), settings.host, settings.metrics_port)
     except BaseException:
-        await backend.close()
+        await close_backends()
         raise
     try:
         address = await server.start()
     except BaseException:
         metrics.stop()
-        await backend.close()
+        await close_backends()
         raise
-    return EnginePod(address, settings.pod_id, backend, server, servicer, metrics)
+    return EnginePod(address, settings.pod_id, backend, server, servicer, metrics, embedder)
 
 
 async def serve(settings: EngineSettings) -> None:

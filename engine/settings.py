@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.embedding import EmbeddingSettings
 from llmmesh.config import setting
 from llmmesh.mtls import MeshTlsSettings
 
@@ -52,7 +53,7 @@ SUPPORTED_BACKENDS = ("sim", "vllm")
 
 
 @dataclass(frozen=True)
-class EngineSettings(MeshTlsSettings):
+class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     """Everything an engine pod process needs; see the module docstring."""
 
     host: str = setting("127.0.0.1", "interface the gRPC server binds")
@@ -111,6 +112,7 @@ class EngineSettings(MeshTlsSettings):
         if self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM refuses this too: a full batch of decodes must fit in one step.
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
+        self.embedding_runner(self.backend)  # an unknown embedding runner fails at start
         if self.vllm_kv_cache_gib <= 0:
             raise ValueError("vllm_kv_cache_gib must be positive")
         for name in (
