@@ -40,6 +40,7 @@ CHAT_ROLES = {
     Role.SYSTEM: common_pb2.CHAT_ROLE_SYSTEM,
     Role.USER: common_pb2.CHAT_ROLE_USER,
     Role.ASSISTANT: common_pb2.CHAT_ROLE_ASSISTANT,
+    Role.TOOL: common_pb2.CHAT_ROLE_TOOL,
 }
 """How stored roles are named on the wire."""
 
@@ -279,4 +280,6 @@ def message_proto(row: MessageRow) -> chat_service_pb2.StoredMessage:
         request_id=row.request_id or "",
         finish_reason=finish,
         create_time=timestamp(row.created_at),
+        tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in row.tool_calls],
+        tool_call_id=row.tool_call_id,
     )

@@ -37,7 +37,6 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
@@ -65,9 +64,8 @@ from llmmesh.v1 import (
     engine_service_pb2,
     model_registry_service_pb2,
 )
-from region.admission import Admission, Admitted
+from region.admission import Admission
 from region.context_builder import fit_context
-from region.conversations import CHAT_ROLES
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
@@ -79,9 +77,13 @@ from region.router import KvAffinityRouter
 from region.safety import SafetyFilters
 from region.settings import RegionSettings
 from region.tokenizer_client import TokenizerClient
+from region.tool_calls import rewrite_ids
+from region.tool_validation import require_answered_calls
+from region.turn import PreparedTurn, Turn, TurnMeter
+from region.turn_history import history_messages, input_texts, tool_results
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnStart
+from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, ToolResult, TurnStart
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -94,73 +96,6 @@ _DEADLINE_MARGIN_S = 0.1
 
 class _PodFailedEarly(Exception):
     """The pod failed before the turn produced anything: another pod may run it."""
-
-
-@dataclass
-class TurnMeter:
-    """Token counts of one turn as they accrue. ``output_tokens`` counts
-    what was delivered to the caller, which is what is billed;
-    ``carried_tokens`` and ``carried_text`` are what a continued turn's
-    client had before (another region delivered them)."""
-
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    started: bool = False
-    reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
-    # The reply as delivered, for the zone store.
-    text_parts: list[str] = field(default_factory=list)
-    sequence: int = 0
-    carried_tokens: int = 0
-    carried_text: str = ""
-
-    def prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
-        """Take the engine's prompt counts; a pod prefills a continuation's
-        carried tokens after the prompt, and those are output, not input."""
-        self.input_tokens = max(0, prompt_tokens - self.carried_tokens)
-        self.cached_input_tokens = min(cached_tokens, self.input_tokens)
-
-    def usage(self) -> common_pb2.TokenUsage:
-        """The whole turn's usage, as its client sees it."""
-        return common_pb2.TokenUsage(
-            input_tokens=self.input_tokens,
-            output_tokens=self.carried_tokens + self.output_tokens,
-            cached_input_tokens=self.cached_input_tokens,
-        )
-
-    def reply_text(self) -> str:
-        return self.carried_text + "".join(self.text_parts)
-
-
-@dataclass(frozen=True)
-class PreparedTurn:
-    """A validated turn, ready for admission: what the engine will see."""
-
-    request_id: str
-    model: model_registry_service_pb2.Model
-    messages: tuple[common_pb2.ChatMessage, ...]
-    token_ids: tuple[int, ...]
-    # The most output tokens the turn may produce (for TPM and quota).
-    max_output_tokens: int
-    conversation_id: str | None
-    # The new user text stored with the reply, for conversation turns.
-    user_text: str | None
-    # The original request id of a continued turn (None for a turn of its own).
-    continues: str | None = None
-
-
-@dataclass
-class _Turn:
-    """One running turn's state across attempts and its ending."""
-
-    caller: Caller
-    prepared: PreparedTurn
-    admitted: Admitted
-    # This acceptance of the request id, and what the zone knew of the turn.
-    holder: str
-    accepted: AcceptedTurn
-    meter: TurnMeter = field(default_factory=TurnMeter)
-    record: asyncio.Task[str] | None = None
 
 
 def _now() -> timestamp_pb2.Timestamp:
@@ -247,9 +182,7 @@ class ChatGateway:
         model = await self._models.resolve(start.model, caller.tier)
         require_allowed(model, list(caller.tenant.allowed_models))
         if self._safety is not None:
-            await self._safety.input_filter.check(
-                [(common_pb2.ChatRole.Name(m.role), m.content) for m in start.messages]
-            )
+            await self._safety.input_filter.check(input_texts(start))
         prepared = await self._prepare(caller, model, start)
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
@@ -262,10 +195,11 @@ class ChatGateway:
             await admitted.settle(0)
             admitted.release_quota()
             raise
-        turn = _Turn(caller, prepared, admitted, holder, accepted)
+        turn = Turn(caller, prepared, admitted, holder, accepted)
         if start.HasField("continuation"):
             turn.meter.carried_tokens = len(start.continuation.emitted_token_ids)
             turn.meter.carried_text = start.continuation.emitted_text
+            turn.meter.tool_calls.carry(start.continuation.emitted_tool_calls)
         try:
             async for event in self._place_and_stream(turn, start, cancel):
                 yield event
@@ -285,10 +219,13 @@ class ChatGateway:
         request_id = start.request_id or new_id("req")
         window = self._pool.context_window(model.name)
         sampling = start.sampling
+        # Tool definitions are prompt text: rendered into it, counted with it.
+        tools = tuple(sampling.tools)
         requested = sampling.max_tokens if sampling.HasField("max_tokens") else None
         messages: Sequence[common_pb2.ChatMessage] = start.messages
         conversation_id: str | None = None
         user_text: str | None = None
+        results: tuple[ToolResult, ...] = ()
         continues = start.continuation.original_request_id if start.HasField("continuation") else ""
         if start.conversation_id:
             conversation = await self._store.get_conversation(caller.tenant_id, start.conversation_id)
@@ -303,19 +240,15 @@ class ChatGateway:
                 ]
             new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
             # A continuation's prompt is its original turn's, without what that turn stored.
-            history = [
-                common_pb2.ChatMessage(role=CHAT_ROLES[row.role], content=row.content)
-                for row in stored
-                if row.role in CHAT_ROLES
-                and row.role != Role.SYSTEM
-                and row.content
-                and not (continues and row.request_id == continues)
-            ]
-            user_text = "\n\n".join(m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER)
+            history = history_messages(stored, continues)
+            require_answered_calls(history, start.messages)
+            asked = [m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER]
+            user_text = "\n\n".join(asked) if asked else None
+            results = tool_results(new)
             if window:
 
                 async def count(candidate: Sequence[common_pb2.ChatMessage]) -> int:
-                    return len(await self._tokenizer.tokenize(model.name, candidate))
+                    return len(await self._tokenizer.tokenize(model.name, candidate, tools=tools))
 
                 fitted = await fit_context(
                     system,
@@ -336,7 +269,7 @@ class ChatGateway:
                     )
             else:
                 messages = [*system, *history, *new]
-        token_ids = await self._tokenizer.tokenize(model.name, messages)
+        token_ids = await self._tokenizer.tokenize(model.name, messages, tools=tools)
         if window and len(token_ids) + (requested or 1) > window:
             raise InvalidArgument(
                 Reason.PROMPT_TOO_LONG,
@@ -355,6 +288,7 @@ class ChatGateway:
             conversation_id,
             user_text,
             continues or None,
+            results,
         )
 
     async def _accept(
@@ -395,7 +329,7 @@ class ChatGateway:
             ) from err
         return holder, accepted
 
-    async def _hold_request_id(self, turn: _Turn) -> None:
+    async def _hold_request_id(self, turn: Turn) -> None:
         """Mark the turn started before its first event goes out; ALREADY_EXISTS
         when another acceptance took its request id over meanwhile."""
         request_id = turn.prepared.request_id
@@ -414,7 +348,7 @@ class ChatGateway:
             )
 
     async def _place_and_stream(
-        self, turn: _Turn, start: chat_service_pb2.ChatStart, cancel: asyncio.Event
+        self, turn: Turn, start: chat_service_pb2.ChatStart, cancel: asyncio.Event
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         prepared = turn.prepared
         resume = tuple(start.continuation.emitted_token_ids)
@@ -439,13 +373,13 @@ class ChatGateway:
         self,
         pod: EnginePodHandle,
         start: chat_service_pb2.ChatStart,
-        turn: _Turn,
+        turn: Turn,
         cancel: asyncio.Event,
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         prepared, meter = turn.prepared, turn.meter
         base_sequence = start.continuation.last_sequence if start.HasField("continuation") else 0
         output = FilteredOutput(self._safety.new_output_filter() if self._safety is not None else None)
-        await output.seed(meter.carried_text)
+        await output.seed(meter.carried_text + meter.tool_calls.text())
         # Counted before the first await: the router reads it for the next turn.
         pod.in_flight += 1
         generation: SessionGeneration | None = None
@@ -489,9 +423,14 @@ class ChatGateway:
                         )
                     )
                 elif kind == "delta":
-                    release = await output.feed(resp.delta.text, tuple(resp.delta.token_ids))
+                    delta = resp.delta
+                    # Ids of the region's own, the same in every region that serves the turn.
+                    calls = rewrite_ids(delta.tool_calls, turn.caller.tenant_id, prepared.original_request_id)
+                    release = await output.feed(
+                        delta.text, tuple(delta.token_ids), tuple(calls), tuple(delta.logprobs)
+                    )
                     if release:
-                        yield self._deliver(meter, base_sequence, release.text, release.token_ids)
+                        yield meter.deliver(base_sequence, release)
                     elif output.stopped is not None:
                         break
                 elif kind == "error":
@@ -505,7 +444,7 @@ class ChatGateway:
                         )
                     release = await output.finish()
                     if release:
-                        yield self._deliver(meter, base_sequence, release.text, release.token_ids)
+                        yield meter.deliver(base_sequence, release)
                     if output.stopped is None:
                         meter.reason = finished.reason
                         async for event in self._end(turn, finished.reason):
@@ -537,22 +476,8 @@ class ChatGateway:
                 # The pod aborts a generation its turn stopped reading.
                 generation.abandon("the turn stopped reading")
 
-    @staticmethod
-    def _deliver(
-        meter: TurnMeter, base_sequence: int, text: str, token_ids: Sequence[int]
-    ) -> chat_service_pb2.ChatResponse:
-        """A delta for the caller, counted as delivered (and billed) here."""
-        meter.sequence += 1
-        meter.output_tokens += len(token_ids)
-        meter.text_parts.append(text)
-        return chat_service_pb2.ChatResponse(
-            delta=chat_service_pb2.ChatDelta(
-                sequence=base_sequence + meter.sequence, text=text, token_ids=token_ids
-            )
-        )
-
     async def _stopped_by_filter(
-        self, turn: _Turn, output: FilteredOutput
+        self, turn: Turn, output: FilteredOutput
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         verdict = output.stopped
         assert verdict is not None
@@ -575,7 +500,7 @@ class ChatGateway:
             yield event
 
     async def _end(
-        self, turn: _Turn, reason: common_pb2.FinishReason.ValueType
+        self, turn: Turn, reason: common_pb2.FinishReason.ValueType
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         """Record the turn, then send its usage and finish: a follow-up turn
         sent on the finish event finds this one in the conversation."""
@@ -601,7 +526,7 @@ class ChatGateway:
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
 
-    def _start_record(self, turn: _Turn) -> asyncio.Task[str]:
+    def _start_record(self, turn: Turn) -> asyncio.Task[str]:
         """Record the turn in its own task: a caller that goes away cancels
         the stream, never the write of what it was billed for."""
         if turn.record is None:
@@ -610,7 +535,7 @@ class ChatGateway:
             turn.record.add_done_callback(self._recording.discard)
         return turn.record
 
-    async def _record_turn(self, turn: _Turn) -> str:
+    async def _record_turn(self, turn: Turn) -> str:
         """Write the reply and its usage row in one zone-store transaction,
         then settle the rate limit and quota and let the shipper bill it.
         Returns the stored assistant message's id ("" when none was stored)."""
@@ -658,6 +583,7 @@ class ChatGateway:
             output_tokens=whole.output_tokens,
             cached_input_tokens=whole.cached_input_tokens,
             cost_usd=turn_cost(model, whole.input_tokens, whole.output_tokens),
+            tool_calls=meter.reply_tool_calls(),
         )
         try:
             if prepared.continues is None:
@@ -669,6 +595,7 @@ class ChatGateway:
                     assistant,
                     encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
                     tokens=meter.input_tokens + meter.output_tokens,
+                    tool_results=prepared.tool_results,
                 )
             else:
                 record = await self._store.record_continuation(
@@ -682,6 +609,7 @@ class ChatGateway:
                     assistant,
                     meter.output_tokens,
                     encode,
+                    prepared.tool_results,
                 )
         except Exception:
             # The stream is over; all that is left is to say so loudly.

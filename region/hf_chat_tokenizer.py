@@ -70,12 +70,25 @@ class HfChatTokenizer:
         no turns (transformers refuses an empty chat) and the template's
         errors (say, for a role it does not know)."""
         messages = [{"role": role, "content": content} for role, content in turns]
+        return self.render_messages(messages, None, add_generation_prompt)
+
+    def render_messages(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """Token ids of chat messages as a template reads them (with
+        ``tool_calls`` and ``tool_call_id`` where they have them) and the
+        ``tools`` it may offer (:mod:`region.prompt_render`); errors as
+        :meth:`render_chat`'s. A template that ignores ``tools`` leaves
+        them out of the prompt, as transformers would."""
         if not messages:
             raise ValueError("an empty chat has no rendering")
         text = self._template.render(
             **self._variables,
             messages=messages,
-            tools=None,
+            tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
         )

@@ -10,6 +10,14 @@ tokenizer refuses (an unknown role), the region asks a pod serving the
 model (``Tokenize`` with the chat messages and the assistant opener, as
 ``Generate`` renders them), so errors stay the pod's own. Either way the
 answer is cached by model and content hash.
+
+A prompt with tools (definitions, an assistant's calls, a tool's answer)
+is rendered as :mod:`region.prompt_render` says: a chat template gets them
+as vLLM hands them to it; the simulator's tokenizer gets them as JSON text
+in plain turns, which a pod asked to tokenize renders alike. A chat
+template with tools that the region cannot run itself is refused
+(FAILED_PRECONDITION): ``Tokenize`` carries no tools, and a prompt without
+them would bill and run a different prompt than the one asked for.
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ from llmmesh.chat_tokenizer import (
     PieceTokenizer,
     PieceTokenizerSpec,
     TokenizerSpec,
-    chat_role_name,
     tokenizer_spec,
 )
-from llmmesh.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.errors import FailedPrecondition, Reason, Unavailable, from_rpc_error
 from llmmesh.v1 import common_pb2, engine_service_pb2
 from region.engine_pool import EnginePodHandle, EnginePool
-from region.hf_chat_tokenizer import hf_chat_tokenizer
+from region.hf_chat_tokenizer import HfChatTokenizer, hf_chat_tokenizer
+from region.prompt_render import has_tool_parts, plain_turns, template_messages, template_tools
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +53,23 @@ log = logging.getLogger(__name__)
 _TRY_NEXT_POD = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
-def prompt_key(model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool) -> bytes:
-    """The cache key of a prompt: a hash of the model and of every message's
-    deterministic encoding, each length-prefixed so boundaries count."""
+def prompt_key(
+    model: str,
+    messages: Sequence[common_pb2.ChatMessage],
+    add_generation_prompt: bool,
+    tools: Sequence[common_pb2.ToolDefinition] = (),
+) -> bytes:
+    """The cache key of a prompt: a hash of the model, of every message's
+    deterministic encoding and of every tool's, each length-prefixed so
+    boundaries count (and a tool never reads as a message)."""
     digest = hashlib.sha256()
     for part in (model.encode(), b"\x01" if add_generation_prompt else b"\x00"):
         digest.update(len(part).to_bytes(8, "little") + part)
     for message in messages:
         encoded = message.SerializeToString(deterministic=True)
+        digest.update(len(encoded).to_bytes(8, "little") + encoded)
+    for tool in tools:
+        encoded = b"tool" + tool.SerializeToString(deterministic=True)
         digest.update(len(encoded).to_bytes(8, "little") + encoded)
     return digest.digest()
 
@@ -110,6 +127,8 @@ class TokenizerClient:
         # model -> its local tokenizer (None: the pods tokenize), and when to ask again when unsettled.
         self._tokenizers: dict[str, tuple[ChatTokenizer | None, float]] = {}
         self._describing: dict[str, asyncio.Task[ChatTokenizer | None]] = {}
+        # model -> the tokenizer its pods published (None: none), once one answered.
+        self._specs: dict[str, TokenizerSpec | None] = {}
         self._turn = itertools.count()
         self.hits = 0
         self.misses = 0
@@ -121,19 +140,22 @@ class TokenizerClient:
         model: str,
         messages: Sequence[common_pb2.ChatMessage],
         add_generation_prompt: bool = True,
+        tools: Sequence[common_pb2.ToolDefinition] = (),
     ) -> tuple[int, ...]:
-        """The prompt's token ids. Raises the pod's MeshError for a bad
-        prompt, Unavailable when no pod serving ``model`` answers."""
-        key = (model, prompt_key(model, messages, add_generation_prompt))
+        """The prompt's token ids, ``tools`` rendered into it. Raises the
+        pod's MeshError for a bad prompt, Unavailable when no pod serving
+        ``model`` answers, FailedPrecondition for tools only a chat template
+        the region cannot run could render."""
+        key = (model, prompt_key(model, messages, add_generation_prompt, tools))
         cached = self._cache.get(key)
         if cached is not None:
             self.hits += 1
             self._cache.move_to_end(key)
             return cached
         self.misses += 1
-        token_ids = await self._tokenize_locally(model, messages, add_generation_prompt)
+        token_ids = await self._tokenize_locally(model, messages, add_generation_prompt, tools)
         if token_ids is None:
-            token_ids = await self._ask_a_pod(model, messages, add_generation_prompt)
+            token_ids = await self._ask_a_pod(model, messages, add_generation_prompt, tools)
         else:
             self.local_misses += 1
         self._cache[key] = token_ids
@@ -142,7 +164,11 @@ class TokenizerClient:
         return token_ids
 
     async def _tokenize_locally(
-        self, model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        add_generation_prompt: bool,
+        tools: Sequence[common_pb2.ToolDefinition],
     ) -> tuple[int, ...] | None:
         """The ids by the model's published tokenizer, or None where the pods must answer."""
         # A prompt without messages is plain text to a pod, and "" names no one tokenizer.
@@ -152,8 +178,12 @@ class TokenizerClient:
         if tokenizer is None:
             return None
         try:
-            turns = [(chat_role_name(m.role), m.content) for m in messages]
-            return tuple(tokenizer.render_chat(turns, add_generation_prompt))
+            if isinstance(tokenizer, HfChatTokenizer) and has_tool_parts(messages, tools):
+                rendered = template_messages(messages)
+                return tuple(
+                    tokenizer.render_messages(rendered, template_tools(tools), add_generation_prompt)
+                )
+            return tuple(tokenizer.render_chat(plain_turns(messages, tools), add_generation_prompt))
         except Exception:
             # The pod gives this prompt its own answer, an error most likely.
             return None
@@ -182,7 +212,8 @@ class TokenizerClient:
                 if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                     break  # a pod of an older release: it can only tokenize
                 continue
-            tokenizer = local_tokenizer(tokenizer_spec(response))
+            spec = self._specs[model] = tokenizer_spec(response)
+            tokenizer = local_tokenizer(spec)
             # A pod's answer settles it for good: pods of one model share its tokenizer.
             self._tokenizers[model] = (tokenizer, float("inf"))
             if tokenizer is not None:
@@ -203,8 +234,14 @@ class TokenizerClient:
         return sorted(rotated, key=lambda pod: pod.in_flight)
 
     async def _ask_a_pod(
-        self, model: str, messages: Sequence[common_pb2.ChatMessage], add_generation_prompt: bool
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        add_generation_prompt: bool,
+        tools: Sequence[common_pb2.ToolDefinition],
     ) -> tuple[int, ...]:
+        if has_tool_parts(messages, tools):
+            messages = self._plain_messages(model, messages, tools)
         request = engine_service_pb2.TokenizeRequest(
             model=model, messages=messages, add_generation_prompt=add_generation_prompt
         )
@@ -221,3 +258,26 @@ class TokenizerClient:
             f"no engine pod serving model {model!r} could tokenize the prompt",
             retry_after_s=1.0,
         )
+
+    def _plain_messages(
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        tools: Sequence[common_pb2.ToolDefinition],
+    ) -> list[common_pb2.ChatMessage]:
+        """A prompt with tool parts as the plain messages a pod renders as
+        :func:`plain_turns` does; only for a model whose pods publish the
+        role-marker tokenizer (FailedPrecondition otherwise, see the module docstring)."""
+        if not isinstance(self._specs.get(model), PieceTokenizerSpec):
+            raise FailedPrecondition(
+                Reason.INVALID_REQUEST,
+                f"this region cannot render tools into model {model}'s chat template "
+                "(it renders them itself, and cannot run that template here)",
+                metadata={"param": "tools"},
+            )
+        return [
+            common_pb2.ChatMessage(
+                role=common_pb2.ChatRole.Value(f"CHAT_ROLE_{role.upper()}"), content=content
+            )
+            for role, content in plain_turns(messages, tools)
+        ]

@@ -7,6 +7,12 @@ import re
 
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import chat_service_pb2, common_pb2
+from region.tool_validation import (
+    require_answered_calls,
+    validate_logprobs,
+    validate_tool_parts,
+    validate_tools,
+)
 
 _ROLES = {
     common_pb2.CHAT_ROLE_SYSTEM,
@@ -45,7 +51,9 @@ def require_request_id(request_id: str, param: str = "request_id") -> str:
 
 
 def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
-    """Raise InvalidArgument (with ``param``) for a malformed turn."""
+    """Raise InvalidArgument (with ``param``) for a malformed turn. A
+    conversation turn's tool messages are checked against its stored
+    history later (:func:`region.tool_validation.require_answered_calls`)."""
     if start.request_id:
         require_request_id(start.request_id)
     if start.model and not _MODEL_NAME.match(start.model):
@@ -57,7 +65,12 @@ def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_mes
     if start.HasField("continuation"):
         _validate_continuation(start.continuation)
     _validate_messages(start, max_messages, max_message_chars)
+    validate_tool_parts(start.messages)
+    if not start.conversation_id:
+        require_answered_calls((), start.messages)
     _validate_sampling(start.sampling)
+    validate_tools(start.sampling)
+    validate_logprobs(start.sampling)
 
 
 def _validate_continuation(continuation: chat_service_pb2.Continuation) -> None:
@@ -102,7 +115,7 @@ def _validate_messages(start: chat_service_pb2.ChatStart, max_messages: int, max
                 f"{param}.content is longer than {max_message_chars} characters",
                 metadata={"param": f"{param}.content"},
             )
-    if not any(m.content.strip() for m in start.messages):
+    if not any(m.content.strip() or m.tool_calls for m in start.messages):
         raise InvalidArgument(Reason.EMPTY_PROMPT, "every message is empty", metadata={"param": "messages"})
 
 

@@ -5,6 +5,8 @@ Every function runs inside the caller's transaction.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
@@ -15,8 +17,15 @@ from sqlalchemy.engine import Connection
 
 from llmmesh.ids import new_id
 from region.zone_store import schema
-from region.zone_store.rows import AssistantMessage, ConversationRow, MessageRow, Role
-from region.zone_store.turn_starts import attempts_of
+from region.zone_store.rows import (
+    AssistantMessage,
+    ConversationRow,
+    MessageRow,
+    Role,
+    ToolCallRow,
+    ToolResult,
+)
+from region.zone_store.turn_starts import attempts_of, duplicate_request
 
 _C = schema.conversations
 _M = schema.messages
@@ -31,8 +40,10 @@ def append_message(
     request_id: str | None,
     now: datetime,
     reply: AssistantMessage | None = None,
+    tool_call_id: str = "",
 ) -> MessageRow:
-    """Add a message after the conversation's last one.
+    """Add a message after the conversation's last one (a tool message
+    names the call it answers in ``tool_call_id``).
 
     The caller holds the conversation's row lock (or SQLite's single write
     lock), so no other transaction can take the same ``seq`` meanwhile.
@@ -52,10 +63,42 @@ def append_message(
         model=reply.model if reply else "",
         finish_reason=reply.finish_reason if reply else "",
         created_at=now,
+        tool_calls=reply.tool_calls if reply else (),
+        tool_call_id=tool_call_id,
     )
-    values = asdict(message) | {"role": str(role), "tenant_id": conversation.tenant_id}
+    values = asdict(message) | {
+        "role": str(role),
+        "tenant_id": conversation.tenant_id,
+        "tool_calls": tool_calls_json(message.tool_calls),
+    }
     conn.execute(sa.insert(_M).values(**values, home_region=conversation.home_region))
     return message
+
+
+def append_tool_results(
+    conn: Connection,
+    conversation: ConversationRow,
+    request_id: str,
+    results: Sequence[ToolResult],
+    now: datetime,
+) -> list[MessageRow]:
+    """The turn's tool messages, each stored once under ``request_id`` (one
+    stored before, by an earlier attempt of the turn, is kept); ALREADY_EXISTS
+    when the request stored them in another conversation."""
+    stored: list[MessageRow] = []
+    for result in results:
+        existing = message_of_request(
+            conn, conversation.tenant_id, request_id, Role.TOOL, result.tool_call_id
+        )
+        if existing is not None and existing.conversation_id != conversation.id:
+            raise duplicate_request(request_id)
+        stored.append(
+            existing
+            or append_message(
+                conn, conversation, Role.TOOL, result.content, request_id, now, None, result.tool_call_id
+            )
+        )
+    return stored
 
 
 def replace_reply(conn: Connection, message_id: str, reply: AssistantMessage) -> None:
@@ -71,6 +114,7 @@ def replace_reply(conn: Connection, message_id: str, reply: AssistantMessage) ->
             cost_usd=reply.cost_usd,
             model=reply.model,
             finish_reason=reply.finish_reason,
+            tool_calls=tool_calls_json(reply.tool_calls),
         )
     )
 
@@ -92,11 +136,17 @@ def touch(conn: Connection, conversation_id: str, now: datetime) -> None:
     conn.execute(sa.update(_C).where(_C.c.id == conversation_id).values(updated_at=now))
 
 
-def message_of_request(conn: Connection, tenant_id: str, request_id: str, role: Role) -> MessageRow | None:
-    """The message of ``role`` the tenant's request wrote, in whatever
-    conversation (unique per tenant, request and role)."""
+def message_of_request(
+    conn: Connection, tenant_id: str, request_id: str, role: Role, tool_call_id: str = ""
+) -> MessageRow | None:
+    """The message of ``role`` the tenant's request wrote (for a tool
+    message, the one answering ``tool_call_id``), in whatever conversation
+    (unique per tenant, request, role and call answered)."""
     query = sa.select(_M).where(
-        _M.c.tenant_id == tenant_id, _M.c.request_id == request_id, _M.c.role == str(role)
+        _M.c.tenant_id == tenant_id,
+        _M.c.request_id == request_id,
+        _M.c.role == str(role),
+        _M.c.tool_call_id == tool_call_id,
     )
     row = conn.execute(query).first()
     return None if row is None else message_of(row)
@@ -141,4 +191,16 @@ def message_of(row: sa.Row[Any]) -> MessageRow:
         model=row.model,
         finish_reason=row.finish_reason,
         created_at=row.created_at,
+        tool_calls=tool_calls_of(row.tool_calls),
+        tool_call_id=row.tool_call_id,
     )
+
+
+def tool_calls_json(calls: tuple[ToolCallRow, ...]) -> str:
+    """Tool calls as the ``tool_calls`` column holds them ("" for none)."""
+    return json.dumps([asdict(call) for call in calls], ensure_ascii=False) if calls else ""
+
+
+def tool_calls_of(text: str) -> tuple[ToolCallRow, ...]:
+    """The ``tool_calls`` column read back."""
+    return tuple(ToolCallRow(c["id"], c["name"], c["arguments"]) for c in json.loads(text)) if text else ()

@@ -15,6 +15,24 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class ToolCallRow:
+    """One tool call of an assistant message: its id, the function, the arguments' JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool message a turn sends: the id of the call it answers, and what the tool said."""
+
+    tool_call_id: str
+    content: str
 
 
 @dataclass(frozen=True)
@@ -43,7 +61,8 @@ class ConversationPage:
 @dataclass(frozen=True)
 class MessageRow:
     """One message of a conversation; counts, cost, model and finish reason are the assistant's
-    (zero and empty on other roles)."""
+    (zero and empty on other roles), as are its tool calls; ``tool_call_id``
+    is a tool message's (the call it answers)."""
 
     id: str
     conversation_id: str
@@ -58,6 +77,8 @@ class MessageRow:
     model: str
     finish_reason: str
     created_at: datetime
+    tool_calls: tuple[ToolCallRow, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,7 @@ class AssistantMessage:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cost_usd: Decimal = Decimal(0)
+    tool_calls: tuple[ToolCallRow, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,7 @@ messages = sa.Table(
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("role", sa.String(16), nullable=False),
     sa.Column("content", sa.Text, nullable=False),
-    # The turn that wrote it; one message per role and request id of a
-    # tenant makes a repeated turn a no-op (request ids are per tenant).
+    # The turn that wrote it.
     sa.Column("request_id", sa.String(128), nullable=True),
     sa.Column("input_tokens", sa.BigInteger, nullable=False),
     sa.Column("output_tokens", sa.BigInteger, nullable=False),
@@ -54,8 +53,17 @@ messages = sa.Table(
     sa.Column("model", sa.String(128), nullable=False),
     sa.Column("finish_reason", sa.String(32), nullable=False),
     sa.Column("created_at", UtcDateTime, nullable=False),
+    # An assistant message's tool calls as a JSON array of {id, name,
+    # arguments}; empty for none.
+    sa.Column("tool_calls", sa.Text, nullable=False, server_default=""),
+    # A tool message's: the call it answers; empty on other roles.
+    sa.Column("tool_call_id", sa.String(64), nullable=False, server_default=""),
     sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
-    sa.UniqueConstraint("tenant_id", "request_id", "role", name="uq_messages_tenant_request_role"),
+    # One message per role and request id of a tenant (tool messages: per
+    # call answered) makes a repeated turn a no-op (request ids are per tenant).
+    sa.UniqueConstraint(
+        "tenant_id", "request_id", "role", "tool_call_id", name="uq_messages_tenant_request_role_call"
+    ),
 )
 
 usage_outbox = sa.Table(

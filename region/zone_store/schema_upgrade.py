@@ -3,7 +3,11 @@
 Request ids were one namespace across a zone's tenants: ``turn_starts`` and
 ``usage_outbox`` were keyed by the request id alone and a message was unique
 per request id and role, so one tenant could take ids another would use.
-They are now keyed by (tenant, request id). An older store is converted in
+They are now keyed by (tenant, request id). Later, tool messages came: a
+turn may store one per tool call it answers, so a message is unique per
+tenant, request id, role and the tool call it answers (``tool_call_id``,
+empty on other roles; the column itself is added with its default before
+this runs, as every new column is). An older store is converted in
 place, keeping every row: PostgreSQL and CockroachDB alter the keys; SQLite,
 which cannot, copies each outdated table's rows into a new one, all in one
 transaction.
@@ -27,13 +31,15 @@ log = logging.getLogger(__name__)
 _KEY = {"tenant_id", "request_id"}
 _KEYED = (schema.usage_outbox, schema.turn_starts)
 _M = schema.messages
-_MESSAGE_UNIQUE = "uq_messages_tenant_request_role"
-_OLD_MESSAGE_UNIQUE = "uq_messages_request_role"
+_MESSAGE_UNIQUE = "uq_messages_tenant_request_role_call"
+# Unique constraints of earlier versions, the oldest first.
+_OLD_MESSAGE_UNIQUES = ("uq_messages_request_role", "uq_messages_tenant_request_role")
 _OLD_TURN_INDEX = "ix_turn_starts_continues"
 
 
 def outdated_tables(conn: Connection) -> list[sa.Table]:
-    """The zone tables that exist with request ids not yet keyed by tenant."""
+    """The zone tables that exist with request ids not yet keyed by tenant
+    (or, for messages, by tenant and the tool call answered)."""
     inspector = sa.inspect(conn)
     found = [
         table
@@ -49,7 +55,8 @@ def outdated_tables(conn: Connection) -> list[sa.Table]:
 
 
 def upgrade_request_keys(conn: Connection) -> None:
-    """Key an older store's request ids by tenant; a current store is left alone."""
+    """Key an older store's request ids by tenant (and its messages by the
+    tool call they answer); a current store is left alone."""
     if not outdated_tables(conn):
         return
     if conn.dialect.name == "postgresql":
@@ -57,7 +64,7 @@ def upgrade_request_keys(conn: Connection) -> None:
         conn.exec_driver_sql(f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE")
     tables = outdated_tables(conn)  # again: another region may have upgraded meanwhile
     for table in tables:
-        log.warning("upgrading zone store table %s: request ids are per tenant from now on", table.name)
+        log.warning("upgrading zone store table %s to the current keys", table.name)
         if conn.dialect.name == "sqlite":
             _rebuild(conn, table)
         elif table is _M:
@@ -83,11 +90,12 @@ def _rekey(conn: Connection, table: sa.Table) -> None:
 
 
 def _rekey_messages(conn: Connection) -> None:
-    if conn.dialect.name == "cockroachdb":
-        # CockroachDB drops a table's UNIQUE constraint through its index.
-        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_M.name}@{_OLD_MESSAGE_UNIQUE} CASCADE")
-    else:
-        conn.exec_driver_sql(f"ALTER TABLE {_M.name} DROP CONSTRAINT IF EXISTS {_OLD_MESSAGE_UNIQUE}")
+    for old in _OLD_MESSAGE_UNIQUES:
+        if conn.dialect.name == "cockroachdb":
+            # CockroachDB drops a table's UNIQUE constraint through its index.
+            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {_M.name}@{old} CASCADE")
+        else:
+            conn.exec_driver_sql(f"ALTER TABLE {_M.name} DROP CONSTRAINT IF EXISTS {old}")
     conn.execute(sa.schema.AddConstraint(_message_unique()))
 
 

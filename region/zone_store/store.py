@@ -47,6 +47,7 @@ from region.zone_store import schema
 from region.zone_store.paging import decode_position, encode_position
 from region.zone_store.queries import (
     append_message,
+    append_tool_results,
     conversation_of,
     message_of,
     message_of_request,
@@ -64,6 +65,7 @@ from region.zone_store.rows import (
     MessageRow,
     PendingUsage,
     Role,
+    ToolResult,
     TurnRecord,
     TurnStart,
     UsageKey,
@@ -303,6 +305,7 @@ class ZoneStore(SqlStore):
         assistant: AssistantMessage,
         usage: bytes,
         tokens: int = 0,
+        tool_results: Sequence[ToolResult] = (),
     ) -> TurnRecord:
         """Record a finished turn in one transaction: its messages and its usage row.
 
@@ -315,7 +318,9 @@ class ZoneStore(SqlStore):
         turn ran), only the usage row is written: the tokens were spent,
         and content never lands where the tenant cannot see it. A
         ``user_message`` already added by :meth:`append_user_message` under
-        the same request id is not added again.
+        the same request id is not added again. The turn's ``tool_results``
+        (tool messages answering the calls of an earlier reply) are stored
+        before its user message, one message each.
         """
         _require_tenant(tenant_id)
         _require_request_id(request_id)
@@ -340,7 +345,7 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored: list[MessageRow] = []
+            stored = append_tool_results(conn, conversation, request_id, tool_results, now)
             if user_message is not None:
                 existing = message_of_request(conn, tenant_id, request_id, Role.USER)
                 if existing is None:
@@ -371,6 +376,7 @@ class ZoneStore(SqlStore):
         reply: AssistantMessage,
         output_tokens: int,
         encode_usage: UsageEncoder,
+        tool_results: Sequence[ToolResult] = (),
     ) -> TurnRecord:
         """Record a continuation (request ``request_id``, which generated
         ``output_tokens``) of turn ``continued.request_id`` in one transaction.
@@ -387,8 +393,8 @@ class ZoneStore(SqlStore):
         region's write coming later is a no-op, its request id being taken.
         ``encode_usage`` makes each usage row.
 
-        Content, for a conversation: the turn's user message once, and one
-        assistant message under the original request id holding ``reply``,
+        Content, for a conversation: the turn's tool messages and user message
+        once, and one assistant message under the original request id holding ``reply``,
         the whole reply (the original region's partial message, if it wrote
         one, is completed in place). A request id recorded before makes this
         a no-op (``duplicate``). Every request id here is the tenant's.
@@ -434,7 +440,7 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored: list[MessageRow] = []
+            stored = append_tool_results(conn, conversation, original, tool_results, now)
             asked = message_of_request(conn, tenant_id, original, Role.USER)
             if asked is not None and asked.conversation_id != conversation.id:
                 raise duplicate_request(original)

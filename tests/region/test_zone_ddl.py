@@ -31,7 +31,10 @@ def test_tables_compile_for_cockroachdb_with_exact_costs_and_idempotency_keys() 
     assert "PRIMARY KEY (tenant_id, request_id)" in creates["turn_starts"]
     messages = creates["messages"]
     assert "cost_usd NUMERIC NOT NULL" in messages
-    assert 'CONSTRAINT uq_messages_tenant_request_role UNIQUE (tenant_id, request_id, "role")' in messages
+    assert (
+        'CONSTRAINT uq_messages_tenant_request_role_call UNIQUE (tenant_id, request_id, "role", tool_call_id)'
+        in messages
+    )
     assert "CONSTRAINT uq_messages_conversation_seq UNIQUE (conversation_id, seq)" in messages
     assert "FOREIGN KEY(conversation_id) REFERENCES conversations (id)" in messages
     assert "PRIMARY KEY (tenant_id, request_id)" in creates["usage_outbox"]

@@ -1,7 +1,8 @@
 """A zone store written by an earlier version, whose request ids were one
-namespace across the zone's tenants, is upgraded in place when a region
-opens it: every row kept, and from then on request ids are each tenant's
-own (SQLite file and PostgreSQL)."""
+namespace across the zone's tenants, or which kept no tool calls and tool
+messages, is upgraded in place when a region opens it: every row kept, and
+from then on request ids are each tenant's own and a turn stores its tool
+messages, one per call answered (SQLite file and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ import sqlalchemy as sa
 from llmmesh.errors import AlreadyExists
 from llmmesh.ids import ConversationId
 from llmmesh.v1 import billing_service_pb2
-from region.zone_store import AssistantMessage, PendingUsage, TurnStart, UsageKey, ZoneStore
+from region.zone_store import (
+    AssistantMessage,
+    PendingUsage,
+    Role,
+    ToolCallRow,
+    ToolResult,
+    TurnStart,
+    UsageKey,
+    ZoneStore,
+)
 from region.zone_store import schema as zs
 from region.zone_store.schema_upgrade import outdated_tables
 
@@ -27,7 +37,11 @@ NOW = datetime(2031, 5, 17, 12, 0, tzinfo=UTC)
 REPLY = AssistantMessage("an answer", "m", "FINISH_REASON_STOP", 3, 2)
 
 
-def _columns(table: sa.Table, key: str, *, leave_out: tuple[str, ...] = ()) -> list[sa.Column[Any]]:
+TOOL_COLUMNS = ("tool_calls", "tool_call_id")
+ERAS = ["keyed by request id", "before markers", "before tool messages"]
+
+
+def _columns(table: sa.Table, *key: str, leave_out: tuple[str, ...] = ()) -> list[sa.Column[Any]]:
     columns = []
     for c in table.columns:
         if c.name in leave_out:
@@ -39,7 +53,7 @@ def _columns(table: sa.Table, key: str, *, leave_out: tuple[str, ...] = ()) -> l
                 c.name,
                 c.type,
                 *foreign,
-                primary_key=c.name == key,
+                primary_key=c.name in key,
                 nullable=c.nullable,
                 server_default=default,
             )
@@ -47,22 +61,27 @@ def _columns(table: sa.Table, key: str, *, leave_out: tuple[str, ...] = ()) -> l
     return columns
 
 
-def old_shape(*, before_markers: bool) -> sa.MetaData:
-    """The zone tables keyed by request id alone; ``before_markers``: as
-    they were before ``turn_starts`` and the outbox's ``tokens`` existed."""
+def old_shape(era: str) -> sa.MetaData:
+    """The zone tables as they were in ``era``: keyed by request id alone
+    (and, "before markers", before ``turn_starts`` and the outbox's
+    ``tokens`` existed), or keyed by tenant "before tool messages"; none
+    with the messages' tool columns."""
+    before_markers = era == "before markers"
+    by_tenant = era == "before tool messages"
+    key = ("tenant_id", "request_id") if by_tenant else ("request_id",)
     old = sa.MetaData()
     zs.conversations.to_metadata(old)
     sa.Table(
         "messages",
         old,
-        *_columns(zs.messages, "id"),
+        *_columns(zs.messages, "id", leave_out=TOOL_COLUMNS),
         sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
-        sa.UniqueConstraint("request_id", "role", name="uq_messages_request_role"),
+        sa.UniqueConstraint(*key, "role", name=f"uq_messages_{'tenant_' if by_tenant else ''}request_role"),
     )
     sa.Table(
         "usage_outbox",
         old,
-        *_columns(zs.usage_outbox, "request_id", leave_out=("tokens",) if before_markers else ()),
+        *_columns(zs.usage_outbox, *key, leave_out=("tokens",) if before_markers else ()),
         sa.Index("ix_usage_outbox_pending", "shipped_at", "attempts", "created_at"),
         sa.Index("ix_usage_outbox_tenant_created", "tenant_id", "created_at"),
     )
@@ -70,8 +89,15 @@ def old_shape(*, before_markers: bool) -> sa.MetaData:
         sa.Table(
             "turn_starts",
             old,
-            *_columns(zs.turn_starts, "request_id"),
-            sa.Index("ix_turn_starts_continues", "continues"),
+            *_columns(zs.turn_starts, *key),
+            sa.Index(
+                *(
+                    ("ix_turn_starts_tenant_continues", "tenant_id")
+                    if by_tenant
+                    else ("ix_turn_starts_continues",)
+                ),
+                "continues",
+            ),
         )
     return old
 
@@ -80,9 +106,10 @@ def usage(request_id: str, tenant_id: str) -> bytes:
     return billing_service_pb2.UsageRecord(request_id=request_id, tenant_id=tenant_id).SerializeToString()
 
 
-def write_old_store(url: str, *, before_markers: bool) -> str:
+def write_old_store(url: str, era: str) -> str:
     """An old store holding tenant A's turn "req-1" (shipped) and "req-2" (pending); the conversation's id."""
-    old = old_shape(before_markers=before_markers)
+    before_markers = era == "before markers"
+    old = old_shape(era)
     conversation = str(ConversationId.new("us", "us-east"))
     engine = sa.create_engine(url)
     old.create_all(engine)
@@ -166,14 +193,15 @@ def keys_of(store: ZoneStore) -> dict[str, set[str]]:
     return keys
 
 
-async def upgrade_and_use(url: str, *, before_markers: bool) -> None:
-    conversation = write_old_store(url, before_markers=before_markers)
+async def upgrade_and_use(url: str, era: str) -> None:
+    before_markers = era == "before markers"
+    conversation = write_old_store(url, era)
     store = await ZoneStore.open(url, "us", "us-east")
     try:
         assert keys_of(store) == {
             "usage_outbox": {"tenant_id", "request_id"},
             "turn_starts": {"tenant_id", "request_id"},
-            "messages": {"tenant_id", "request_id", "role"},
+            "messages": {"tenant_id", "request_id", "role", "tool_call_id"},
         }
         with store.engine.connect() as conn:
             assert outdated_tables(conn) == []
@@ -203,23 +231,38 @@ async def upgrade_and_use(url: str, *, before_markers: bool) -> None:
         assert await store.mark_shipped([UsageKey(A, "req-2")]) == 1
         assert await store.pending_usage() == [PendingUsage(B, "req-1", usage("req-1", B))]
         assert await store.tenant_tokens(A, NOW) == (0 if before_markers else 10)
+
+        # A reply with tool calls, then a turn answering both calls: two tool messages of one request.
+        calls = (ToolCallRow("call_1", "get_weather", '{"city": "Oslo"}'), ToolCallRow("call_2", "now", "{}"))
+        asked = AssistantMessage("", "m", "FINISH_REASON_TOOL_CALLS", 3, 9, tool_calls=calls)
+        await store.record_turn(A, conversation, "req-3", "weather?", asked, usage("req-3", A), tokens=12)
+        answers = (ToolResult("call_1", "12 C"), ToolResult("call_2", "noon"))
+        await store.record_turn(A, conversation, "req-4", None, REPLY, usage("req-4", A), 5, answers)
+        stored = (await store.messages(A, conversation))[2:]
+        assert [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in stored] == [
+            (Role.USER, "weather?", (), ""),
+            (Role.ASSISTANT, "", calls, ""),
+            (Role.TOOL, "12 C", (), "call_1"),
+            (Role.TOOL, "noon", (), "call_2"),
+            (Role.ASSISTANT, "an answer", (), ""),
+        ]
     finally:
         store.dispose()
     # Opening the upgraded store again changes nothing.
     again = await ZoneStore.open(url, "us", "us-east")
     try:
         with again.engine.connect() as conn:
-            assert conn.execute(sa.select(sa.func.count()).select_from(zs.usage_outbox)).scalar_one() == 3
+            assert conn.execute(sa.select(sa.func.count()).select_from(zs.usage_outbox)).scalar_one() == 5
     finally:
         again.dispose()
 
 
-@pytest.mark.parametrize("before_markers", [False, True], ids=["keyed by request id", "before markers"])
-async def test_a_sqlite_zone_store_is_upgraded(tmp_path: Path, before_markers: bool) -> None:
-    await upgrade_and_use(f"sqlite:///{tmp_path / 'zone-us.db'}", before_markers=before_markers)
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_sqlite_zone_store_is_upgraded(tmp_path: Path, era: str) -> None:
+    await upgrade_and_use(f"sqlite:///{tmp_path / 'zone-us.db'}", era)
 
 
 @pytest.mark.services
-@pytest.mark.parametrize("before_markers", [False, True], ids=["keyed by request id", "before markers"])
-async def test_a_postgresql_zone_store_is_upgraded(postgres_schema_url: str, before_markers: bool) -> None:
-    await upgrade_and_use(postgres_schema_url, before_markers=before_markers)
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_postgresql_zone_store_is_upgraded(postgres_schema_url: str, era: str) -> None:
+    await upgrade_and_use(postgres_schema_url, era)

@@ -1,0 +1,159 @@
+"""Checks on a turn's tool parts before any engine work: the tools offered,
+the tool choice, and the tool calls and tool answers in its messages.
+
+Every refusal is INVALID_ARGUMENT naming the offending field in ``param``
+(``tools[2].name``, ``messages[3].tool_call_id``), as the edge reports it.
+A tool message answers a call an earlier assistant message made, once: for
+a conversation turn the stored history counts as earlier
+(:func:`require_answered_calls` runs again once it is read).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.v1 import common_pb2
+
+# OpenAI's rule for function names.
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_FUNCTION_NAME_RULE = "1 to 64 letters, digits, underscores and dashes"
+MAX_TOOLS = 128
+MAX_TOOL_CALL_ID = 64
+"""The zone store keeps this many characters of a tool call's id."""
+MAX_TOP_LOGPROBS = 20
+_ASSISTANT = common_pb2.CHAT_ROLE_ASSISTANT
+_TOOL = common_pb2.CHAT_ROLE_TOOL
+
+
+def _invalid(reason: Reason, message: str, param: str) -> InvalidArgument:
+    return InvalidArgument(reason, message, metadata={"param": param})
+
+
+def validate_tools(sampling: common_pb2.SamplingParams) -> None:
+    """The tools offered and how the model may choose among them."""
+    if len(sampling.tools) > MAX_TOOLS:
+        raise _invalid(Reason.INVALID_SAMPLING, f"at most {MAX_TOOLS} tools are allowed", "tools")
+    names: set[str] = set()
+    for i, tool in enumerate(sampling.tools):
+        if not _FUNCTION_NAME.match(tool.name):
+            raise _invalid(
+                Reason.INVALID_SAMPLING,
+                f"tools[{i}].name must be {_FUNCTION_NAME_RULE}",
+                f"tools[{i}].name",
+            )
+        if tool.name in names:
+            raise _invalid(Reason.INVALID_SAMPLING, f"two tools are named {tool.name!r}", f"tools[{i}].name")
+        names.add(tool.name)
+        if tool.parameters_json and not isinstance(_json(tool.parameters_json), dict):
+            raise _invalid(
+                Reason.INVALID_SAMPLING,
+                f"tools[{i}].parameters must be a JSON Schema object",
+                f"tools[{i}].parameters",
+            )
+    choice = sampling.tool_choice
+    needs_tools = choice.mode in (common_pb2.TOOL_CHOICE_MODE_REQUIRED, common_pb2.TOOL_CHOICE_MODE_NAMED)
+    if needs_tools and not sampling.tools:
+        raise _invalid(
+            Reason.INVALID_SAMPLING, "tool_choice asks for a tool call but no tools are given", "tool_choice"
+        )
+    if choice.mode == common_pb2.TOOL_CHOICE_MODE_NAMED and choice.name not in names:
+        raise _invalid(
+            Reason.INVALID_SAMPLING,
+            f"tool_choice names {choice.name!r}, which is not among the tools",
+            "tool_choice",
+        )
+    if choice.mode != common_pb2.TOOL_CHOICE_MODE_NAMED and choice.name:
+        raise _invalid(
+            Reason.INVALID_SAMPLING, "tool_choice.name is only for a named tool choice", "tool_choice"
+        )
+
+
+def validate_logprobs(sampling: common_pb2.SamplingParams) -> None:
+    """top_logprobs needs logprobs, and asks for 0 to 20 alternatives."""
+    if not sampling.HasField("top_logprobs"):
+        return
+    if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise _invalid(
+            Reason.INVALID_SAMPLING, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs"
+        )
+    if not sampling.logprobs:
+        raise _invalid(Reason.INVALID_SAMPLING, "top_logprobs needs logprobs set to true", "top_logprobs")
+
+
+def validate_tool_parts(messages: Sequence[common_pb2.ChatMessage]) -> None:
+    """Each message's own tool parts: calls only on assistant messages, each
+    with an id and a function name; a call id only on tool messages, where
+    it is required."""
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if message.tool_calls and message.role != _ASSISTANT:
+            raise _invalid(
+                Reason.INVALID_REQUEST,
+                f"{param}: only assistant messages make tool calls",
+                f"{param}.tool_calls",
+            )
+        for j, call in enumerate(message.tool_calls):
+            where = f"{param}.tool_calls[{j}]"
+            if not call.id or len(call.id) > MAX_TOOL_CALL_ID:
+                raise _invalid(
+                    Reason.INVALID_REQUEST,
+                    f"{where}.id must have 1 to {MAX_TOOL_CALL_ID} characters",
+                    f"{where}.id",
+                )
+            if not _FUNCTION_NAME.match(call.name):
+                raise _invalid(
+                    Reason.INVALID_REQUEST,
+                    f"{where}.function.name must be {_FUNCTION_NAME_RULE}",
+                    f"{where}.function.name",
+                )
+        if message.role == _TOOL and not message.tool_call_id:
+            raise _invalid(
+                Reason.INVALID_REQUEST,
+                f"{param} is a tool message without the tool_call_id of the call it answers",
+                f"{param}.tool_call_id",
+            )
+        if message.tool_call_id and message.role != _TOOL:
+            raise _invalid(
+                Reason.INVALID_REQUEST,
+                f"{param}: only tool messages answer a tool call",
+                f"{param}.tool_call_id",
+            )
+
+
+def require_answered_calls(
+    history: Iterable[common_pb2.ChatMessage], messages: Sequence[common_pb2.ChatMessage]
+) -> None:
+    """Every tool message of ``messages`` (a turn's, ``param`` counts them)
+    answers a call that ``history`` or an earlier message made, and no call
+    is answered twice."""
+    made: set[str] = set()
+    answered: set[str] = set()
+
+    def note(message: common_pb2.ChatMessage) -> str | None:
+        """Take ``message`` in; the problem with it, if any."""
+        made.update(call.id for call in message.tool_calls)
+        if message.role != _TOOL:
+            return None
+        if message.tool_call_id not in made:
+            return f"answers tool call {message.tool_call_id!r}, which no earlier assistant message made"
+        if message.tool_call_id in answered:
+            return f"answers tool call {message.tool_call_id!r} a second time"
+        answered.add(message.tool_call_id)
+        return None
+
+    for message in history:
+        note(message)
+    for i, message in enumerate(messages):
+        problem = note(message)
+        if problem is not None:
+            raise _invalid(Reason.INVALID_REQUEST, f"messages[{i}] {problem}", f"messages[{i}].tool_call_id")
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
