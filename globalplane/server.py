@@ -13,6 +13,7 @@ from globalplane import billing_servicer, geo_routing_servicer, policy_servicer,
 from globalplane.audit import AuditLog
 from globalplane.billing_servicer import BillingServicer
 from globalplane.clock import Clock, utc_now
+from globalplane.embedding_models import embedding_models
 from globalplane.geo_routing_servicer import GeoRoutingServicer
 from globalplane.model_catalog import ModelCatalog, ModelDeployment, default_model
 from globalplane.policy_servicer import PolicyServicer
@@ -109,7 +110,7 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
             return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
 
         catalog = ModelCatalog(store, deployments, clock)
-        await catalog.add_missing([default_model(settings)])
+        await catalog.add_missing([default_model(settings), *embedding_models(settings)])
         ledger = UsageLedger(store, clock)
         audit = AuditLog(store, clock)
         if settings.dev_key:

@@ -26,5 +26,14 @@ class GlobalSettings(MeshTlsSettings):
     default_model_context_window: int = setting(4096, "Context window of the default model, in tokens.")
     default_model_input_per_1k_usd: str = setting("0.0005", "Default model price per 1,000 input tokens.")
     default_model_output_per_1k_usd: str = setting("0.0015", "Default model price per 1,000 output tokens.")
+    embedding_model: str = setting(
+        "llmmesh-tiny-embed", "Name of the embedding model the catalog starts with; empty for none."
+    )
+    embedding_model_context_window: int = setting(
+        2048, "Most tokens one input of the embedding model may have."
+    )
+    embedding_model_input_per_1k_usd: str = setting(
+        "0.00002", "Embedding model price per 1,000 input tokens."
+    )
     heartbeat_interval_ms: int = setting(1000, "Milliseconds between the heartbeats regions send.")
     missed_heartbeats_until_down: int = setting(3, "Missed heartbeats after which a region counts as down.")

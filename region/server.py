@@ -24,14 +24,18 @@ from llmmesh.v1 import (
     chat_service_pb2,
     chat_service_pb2_grpc,
     common_pb2,
+    embedding_service_pb2_grpc,
     geo_routing_service_pb2,
     geo_routing_service_pb2_grpc,
     model_registry_service_pb2_grpc,
+    moderation_service_pb2_grpc,
     policy_service_pb2_grpc,
 )
 from region.admission import Admission
 from region.chat_session import ChatSessions
 from region.conversations import ConversationService
+from region.embedding_pods import EmbeddingPods
+from region.embeddings import EMBEDDINGS_SERVICE_NAME, EmbeddingsGateway, RegionEmbeddingServicer
 from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
 from region.fair_queue import FairQueue
@@ -40,6 +44,7 @@ from region.heartbeat import Heartbeater
 from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
+from region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
 from region.policy_cache import PolicyCache
 from region.quota import QuotaLedger
 from region.ratelimit import LocalRateLimiter, RateLimiter
@@ -68,6 +73,8 @@ REGION_ACCESS = {
     "ListConversations": _SPEAKERS,
     "DeleteConversation": _SPEAKERS,
     "ListMessages": _SPEAKERS,
+    "CreateEmbeddings": _SPEAKERS,
+    "Moderate": _SPEAKERS,
     "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),
 }
 
@@ -103,13 +110,15 @@ class RegionPlane:
     redis: redis.asyncio.Redis | None
     models: ModelResolver
     sessions: ChatSessions
+    embedding_pods: EmbeddingPods | None = None
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
         return chat_service_pb2.GetRegionInfoResponse(
             region=self.settings.region,
             zone=self.settings.zone,
-            models=self.pool.models,
+            # Chat models and the embedding models the same pods serve.
+            models=sorted({*self.pool.models, *(self.embedding_pods.models if self.embedding_pods else ())}),
             engine_pods=len(self.pool.pods),
             healthy_engine_pods=healthy,
             health=region_health(healthy, len(self.pool.pods)),
@@ -150,6 +159,8 @@ class RegionPlane:
         if self.feeds is not None:
             await self.feeds.close()
         await self.router.loads.close()
+        if self.embedding_pods is not None:
+            await self.embedding_pods.close()
         await self.pool.close()
         if self.redis is not None:
             await self.redis.aclose()
@@ -227,6 +238,10 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             feeds.follow(pool.healthy_pods)
 
     pool.on_checked(pods_checked)
+    embedding_pods = EmbeddingPods(pool)
+    pool.on_checked(embedding_pods.refresh_soon)
+    embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
+    moderation = ModerationGateway(settings, policy, admission, safety)
     conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
 
@@ -236,15 +251,26 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
 
     sessions = ChatSessions()
     servicer = ChatServicer(gateway, conversations, info, sessions)
+
+    def register(server: grpc.aio.Server) -> None:
+        chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
+        embedding_service_pb2_grpc.add_RegionEmbeddingServiceServicer_to_server(
+            RegionEmbeddingServicer(embeddings), server
+        )
+        moderation_service_pb2_grpc.add_ModerationServiceServicer_to_server(
+            ModerationServicer(moderation), server
+        )
+
     server = GrpcServer(
-        lambda s: chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, s),
-        [SERVICE_NAME],
+        register,
+        [SERVICE_NAME, EMBEDDINGS_SERVICE_NAME, MODERATION_SERVICE_NAME],
         settings.host,
         settings.port,
         security=security,
         access=AccessPolicy(REGION_ACCESS, zone=settings.zone),
     )
     await pool.check()
+    await embedding_pods.refresh()
     await policy.refresh()
     address = await server.start()
     heartbeat = Heartbeater(
@@ -268,6 +294,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         shared,
         models,
         sessions,
+        embedding_pods,
     )
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)

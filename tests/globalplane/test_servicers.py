@@ -192,7 +192,7 @@ async def test_model_registry(plane: GlobalPlane, channel: grpc.aio.Channel) -> 
     invalid = await _fails(registry.UpsertModel(mpb.UpsertModelRequest(model=bad)))
     assert invalid.metadata["param"] == "pricing.input_per_1k_usd"
     listed = await registry.ListModels(mpb.ListModelsRequest())
-    assert [m.name for m in listed.models] == ["llmmesh-big", "llmmesh-tiny"]
+    assert [m.name for m in listed.models] == ["llmmesh-big", "llmmesh-tiny", "llmmesh-tiny-embed"]
 
 
 @pytest.mark.asyncio

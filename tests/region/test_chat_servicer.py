@@ -265,7 +265,7 @@ async def test_region_reports_to_geo_routing(stack: Stack) -> None:
     assert status.report.zone == "us"
     info = stack.region.info()
     assert info.healthy_engine_pods == 1
-    assert info.models == ["llmmesh-tiny"]
+    assert info.models == ["llmmesh-tiny", "llmmesh-tiny-embed"]
 
 
 async def test_keeps_serving_on_cached_policy_while_global_is_down(stack: Stack) -> None:

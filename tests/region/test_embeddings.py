@@ -1,0 +1,191 @@
+"""The region's embeddings and moderation services over a real in-process
+stack (global plane, a simulator pod, a region): placement on the pod that
+embeds, metering and billing, refusals naming their param, and moderation by
+the region's safety backends with OpenAI's category names."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+
+from llmmesh.errors import Reason, from_rpc_error
+from llmmesh.v1 import embedding_service_pb2 as epb
+from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
+from llmmesh.v1 import moderation_service_pb2 as mpb
+from llmmesh.v1 import moderation_service_pb2_grpc as mpb_grpc
+from region.safety import OPENAI_CATEGORIES
+from tests.stack import DEV_KEY, Stack, running_stack
+
+pytestmark = pytest.mark.asyncio
+MODEL = "llmmesh-tiny-embed"
+AUTH = (("authorization", f"Bearer {DEV_KEY}"),)
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack() as running:
+        yield running
+
+
+async def _create(
+    stack: Stack, request: epb.CreateEmbeddingsRequest, key: str = DEV_KEY
+) -> epb.CreateEmbeddingsResponse:
+    async with grpc.aio.insecure_channel(stack.region.address) as channel:
+        stub = epb_grpc.RegionEmbeddingServiceStub(channel)
+        response: epb.CreateEmbeddingsResponse = await stub.CreateEmbeddings(
+            request, metadata=(("authorization", f"Bearer {key}"),), timeout=10
+        )
+        return response
+
+
+async def _refusal(
+    stack: Stack, request: epb.CreateEmbeddingsRequest, key: str = DEV_KEY
+) -> tuple[grpc.StatusCode, str, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _create(stack, request, key)
+    err = from_rpc_error(caught.value)
+    return err.code, err.reason, err.metadata.get("param", "")
+
+
+def _texts(*texts: str) -> list[epb.EmbeddingInput]:
+    return [epb.EmbeddingInput(text=t) for t in texts]
+
+
+async def test_the_region_reports_the_embedding_model_its_pods_serve(stack: Stack) -> None:
+    assert MODEL in stack.region.info().models
+
+
+async def test_embeddings_are_metered_recorded_and_billed(stack: Stack) -> None:
+    request = epb.CreateEmbeddingsRequest(
+        request_id="emb-test-1", model=MODEL, inputs=_texts("hello mesh", "another text here")
+    )
+    answer = await _create(stack, request)
+    assert answer.model == MODEL and answer.region == "us-east" and answer.zone == "us"
+    assert [len(e.values) for e in answer.embeddings] == [256, 256]
+    for embedding in answer.embeddings:
+        assert math.isclose(sum(x * x for x in embedding.values), 1.0, rel_tol=1e-5)
+    used = sum(e.input_tokens for e in answer.embeddings)
+    assert used > 0 and answer.usage.input_tokens == used and answer.usage.output_tokens == 0
+    assert answer.rate_limit.limit_requests >= 0
+    tenant = stack.region.policy.authenticate(DEV_KEY).tenant_id
+    pending = [row.request_id for row in await stack.region.store.pending_usage()]
+    assert "emb-test-1" in pending
+    assert await stack.region.shipper.flush(timeout_s=10)
+    billed = await stack.global_plane.ledger.usage(tenant, "")
+    assert billed.input_tokens == used and billed.output_tokens == 0
+    assert str(billed.cost_usd.normalize()) == str(Decimal(answer.cost_usd).normalize())
+
+
+async def test_a_reused_request_id_gets_no_second_answer(stack: Stack) -> None:
+    request = epb.CreateEmbeddingsRequest(request_id="emb-twice", model=MODEL, inputs=_texts("once"))
+    await _create(stack, request)
+    code, reason, _ = await _refusal(stack, request)
+    assert (code, reason) == (grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+
+
+async def test_dimensions_and_token_inputs_reach_the_pod(stack: Stack) -> None:
+    tokens = epb.EmbeddingInput(tokens=epb.EmbeddingTokens(ids=[10, 11, 12]))
+    answer = await _create(stack, epb.CreateEmbeddingsRequest(model=MODEL, inputs=[tokens], dimensions=32))
+    assert len(answer.embeddings[0].values) == 32
+    assert answer.embeddings[0].input_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "param"),
+    [
+        (epb.CreateEmbeddingsRequest(model=MODEL), grpc.StatusCode.INVALID_ARGUMENT, "input"),
+        (
+            epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input",
+        ),
+        (
+            epb.CreateEmbeddingsRequest(model=MODEL, inputs=[epb.EmbeddingInput()]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input",
+        ),
+        (epb.CreateEmbeddingsRequest(inputs=_texts("x")), grpc.StatusCode.INVALID_ARGUMENT, "model"),
+        (
+            epb.CreateEmbeddingsRequest(model="llmmesh-tiny", inputs=_texts("x")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "model",
+        ),
+        (epb.CreateEmbeddingsRequest(model="nope", inputs=_texts("x")), grpc.StatusCode.NOT_FOUND, "model"),
+        (
+            epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x"), dimensions=0),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "dimensions",
+        ),
+        (
+            epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x"), dimensions=4096),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "dimensions",
+        ),
+    ],
+)
+async def test_bad_requests_are_refused_naming_the_param(
+    stack: Stack, request_: epb.CreateEmbeddingsRequest, code: grpc.StatusCode, param: str
+) -> None:
+    got_code, _, got_param = await _refusal(stack, request_)
+    assert (got_code, got_param) == (code, param)
+
+
+async def test_a_refused_request_is_not_billed(stack: Stack) -> None:
+    await _refusal(stack, epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x"), dimensions=4096))
+    assert await stack.region.store.pending_usage() == []
+
+
+async def test_an_unknown_key_is_refused(stack: Stack) -> None:
+    code, _, _ = await _refusal(
+        stack, epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x")), "sk-nope"
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def _moderate(stack: Stack, request: mpb.ModerateRequest) -> mpb.ModerateResponse:
+    async with grpc.aio.insecure_channel(stack.region.address) as channel:
+        response: mpb.ModerateResponse = await mpb_grpc.ModerationServiceStub(channel).Moderate(
+            request, metadata=AUTH, timeout=10
+        )
+        return response
+
+
+async def test_moderation_answers_with_openai_categories(stack: Stack) -> None:
+    answer = await _moderate(
+        stack, mpb.ModerateRequest(inputs=["What a lovely day.", "I want to kill myself tonight."])
+    )
+    assert answer.model == "llmmesh-moderation" and list(answer.backends) == ["rules"]
+    clean, flagged = answer.results
+    assert [c.name for c in clean.categories] == list(OPENAI_CATEGORIES)
+    assert not clean.flagged and all(c.score == 0.0 for c in clean.categories)
+    assert flagged.flagged
+    found = {c.name: c.score for c in flagged.categories if c.flagged}
+    assert found == {"self-harm/intent": 1.0}
+
+
+async def test_moderation_refuses_other_models_and_empty_batches(stack: Stack) -> None:
+    for request, code, param in (
+        (
+            mpb.ModerateRequest(model="omni-moderation-latest", inputs=["x"]),
+            grpc.StatusCode.NOT_FOUND,
+            "model",
+        ),
+        (mpb.ModerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "input"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _moderate(stack, request)
+        err = from_rpc_error(caught.value)
+        assert (err.code, err.metadata.get("param")) == (code, param)
+
+
+async def test_a_region_without_safety_backends_refuses_to_moderate() -> None:
+    async with running_stack(region_overrides={"safety_backends": "none"}) as stack:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _moderate(stack, mpb.ModerateRequest(inputs=["hello"]))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
