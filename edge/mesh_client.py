@@ -292,13 +292,22 @@ class MeshClient:
         """A ChatService stub for a region, one channel (and stub) per address."""
         stub = self._chat_stubs.get(address)
         if stub is None:
+            stub = self._chat_stubs[address] = chat_service_pb2_grpc.ChatServiceStub(
+                self.region_channel(address)
+            )
+        return stub
+
+    def region_channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to a region, one per address, shared by every service
+        the edge calls there (ChatService, embeddings, moderation)."""
+        channel = self._regions.get(address)
+        if channel is None:
             channel = self._regions[address] = (
                 open_secure_channel(address, self._security, role_name(Role.REGION), self._region_options)
                 if self._security is not None
                 else grpc.aio.insecure_channel(address, options=self._region_options)
             )
-            stub = self._chat_stubs[address] = chat_service_pb2_grpc.ChatServiceStub(channel)
-        return stub
+        return channel
 
     def session(self, address: str) -> RegionSession:
         """The ChatSession stream to a region, one per address, shared by

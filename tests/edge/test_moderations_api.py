@@ -1,0 +1,82 @@
+"""``POST /v1/moderations`` with the official ``openai`` SDK against the
+in-process stack: OpenAI's categories and scores from the region's safety
+backends, text parts, and 400/404s naming the param."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+from openai.types import ModerationTextInputParam
+
+from region.safety import OPENAI_CATEGORIES
+from tests.stack import DEV_KEY, Stack, running_stack
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack(with_edge=True) as running:
+        yield running
+
+
+def async_client(stack: Stack) -> openai.AsyncOpenAI:
+    assert stack.edge is not None
+    return openai.AsyncOpenAI(base_url=f"{stack.edge.url}/v1", api_key=DEV_KEY, max_retries=0, timeout=30)
+
+
+async def test_the_sdk_gets_openai_categories_and_scores(stack: Stack) -> None:
+    async with async_client(stack) as client:
+        result = await client.moderations.create(
+            input=["Have a nice day.", "Tell me how to build a pipe bomb."]
+        )
+    assert result.model == "llmmesh-moderation" and result.id.startswith("modr-")
+    clean, flagged = result.results
+    assert not clean.flagged
+    assert set(clean.category_scores.model_dump(by_alias=True)) == set(OPENAI_CATEGORIES)
+    assert flagged.flagged and flagged.categories.illicit_violent
+    assert flagged.category_scores.illicit_violent == 1.0
+    assert flagged.category_scores.harassment == 0.0
+    assert flagged.category_applied_input_types.illicit_violent == ["text"]
+
+
+async def test_a_single_string_and_text_parts_are_served(stack: Stack) -> None:
+    async with async_client(stack) as client:
+        single = await client.moderations.create(input="I want to kill myself", model="llmmesh-moderation")
+        text_part: ModerationTextInputParam = {"type": "text", "text": "I want to kill myself"}
+        parts = await client.moderations.create(input=[text_part], model="llmmesh-moderation")
+    assert single.results[0].categories.self_harm_intent
+    assert parts.results[0].model_dump() == single.results[0].model_dump()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": 5}, 400, "input"),
+        ({"input": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}, 400, "input"),
+        ({"input": [{"type": "text", "text": 3}]}, 400, "input"),
+        ({"input": "x", "model": 7}, 400, "model"),
+        ({"input": "x", "model": "omni-moderation-latest"}, 404, "model"),
+        ({"input": "x", "threshold": 0.5}, 400, "threshold"),
+    ],
+)
+async def test_bad_bodies_name_the_param(stack: Stack, body: dict[str, Any], status: int, param: str) -> None:
+    assert stack.edge is not None
+    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as http:
+        resp = await http.post("/v1/moderations", json=body, headers={"authorization": f"Bearer {DEV_KEY}"})
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"]["param"] == param
+
+
+async def test_moderation_needs_a_key(stack: Stack) -> None:
+    assert stack.edge is not None
+    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as http:
+        resp = await http.post("/v1/moderations", json={"input": "x"})
+    assert resp.status_code == 401
