@@ -19,9 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from edge import metrics
 from edge.completions import CompletionsHandler, authenticate
 from edge.conversations import ConversationsHandler
+from edge.embeddings import EmbeddingsHandler
 from edge.errors import OpenAIError, from_mesh_error
 from edge.health import path_health
 from edge.mesh_client import MeshClient
+from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
 from edge.settings import EdgeSettings
 from edge.stream_routes import StreamRoutes
@@ -130,6 +132,8 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             Route("/v1/streams/{stream_id}/cancel", streams.cancel, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/usage", usage, methods=["GET"]),
+            Route("/v1/embeddings", EmbeddingsHandler(settings, mesh).handle, methods=["POST"]),
+            Route("/v1/moderations", ModerationsHandler(settings, mesh).handle, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
