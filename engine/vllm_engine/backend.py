@@ -7,6 +7,11 @@ first, vLLM's convention) and KV-cache events published over ZMQ, which
 ``DELTA`` mode. Cancelling (``abort``) or closing a generation aborts the
 vLLM request, which frees its batch slot and blocks at the next step.
 
+Sampling options map to vLLM's ``SamplingParams`` in
+:mod:`engine.vllm_engine.sampling` (guided decoding for tool choices and
+JSON response formats included), and :mod:`engine.vllm_engine.replies`
+splits the output into content, tool-call parts and logprobs.
+
 vLLM reports its load per engine step; an idle engine sends no more
 reports, so ``running`` and ``waiting`` are capped by the generations this
 pod still has open, and an aborted request stops counting at once.
@@ -29,8 +34,9 @@ import vllm
 from prometheus_client import REGISTRY, CollectorRegistry
 from vllm import SamplingParams
 from vllm.config.kv_events import KVEventsConfig
+from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.sampling_params import RequestOutputKind
+from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -39,19 +45,24 @@ from engine.backend import (
     EngineBackend,
     EngineInfo,
     FinishReason,
-    GeneratedTokens,
     GenerationEvent,
     GenerationFinished,
     GenerationRequest,
     GenerationStarted,
     HealthState,
     LoadSnapshot,
+    SamplingOptions,
+    ToolChoiceMode,
 )
 from engine.gpu import NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
+from engine.vllm_engine.auto_tools import AutoToolCalls, refuse_auto, tool_parser_for_template
 from engine.vllm_engine.config import VllmEngineConfig
 from engine.vllm_engine.kv_relay import KvEventRelay
+from engine.vllm_engine.logprobs import TokenBytes
+from engine.vllm_engine.replies import ReplyStream
+from engine.vllm_engine.sampling import guided_param, sampling_params
 from engine.vllm_engine.stats import LoadRecorder, SchedulerLoad
 from engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
 from llmmesh.chat_tokenizer import HfTokenizerSpec
@@ -61,7 +72,6 @@ from llmmesh.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 KV_EVENT_TOPIC = "kv"
-_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.CANCELLED}
 
 
 class VllmBackend(EngineBackend):
@@ -82,6 +92,8 @@ class VllmBackend(EngineBackend):
         self._instance_id = secrets.token_hex(8)
         self._socket_dir: str | None = None
         self._load = SchedulerLoad()
+        self._tool_parser: str | None = None
+        self._token_bytes_table: TokenBytes | None = None
 
     async def start(self) -> None:
         """Start vLLM's engine core (a child process; tens of seconds on CPU)."""
@@ -95,8 +107,11 @@ class VllmBackend(EngineBackend):
         self._socket_dir = tempfile.mkdtemp(prefix="llmmesh-kv-")
         endpoint = f"ipc://{self._socket_dir}/events"
         replay_endpoint = f"ipc://{self._socket_dir}/replay"
+        kwargs = self.config.engine_kwargs()
+        # AsyncEngineArgs, unlike LLM, takes this config only as its class.
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
         args = AsyncEngineArgs(
-            **self.config.engine_kwargs(),
+            **kwargs,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True,
                 publisher="zmq",
@@ -107,6 +122,7 @@ class VllmBackend(EngineBackend):
         )
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[LoadRecorder.factory(self._load)])
         self._tokenizer = self._llm.get_tokenizer()
+        self._tool_parser = tool_parser_for_template(getattr(self._tokenizer, "chat_template", None))
         self._relay = KvEventRelay(endpoint, replay_endpoint, KV_EVENT_TOPIC, self.kv_event_log)
         self._relay_task = asyncio.create_task(self._relay.run(), name="vllm-kv-event-relay")
         vllm_config = self._llm.vllm_config
@@ -162,7 +178,7 @@ class VllmBackend(EngineBackend):
             yield GenerationStarted(len(context), 0)
             yield GenerationFinished(FinishReason.LENGTH, len(context), 0, 0)
             return
-        params = self._sampling_params(request, limit)
+        params, reply = self._prepare(request, limit)
         self._open.add(request.request_id)
         finished = False
         output_tokens = 0
@@ -180,39 +196,57 @@ class VllmBackend(EngineBackend):
                         started = True
                         cached = output.num_cached_tokens or 0
                         yield GenerationStarted(len(context), cached)
-                    if completion.token_ids:
-                        yield GeneratedTokens(
-                            tuple(completion.token_ids), completion.text, resumed + output_tokens
-                        )
-                        output_tokens += len(completion.token_ids)
+                    event = reply.tokens(
+                        completion.token_ids,
+                        completion.text,
+                        resumed + output_tokens,
+                        completion.logprobs,
+                        last=output.finished and completion.finish_reason != "abort",
+                    )
+                    if event is not None:
+                        yield event
+                        output_tokens += len(event.token_ids)
                     if output.finished:
                         finished = True
                         stop = completion.stop_reason
                         yield GenerationFinished(
-                            _FINISH_REASONS.get(completion.finish_reason or "", FinishReason.STOP),
+                            reply.finish_reason(completion.finish_reason),
                             len(context),
                             output_tokens,
                             cached,
                             stop if isinstance(stop, str) else "",
                         )
         except Exception as exc:
-            raise _engine_error(exc) from exc
+            raise _engine_error(exc, request.sampling) from exc
         finally:
             self._open.discard(request.request_id)
             if not finished and self._llm is not None:
                 await self._llm.abort(request.request_id)
 
-    def _sampling_params(self, request: GenerationRequest, max_tokens: int) -> SamplingParams:
+    def _prepare(self, request: GenerationRequest, max_tokens: int) -> tuple[SamplingParams, ReplyStream]:
+        """vLLM's parameters for ``request`` and the stream that reads its
+        output; raises ``InvalidArgument`` for what this engine cannot do."""
         sampling = request.sampling
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0 if sampling.temperature is None else sampling.temperature,
-            top_p=1.0 if sampling.top_p is None else sampling.top_p,
-            stop=list(sampling.stop) or None,
-            seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        auto: AutoToolCalls | None = None
+        if sampling.tools and sampling.tool_choice.mode == ToolChoiceMode.AUTO:
+            if self._tool_parser is None:
+                raise refuse_auto()
+            auto = AutoToolCalls(self._tool_parser, self._tokenizer, sampling.tools)
+        keep_special = auto is not None and auto.keep_special_tokens
+        params = sampling_params(request, max_tokens, keep_special_tokens=keep_special)
+        token_bytes = self._token_bytes() if sampling.logprobs else None
+        reply = ReplyStream(request.request_id, sampling, token_bytes, auto)
+        resumed = list(request.resume_output_token_ids)
+        if resumed:
+            reply.prime(self._tokenizer.decode(resumed, skip_special_tokens=not keep_special), resumed)
+        return params, reply
+
+    def _token_bytes(self) -> TokenBytes:
+        # Built on the first request for logprobs: it reads the tokenizer's
+        # decoder, which plain turns never need.
+        if self._token_bytes_table is None:
+            self._token_bytes_table = TokenBytes(self._tokenizer)
+        return self._token_bytes_table
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._open or self._llm is None:
@@ -278,10 +312,17 @@ class VllmBackend(EngineBackend):
         return self._llm
 
 
-def _engine_error(exc: Exception) -> Exception:
-    """vLLM's exceptions in the mesh's terms; ours pass through."""
+def _engine_error(exc: Exception, sampling: SamplingOptions) -> Exception:
+    """vLLM's exceptions in the mesh's terms; ours pass through. vLLM's
+    refusal of a request names the parameter it refused or, for a grammar
+    its structured-output backend cannot compile, the one the grammar came
+    from."""
     if isinstance(exc, MeshError):
         return exc
+    if isinstance(exc, VLLMValidationError):
+        param = exc.parameter or guided_param(sampling)
+        metadata = {"param": param} if param else None
+        return InvalidArgument(Reason.INVALID_SAMPLING, str(exc), metadata=metadata)
     if isinstance(exc, EngineDeadError):
         return Unavailable(Reason.ENGINE_FAILED, "the vLLM engine died", retry_after_s=5.0)
     if isinstance(exc, ValueError):

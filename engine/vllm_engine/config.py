@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,14 @@ class VllmEngineConfig:
     scheduling_policy: str = "priority"
     # CPU: no CUDA graphs to capture; eager mode starts in seconds.
     enforce_eager: bool = True
+    # Guided decoding (tool choices, JSON response formats): xgrammar, vLLM's
+    # first choice, without its fallback to another backend, so a schema
+    # feature it lacks is refused (INVALID_ARGUMENT) instead of changing
+    # backend per request. Compact JSON: a grammar that allows free
+    # whitespace lets a weak model spend its whole token budget on blanks
+    # between keys (the tiny model does), and compact JSON is still JSON.
+    structured_outputs_backend: str = "xgrammar"
+    compact_json: bool = True
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model_path: Path) -> VllmEngineConfig:
@@ -52,7 +61,9 @@ class VllmEngineConfig:
         }
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``vllm.engine.arg_utils.AsyncEngineArgs``."""
+        """Keyword arguments of ``vllm.engine.arg_utils.AsyncEngineArgs`` and
+        ``vllm.LLM``; ``structured_outputs_config`` is a dict, which ``LLM``
+        takes as is and ``AsyncEngineArgs`` as ``StructuredOutputsConfig(**it)``."""
         return {
             "model": str(self.model_path),
             "served_model_name": [self.served_model_name],
@@ -63,6 +74,14 @@ class VllmEngineConfig:
             "enable_prefix_caching": self.enable_prefix_caching,
             "scheduling_policy": self.scheduling_policy,
             "enforce_eager": self.enforce_eager,
+            "structured_outputs_config": self.structured_outputs_config(),
+        }
+
+    def structured_outputs_config(self) -> dict[str, Any]:
+        """vLLM's ``StructuredOutputsConfig`` fields."""
+        return {
+            "backend": self.structured_outputs_backend,
+            "disable_any_whitespace": self.compact_json,
         }
 
     def serve_arguments(self) -> list[str]:
@@ -82,6 +101,8 @@ class VllmEngineConfig:
             "--scheduling-policy",
             self.scheduling_policy,
             "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--structured-outputs-config",
+            json.dumps(self.structured_outputs_config()),
         ]
         if self.enforce_eager:
             arguments.append("--enforce-eager")

