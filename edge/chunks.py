@@ -12,6 +12,16 @@ chunk with ``finish_reason: "content_filter"``, then ``[DONE]``; a whole
 names the flagged categories as Azure OpenAI does,
 ``"content_filter_results": {"violence": {"filtered": true}}``, a field the
 OpenAI SDKs keep as an extra without failing.
+
+A delta with tool-call parts or log probabilities becomes a chunk with
+``delta.tool_calls`` fragments and ``choices[0].logprobs``
+(:mod:`edge.reply_parts`); a reply that called tools finishes with
+``"tool_calls"``. A cancelled turn (``POST /v1/streams/{id}/cancel``, or a
+client that left) finishes with ``"cancelled"``, a reason of the mesh's own
+(OpenAI has none for it; its SDKs keep the string as it is), and its finish
+chunk carries the usage that was billed, also when ``include_usage`` was
+not asked (with it, the usage chunk follows as usual). A generation that
+failed without an error event finishes with ``"error"``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import json
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from edge.reply_parts import ReplyCollector, logprobs_object, tool_call_fragment
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 DONE = b"data: [DONE]\n\n"
@@ -28,9 +39,11 @@ FINISH_REASONS: dict[int, str] = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
-    # OpenAI has no "cancelled"; a stopped generation reads as a stop.
-    common_pb2.FINISH_REASON_CANCELLED: "stop",
-    common_pb2.FINISH_REASON_ERROR: "stop",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+    # OpenAI has no reason for these; a stopped or failed generation must
+    # not read as a complete one.
+    common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    common_pb2.FINISH_REASON_ERROR: "error",
 }
 
 
@@ -132,11 +145,35 @@ class ChunkStream:
         data = f"{self._content_head}{json.dumps(text)}{self._content_tail}"
         return SseEvent(event_id, f"id: {event_id}\ndata: {data}\n\n".encode())
 
+    def delta(self, delta: chat_service_pb2.ChatDelta) -> SseEvent:
+        """The chunk of one delta: a plain content chunk when it is only
+        text, else one with its tool-call fragments (and its text, if any)
+        and its tokens' log probabilities."""
+        if not delta.tool_calls and not delta.logprobs:
+            return self.content(delta.sequence, delta.text)
+        body: dict[str, object] = {}
+        if delta.text or not delta.tool_calls:
+            body["content"] = delta.text
+        if delta.tool_calls:
+            body["tool_calls"] = [tool_call_fragment(part) for part in delta.tool_calls]
+        choice = {
+            "index": 0,
+            "delta": body,
+            "logprobs": logprobs_object(delta.logprobs) if delta.logprobs else None,
+            "finish_reason": None,
+        }
+        return self._event(max(delta.sequence, self.last_id + 1), self._chunk([choice]))
+
     def finish(
-        self, reason: common_pb2.FinishReason.ValueType, filtered_categories: Sequence[str] = ()
+        self,
+        reason: common_pb2.FinishReason.ValueType,
+        filtered_categories: Sequence[str] = (),
+        usage: common_pb2.TokenUsage | None = None,
     ) -> SseEvent:
         """The last choice chunk: an empty delta and the finish reason, and
-        the categories that blocked the reply when a filter did."""
+        the categories that blocked the reply when a filter did. A
+        cancelled turn's carries ``usage`` (what was billed) unless the
+        usage chunk follows."""
         choice: dict[str, object] = {
             "index": 0,
             "delta": {},
@@ -144,7 +181,10 @@ class ChunkStream:
             "finish_reason": FINISH_REASONS.get(reason, "stop"),
         }
         _add_filter_results(choice, filtered_categories)
-        return self._event(self.last_id + 1, self._chunk([choice]))
+        chunk = self._chunk([choice])
+        if reason == common_pb2.FINISH_REASON_CANCELLED and usage is not None and not self.include_usage:
+            chunk["usage"] = usage_object(usage)
+        return self._event(self.last_id + 1, chunk)
 
     def usage(self, usage: common_pb2.TokenUsage) -> SseEvent:
         """The final chunk of ``include_usage``: empty choices, the usage."""
@@ -161,17 +201,21 @@ def completion_object(
     completion_id: str,
     created: int,
     model: str,
-    text: str,
+    reply: ReplyCollector,
     reason: common_pb2.FinishReason.ValueType,
     usage: common_pb2.TokenUsage,
     filtered_categories: Sequence[str] = (),
+    *,
+    logprobs: bool = False,
 ) -> dict[str, object]:
-    """A whole ``chat.completion``; its choice names ``filtered_categories``
-    when a filter blocked the reply, as the streamed finish chunk does."""
+    """A whole ``chat.completion`` of the collected ``reply``: its message
+    (tool calls included), its tokens' log probabilities when ``logprobs``
+    was asked, and ``filtered_categories`` when a filter blocked the reply,
+    as the streamed finish chunk names them."""
     choice: dict[str, object] = {
         "index": 0,
-        "message": {"role": "assistant", "content": text, "refusal": None},
-        "logprobs": None,
+        "message": reply.message(),
+        "logprobs": logprobs_object(reply.logprobs) if logprobs else None,
         "finish_reason": FINISH_REASONS.get(reason, "stop"),
     }
     _add_filter_results(choice, filtered_categories)

@@ -25,6 +25,7 @@ from edge.failover import FailoverPolicy, FailoverTurn
 from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
 from edge.ratelimit_headers import ratelimit_headers
+from edge.reply_parts import ReplyCollector
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.stream_log import StreamInfo
@@ -72,15 +73,18 @@ class CompletionsHandler:
     async def handle(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
+        # Refusals and the messages' checks come before any call to the mesh.
+        sampling = req.to_sampling()
+        messages = req.to_messages()
         model = await self._mesh.models.resolve(req.model, principal.tenant.tier)
         start = chat_service_pb2.ChatStart(
             model=model.name,
-            messages=req.to_messages(),
-            sampling=req.to_sampling(),
-            user=req.user or "",
+            messages=messages,
+            sampling=sampling,
+            user=req.end_user(),
         )
         return await self.serve_turn(
-            request, principal, start, model.name, stream=req.stream, include_usage=req.include_usage()
+            request, principal, start, model.name, stream=req.streaming(), include_usage=req.include_usage()
         )
 
     async def serve_turn(
@@ -117,7 +121,9 @@ class CompletionsHandler:
         headers.update(ratelimit_headers(turn.started))
         created = int(time.time())
         if not stream:
-            return await self._complete(request, turn, completion_id, created, model, headers)
+            return await self._complete(
+                request, turn, completion_id, created, model, headers, logprobs=start.sampling.logprobs
+            )
         detached = request.headers.get(RESUMABLE_HEADER, "").strip().lower() in ("true", "1")
         info = StreamInfo(principal.key_id, principal.tenant.id, turn.started.region)
         chunks = ChunkStream(completion_id, created, model, include_usage)
@@ -132,28 +138,40 @@ class CompletionsHandler:
         created: int,
         model: str,
         headers: dict[str, str],
+        *,
+        logprobs: bool,
     ) -> Response:
         """The whole completion; a client that leaves first cancels the turn
         (the region still reports, and bills, what it produced)."""
 
-        async def collect() -> str:
-            return "".join([delta.text async for delta in turn.deltas()])
+        reply = ReplyCollector()
 
-        text_task = asyncio.create_task(collect())
+        async def collect() -> None:
+            async for delta in turn.deltas():
+                reply.add(delta)
+
+        collecting = asyncio.create_task(collect())
         gone = asyncio.create_task(disconnected(request))
         try:
-            await asyncio.wait((text_task, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not text_task.done():
+            await asyncio.wait((collecting, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not collecting.done():
                 await turn.cancel("client disconnected")
-                await asyncio.wait((text_task,), timeout=self._settings.cancel_grace_ms / 1000)
-                if not text_task.done():
+                await asyncio.wait((collecting,), timeout=self._settings.cancel_grace_ms / 1000)
+                if not collecting.done():
                     turn.close()
-            text = await text_task
+            await collecting
         finally:
             await cancel_and_wait(gone)
-            await cancel_and_wait(text_task)
+            await cancel_and_wait(collecting)
             turn.close()
         body = completion_object(
-            completion_id, created, model, text, turn.reason, turn.usage, blocked_categories(turn.safety)
+            completion_id,
+            created,
+            model,
+            reply,
+            turn.reason,
+            turn.usage,
+            blocked_categories(turn.safety),
+            logprobs=logprobs,
         )
         return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 from edge.chunks import FINISH_REASONS
 from edge.errors import OpenAIError
-from edge.schemas import Message, ModelName, TextPart, TurnOptions, chat_messages
+from edge.schemas import Message, ModelName, TextPart, TurnOptions
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 
@@ -74,7 +74,7 @@ class ConversationMessageRequest(TurnOptions):
                 code="invalid_value",
             )
         if self.messages is None:
-            messages, params = [Message(role="user", content=self.content)], ["content"]
+            messages, param = [Message(role="user", content=self.content)], "content"
         else:
             if not any(m.role == "user" for m in self.messages):
                 raise OpenAIError(
@@ -83,13 +83,18 @@ class ConversationMessageRequest(TurnOptions):
                     param="messages",
                     code="invalid_value",
                 )
-            messages, params = self.messages, [f"messages[{i}].content" for i in range(len(self.messages))]
-        for message, param in zip(messages, params, strict=True):
+            messages, param = self.messages, "messages"
+        out = []
+        for i, message in enumerate(messages):
+            where = f"{param}[{i}]"
+            field = "content" if self.messages is None else f"{where}.content"
+            converted = message.to_proto(where, field)
             try:
-                _storable(message.text())
+                _storable(converted.content)
             except ValueError as exc:
-                raise OpenAIError(400, f"{param} {exc}", param=param, code="invalid_value") from exc
-        return chat_messages(messages)
+                raise OpenAIError(400, f"{field} {exc}", param=field, code="invalid_value") from exc
+            out.append(converted)
+        return out
 
 
 class ConversationObject(BaseModel):
@@ -127,12 +132,35 @@ class DeletedConversationObject(BaseModel):
     deleted: bool = True
 
 
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+"""Who wrote a stored message."""
+
+
 class MessageUsage(BaseModel):
     """Token counts of the turn that wrote an assistant message."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class FunctionCallObject(BaseModel):
+    """The function a tool call calls."""
+
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class ToolCallObject(BaseModel):
+    """One tool call of a stored assistant message."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallObject
+
+    @classmethod
+    def of(cls, call: common_pb2.ToolCall) -> ToolCallObject:
+        return cls(id=call.id, function=FunctionCallObject(name=call.name, arguments=call.arguments))
 
 
 class MessageObject(BaseModel):
@@ -143,13 +171,17 @@ class MessageObject(BaseModel):
     object: Literal["conversation.message"] = "conversation.message"
     created_at: int
     conversation_id: str
-    role: Literal["system", "user", "assistant"]
+    role: Role
     content: str
     request_id: str | None
     model: str | None
     finish_reason: str | None
     usage: MessageUsage | None
     cost_usd: str | None = Field(description="An exact decimal string.")
+    tool_calls: list[ToolCallObject] | None = Field(
+        default=None, description="The tool calls of an assistant message that made any."
+    )
+    tool_call_id: str | None = Field(default=None, description="Of a tool message: the call it answers.")
 
     @classmethod
     def of(cls, message: chat_service_pb2.StoredMessage) -> MessageObject:
@@ -171,13 +203,17 @@ class MessageObject(BaseModel):
             finish_reason=FINISH_REASONS.get(message.finish_reason) if reply else None,
             usage=usage if reply else None,
             cost_usd=message.cost_usd or None if reply else None,
+            tool_calls=[ToolCallObject.of(c) for c in message.tool_calls] or None,
+            tool_call_id=message.tool_call_id or None,
         )
 
 
-_ROLES: dict[int, Literal["system", "user", "assistant"]] = {
+_ROLES: dict[int, Role] = {
     common_pb2.CHAT_ROLE_SYSTEM: "system",
+    common_pb2.CHAT_ROLE_DEVELOPER: "developer",
     common_pb2.CHAT_ROLE_USER: "user",
     common_pb2.CHAT_ROLE_ASSISTANT: "assistant",
+    common_pb2.CHAT_ROLE_TOOL: "tool",
 }
 
 Item = TypeVar("Item", ConversationObject, MessageObject)

@@ -142,8 +142,8 @@ class ConversationsHandler:
         text_id = request.path_params["conversation_id"]
         conversation_id = _home(principal, text_id)
         body = parse_body(ConversationMessageRequest, await read_json(request, self._settings.max_body_bytes))
-        messages = body.new_messages()
         sampling = body.to_sampling()
+        messages = body.new_messages()
         conversation = await self._conversation(principal, text_id)
         model = await self._mesh.models.resolve(body.model or conversation.model, principal.tenant.tier)
         start = chat_service_pb2.ChatStart(
@@ -152,14 +152,14 @@ class ConversationsHandler:
             messages=messages,
             sampling=sampling,
             conversation_id=conversation.id,
-            user=body.user or "",
+            user=body.end_user(),
         )
         return await self._completions.serve_turn(
             request,
             principal,
             start,
             model.name,
-            stream=body.stream,
+            stream=body.streaming(),
             include_usage=body.include_usage(),
             prefer_region=conversation_id.home_region,
         )

@@ -7,8 +7,8 @@ healthy region of the tenant's zone (geo-routing is asked again, leaving
 out every region that failed this turn) as a continuation of what the
 client already has: the same messages, sampling and conversation, and a
 ``Continuation`` with the original request id (the stream id), the failed
-region, every token id and the text delivered, and the last sequence
-number. The attempt's own request id is ``<stream id>-r<n>``. The new
+region, every token id, the text and the tool calls (merged from their
+parts) delivered, and the last sequence number. The attempt's own request id is ``<stream id>-r<n>``. The new
 region resumes after those tokens and numbers its deltas on from the last,
 so the client sees no token lost or repeated; its usage is the whole
 turn's.
@@ -31,6 +31,7 @@ import grpc
 
 from edge import metrics
 from edge.mesh_client import MeshClient, Principal
+from edge.reply_parts import ToolCallMerger
 from edge.turns import OpenTurn, RegionLost, open_turn
 from llmmesh.errors import MeshError, Reason, Unavailable
 from llmmesh.v1 import chat_service_pb2, common_pb2
@@ -82,6 +83,7 @@ class FailoverTurn:
         self.started = first.started
         self._token_ids: list[int] = []
         self._text: list[str] = []
+        self._calls = ToolCallMerger()
         self._last_sequence = 0
         self._failed: set[str] = set()
         self._attempt = 1
@@ -115,6 +117,7 @@ class FailoverTurn:
                 async for delta in self._turn.deltas():
                     self._token_ids.extend(delta.token_ids)
                     self._text.append(delta.text)
+                    self._calls.add(delta.tool_calls)
                     self._last_sequence = max(self._last_sequence, delta.sequence)
                     yield delta
                 return
@@ -161,6 +164,7 @@ class FailoverTurn:
                 emitted_token_ids=self._token_ids,
                 emitted_text="".join(self._text),
                 last_sequence=self._last_sequence,
+                emitted_tool_calls=self._calls.protos(),
             )
         )
         log.warning(

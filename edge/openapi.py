@@ -71,7 +71,8 @@ _TURN_HEADERS: dict[str, Schema] = {
 
 # OpenAPI 3.1 has the schema of an event stream describe each of its events.
 _SSE: Schema = {
-    "description": "`chat.completion.chunk` events, each with an `id:`, ending in `data: [DONE]`.",
+    "description": "`chat.completion.chunk` events (components/schemas/ChatCompletionChunk), each"
+    " with an `id:`, ending in `data: [DONE]`.",
     "schema": {
         "type": "object",
         "properties": {"data": STRING, "id": STRING, "event": STRING, "retry": INT},
@@ -140,6 +141,18 @@ _MESSAGE_EXAMPLE: Schema = {
     "stream": True,
     "stream_options": {"include_usage": True},
 }
+_MODEL: Schema = {
+    "name": "model",
+    "in": "path",
+    "required": True,
+    "description": "The model's name, as GET /v1/models lists it.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:/-]*$", "maxLength": 128},
+    "example": "llmmesh-tiny",
+}
+_UNSUPPORTED: dict[str, Schema] = {
+    "401": _ERRORS["401"],
+    "404": _error("Not supported: code unsupported_endpoint."),
+}
 _STREAM_ID: Schema = {
     "name": "stream_id",
     "in": "path",
@@ -176,6 +189,25 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
         },
         "/v1/models": {
             "get": _operation("List the models.", {"200": _json("The models.", ref("ModelList")), **_ERRORS})
+        },
+        "/v1/models/{model}": {
+            "get": _operation(
+                "Get one model; 404 model_not_found when there is none of that name.",
+                {"200": _json("The model.", ref("Model")), **_ERRORS},
+                parameters=[_MODEL],
+            )
+        },
+        "/v1/completions": {
+            "post": _operation(
+                "Not supported (legacy prompt completions): 404 unsupported_endpoint; use chat completions.",
+                _UNSUPPORTED,
+            )
+        },
+        "/v1/responses": {
+            "post": _operation(
+                "Not supported (the Responses API): 404 unsupported_endpoint; use chat completions.",
+                _UNSUPPORTED,
+            )
         },
         "/v1/usage": {
             "get": _operation(

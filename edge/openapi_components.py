@@ -90,15 +90,24 @@ _WRITTEN_OUT: dict[str, Schema] = {
                     _object(
                         {
                             "index": INT,
-                            "message": _object(
-                                {
-                                    "role": {"const": "assistant"},
-                                    "content": STRING,
-                                    "refusal": {"type": "null"},
-                                }
+                            "message": _with_optional(
+                                _object(
+                                    {
+                                        "role": {"const": "assistant"},
+                                        "content": {
+                                            "type": ["string", "null"],
+                                            "description": "Null when the reply is only tool calls.",
+                                        },
+                                        "refusal": {"type": "null"},
+                                    }
+                                ),
+                                tool_calls={"type": "array", "items": ref("ToolCall")},
                             ),
-                            "logprobs": {"type": "null"},
-                            "finish_reason": {"enum": ["stop", "length", "content_filter"]},
+                            "logprobs": {
+                                "oneOf": [ref("ChoiceLogprobs"), {"type": "null"}],
+                                "description": "With logprobs: true.",
+                            },
+                            "finish_reason": ref("FinishReason"),
                         }
                     ),
                     content_filter_results=_FILTER_RESULTS,
@@ -107,6 +116,90 @@ _WRITTEN_OUT: dict[str, Schema] = {
             "usage": ref("CompletionUsage"),
         }
     ),
+    "FinishReason": {
+        "enum": ["stop", "length", "tool_calls", "content_filter", "cancelled", "error"],
+        "description": "Why the reply ended: tool_calls when it called tools; cancelled when the"
+        " client cancelled it (the mesh's own reason; the usage billed is reported); error when"
+        " the generation failed.",
+    },
+    "ToolCall": _object(
+        {
+            "id": STRING,
+            "type": {"const": "function"},
+            "function": _object(
+                {"name": STRING, "arguments": {"type": "string", "description": "JSON text."}}
+            ),
+        }
+    ),
+    "ToolCallChunk": {
+        "type": "object",
+        "description": "A streamed fragment of a tool call: a call's first names its id and function,"
+        " later ones of the same index carry more of its arguments.",
+        "properties": {
+            "index": INT,
+            "id": STRING,
+            "type": {"const": "function"},
+            "function": {"type": "object", "properties": {"name": STRING, "arguments": STRING}},
+        },
+        "required": ["index", "function"],
+    },
+    "ChoiceLogprobs": _object(
+        {
+            "content": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "token": STRING,
+                        "logprob": {"type": "number"},
+                        "bytes": {"type": "array", "items": INT},
+                        "top_logprobs": {"type": "array", "items": ref("TopLogprob")},
+                    }
+                ),
+            },
+            "refusal": {"type": "null"},
+        }
+    ),
+    "TopLogprob": _object(
+        {"token": STRING, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": INT}}
+    ),
+    "ChatCompletionChunk": {
+        "type": "object",
+        "description": "The data of one SSE event of a streamed completion.",
+        "properties": {
+            "id": STRING,
+            "object": {"const": "chat.completion.chunk"},
+            "created": INT,
+            "model": STRING,
+            "system_fingerprint": _NULLABLE_STRING,
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": INT,
+                        "delta": {
+                            "type": "object",
+                            "properties": {
+                                "role": {"const": "assistant"},
+                                "content": STRING,
+                                "tool_calls": {"type": "array", "items": ref("ToolCallChunk")},
+                            },
+                        },
+                        "logprobs": {"oneOf": [ref("ChoiceLogprobs"), {"type": "null"}]},
+                        "finish_reason": {"oneOf": [ref("FinishReason"), {"type": "null"}]},
+                        "content_filter_results": _FILTER_RESULTS,
+                    },
+                    "required": ["index", "delta", "finish_reason"],
+                },
+            },
+            "usage": {
+                "oneOf": [ref("CompletionUsage"), {"type": "null"}],
+                "description": "With include_usage: null but on the last chunk; a cancelled"
+                " turn's finish chunk carries it too.",
+            },
+        },
+        "required": ["id", "object", "created", "model", "choices"],
+    },
     "Model": _object(
         {
             "id": STRING,

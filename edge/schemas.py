@@ -1,111 +1,193 @@
 """The OpenAI request bodies the edge accepts, and their translation to the
-contract. Validation failures become 400s naming the offending ``param``."""
+contract. Validation failures become 400s naming the offending ``param``.
+
+Every parameter of OpenAI's Chat Completions reference is modelled, and is
+either honoured end to end or refused with a 400 naming it
+(``unsupported_parameter``); a parameter the reference does not have is
+refused as ``unknown_parameter``. Honoured: ``model``, ``messages``
+(:mod:`edge.chat_messages`), ``max_tokens``, ``max_completion_tokens``,
+``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``,
+``stream_options.include_usage``, ``presence_penalty``,
+``frequency_penalty``, ``logit_bias``, ``logprobs``, ``top_logprobs``,
+``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format``
+(:mod:`edge.tool_params`), ``n`` of 1, ``modalities`` of text only,
+``store`` false, ``service_tier`` "auto" or "default" (the tenant's tier
+decides), ``reasoning_effort`` "none" (the mesh's models do not reason),
+``user`` and ``safety_identifier`` (the end-user id the region is given),
+and vLLM's extension ``ignore_eos``. Everything else the reference lists is
+refused when set: ``n`` > 1, ``audio``, audio ``modalities``,
+``prediction``, ``web_search_options``, other ``reasoning_effort`` values,
+``verbosity``, the legacy ``functions`` and ``function_call`` (use
+``tools``), ``store`` true, ``metadata``, other service tiers, the
+``prompt_cache_*`` parameters (prefix caching is automatic),
+``moderation`` (the region's safety filters always run), and
+``stream_options.include_obfuscation`` true.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-)
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from edge.chat_messages import Message, TextPart, chat_messages, refused
 from edge.errors import OpenAIError
+from edge.request_types import AnyJson, Int32, Int64, ModelName, Strict, Text
+from edge.tool_params import (
+    MAX_TOOLS,
+    ResponseFormat,
+    Tool,
+    ToolChoiceParam,
+    apply_tool_choice,
+    tool_definitions,
+)
 from llmmesh.v1 import common_pb2
+
+__all__ = [
+    "ChatCompletionRequest",
+    "Message",
+    "ModelName",
+    "TextPart",
+    "TurnOptions",
+    "chat_messages",
+    "parse_body",
+    "parse_chat_request",
+]
 
 Body = TypeVar("Body", bound=BaseModel)
 
-
-def _encodable(text: str) -> str:
-    # JSON can carry a lone surrogate ("\udc80"); protobuf strings cannot.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("must be valid UTF-8 text") from exc
-    return text
+MAX_LOGIT_BIAS = 1024
+"""The most token ids one ``logit_bias`` may name."""
+MAX_TOP_LOGPROBS = 20
+Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]
 
 
-Text = Annotated[StrictStr, AfterValidator(_encodable)]
-"""A string the contract can carry."""
-Int32 = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
-Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
-ModelName = Annotated[StrictStr, Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
-"""A model name as the registry allows one ("auto" included): a name that
-could never exist is refused here, before it travels through the mesh."""
-
-_ROLE: dict[str, common_pb2.ChatRole.ValueType] = {
-    "system": common_pb2.CHAT_ROLE_SYSTEM,
-    "developer": common_pb2.CHAT_ROLE_DEVELOPER,
-    "user": common_pb2.CHAT_ROLE_USER,
-    "assistant": common_pb2.CHAT_ROLE_ASSISTANT,
-    "tool": common_pb2.CHAT_ROLE_TOOL,
-}
-
-
-class TextPart(BaseModel):
-    """One text part of a multi-part message content."""
-
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text"]
-    text: StrictStr
-
-
-class Message(BaseModel):
-    """One chat message."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart] | None = None
-    name: Text | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class StreamOptions(BaseModel):
+class StreamOptions(Strict):
     """``stream_options`` of a streaming request."""
 
-    model_config = ConfigDict(extra="allow")
-    include_usage: StrictBool = False
+    include_usage: StrictBool | None = None
+    include_obfuscation: StrictBool | None = Field(
+        default=None, description="Only false: the mesh never pads its chunks."
+    )
 
 
-class TurnOptions(BaseModel):
+def _refusal(description: str) -> AnyJson:
+    return Field(default=None, description=f"Refused when set: {description}")
+
+
+class TurnOptions(Strict):
     """What a request for a turn sets besides its messages: the output limit,
-    sampling and streaming. Chat completions and conversation messages share it."""
+    sampling, tools, the reply's format and streaming. Chat completions and
+    conversation messages share it."""
 
-    model_config = ConfigDict(extra="allow")
     max_tokens: Int32 | None = None
     max_completion_tokens: Int32 | None = None
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
     seed: Int64 | None = None
-    stream: StrictBool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    n: StrictInt | None = Field(default=None, description="Only 1: one choice per request.")
     user: Text | None = None
+    safety_identifier: Text | None = Field(default=None, description="The end user, as `user`.")
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[StrictFloat, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
+        | None
+    ) = Field(default=None, description="Token id (a decimal string) to a bias from -100 to 100.")
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+    modalities: list[Literal["text", "audio"]] | None = Field(default=None, description='Only ["text"].')
+    store: StrictBool | None = Field(default=None, description="Only false: completions are not stored.")
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = Field(
+        default=None, description='Only "auto" or "default": the tenant\'s tier decides.'
+    )
+    reasoning_effort: StrictStr | None = Field(default=None, description='Only "none": no model reasons.')
     # vLLM's extension (``extra_body`` in the openai SDK): generate exactly
     # the output limit, for benchmarks and tests that need fixed lengths.
     ignore_eos: StrictBool = False
+    audio: AnyJson = _refusal("audio output is not supported.")
+    prediction: AnyJson = _refusal("predicted outputs are not supported.")
+    web_search_options: AnyJson = _refusal("web search is not supported.")
+    verbosity: AnyJson = _refusal("verbosity is not supported.")
+    functions: AnyJson = _refusal("legacy; use tools.")
+    function_call: AnyJson = _refusal("legacy; use tool_choice.")
+    metadata: AnyJson = _refusal("completions are not stored.")
+    prompt_cache_key: AnyJson = _refusal("prefix caching is automatic.")
+    prompt_cache_retention: AnyJson = _refusal("prefix caching is automatic.")
+    prompt_cache_options: AnyJson = _refusal("prefix caching is automatic.")
+    moderation: AnyJson = _refusal("the region's safety filters always run.")
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def streaming(self) -> bool:
+        return bool(self.stream)
+
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    def end_user(self) -> str:
+        """The end-user id the region is given: ``safety_identifier``, which replaces ``user``."""
+        return self.safety_identifier or self.user or ""
+
+    def check_supported(self) -> None:
+        """A 400 naming the first parameter set to something the mesh does not honour."""
+        for name, why in (
+            ("audio", "audio output is not supported"),
+            ("prediction", "predicted outputs are not supported"),
+            ("web_search_options", "web search is not supported"),
+            ("verbosity", "verbosity control is not supported"),
+            ("functions", "the legacy functions are not supported; use tools"),
+            ("function_call", "the legacy function_call is not supported; use tool_choice"),
+            ("metadata", "completions are not stored, so they carry no metadata"),
+            ("prompt_cache_key", "prefix caching is automatic (KV-affinity routing)"),
+            ("prompt_cache_retention", "prefix caching is automatic (KV-affinity routing)"),
+            ("prompt_cache_options", "prefix caching is automatic (KV-affinity routing)"),
+            ("moderation", "the region's safety filters always run; they cannot be configured per request"),
+        ):
+            if getattr(self, name) is not None:
+                raise refused(name, why)
+        if self.n is not None and self.n != 1:
+            if self.n < 1:
+                raise OpenAIError(400, "n must be at least 1", param="n", code="invalid_value")
+            raise refused("n", "only one choice per request (n=1) is supported; send several requests")
+        if self.modalities is not None and "audio" in self.modalities:
+            raise refused("modalities", "only text output is supported")
+        if self.store:
+            raise refused("store", "completions are not stored")
+        if self.service_tier not in (None, "auto", "default"):
+            raise refused("service_tier", "the tenant's tier decides how a request is served")
+        if self.reasoning_effort not in (None, "none"):
+            raise refused("reasoning_effort", "the mesh's models do not reason")
+        if self.stream_options is not None:
+            if not self.stream:
+                raise OpenAIError(
+                    400,
+                    "stream_options is only allowed when stream is true",
+                    param="stream_options",
+                    code="invalid_value",
+                )
+            if self.stream_options.include_obfuscation:
+                raise refused("stream_options.include_obfuscation", "the mesh does not pad its chunks")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(
+                400, "top_logprobs needs logprobs set to true", param="top_logprobs", code="invalid_value"
+            )
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise OpenAIError(
+                400, "parallel_tool_calls needs tools", param="parallel_tool_calls", code="invalid_value"
+            )
+
     def to_sampling(self) -> common_pb2.SamplingParams:
+        """The contract's sampling parameters; a 400 names the first parameter refused or out of range."""
+        self.check_supported()
         sampling = common_pb2.SamplingParams()
         limit = self.output_limit()
         if limit is not None:
@@ -122,6 +204,27 @@ class TurnOptions(BaseModel):
         if self.stop is not None:
             sampling.stop.extend([self.stop] if isinstance(self.stop, str) else self.stop)
         sampling.ignore_eos = self.ignore_eos
+        if self.presence_penalty is not None:
+            sampling.presence_penalty = float(self.presence_penalty)
+        if self.frequency_penalty is not None:
+            sampling.frequency_penalty = float(self.frequency_penalty)
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < 2**32):
+                raise OpenAIError(
+                    400,
+                    f"logit_bias keys are token ids (decimal strings), got {key!r}",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
+            sampling.logit_bias[int(key)] = float(bias)
+        sampling.logprobs = bool(self.logprobs)
+        if self.top_logprobs is not None:
+            sampling.top_logprobs = self.top_logprobs
+        apply_tool_choice(self.tool_choice, tool_definitions(self.tools or []), sampling)
+        if self.parallel_tool_calls is not None:
+            sampling.parallel_tool_calls = self.parallel_tool_calls
+        if self.response_format is not None:
+            sampling.response_format.CopyFrom(self.response_format.to_proto())
         return sampling
 
 
@@ -135,22 +238,8 @@ class ChatCompletionRequest(TurnOptions):
         return chat_messages(self.messages)
 
 
-def chat_messages(messages: list[Message]) -> list[common_pb2.ChatMessage]:
-    """The contract's messages; a 400 names a content that is not valid UTF-8."""
-    out = []
-    for i, m in enumerate(messages):
-        text = m.text()
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise OpenAIError(
-                400,
-                f"messages[{i}].content is not valid UTF-8 text",
-                param=f"messages[{i}].content",
-                code="invalid_value",
-            ) from exc
-        out.append(common_pb2.ChatMessage(role=_ROLE[m.role], content=text, name=m.name or ""))
-    return out
+# pydantic names union branches in an error's location; they are not fields.
+_BRANCH_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "function-after"})
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -158,10 +247,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif (
-            part in ("str", "int", "float", "bool", "list[TextPart]", "list[constrained-str]") or "[" in part
-        ):
-            # pydantic names union branches in the location; they are not fields
+        elif part in _BRANCH_TAGS or "[" in part or part[:1].isupper() or part.startswith("literal"):
             continue
         else:
             out += f".{part}" if out else part
@@ -169,8 +255,11 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 
 def parse_chat_request(body: object) -> ChatCompletionRequest:
-    """Validate a decoded JSON body, or raise a 400 OpenAIError."""
-    return parse_body(ChatCompletionRequest, body)
+    """Validate a decoded JSON body, or raise a 400 OpenAIError (a
+    parameter the mesh refuses included)."""
+    request = parse_body(ChatCompletionRequest, body)
+    request.check_supported()
+    return request
 
 
 def parse_body(model: type[Body], body: object) -> Body:

@@ -10,7 +10,8 @@ a stream costs in memory is what the log's bounds allow.
 Cancelling (``POST /v1/streams/{id}/cancel``, or the starting client
 disconnecting) sends ChatCancel to the region, which aborts the engine
 request; the producer goes on reading until the region's usage and finish
-arrive, so the stream still ends with its finish chunk, its usage and
+arrive, so the stream still ends with its finish chunk (``finish_reason:
+"cancelled"``, carrying the billed usage), its usage chunk when asked, and
 ``[DONE]``, and the tokens produced are billed. A region that does not end
 the turn within ``cancel_grace_ms`` of the cancel has its call dropped
 (which aborts and bills as well).
@@ -244,10 +245,10 @@ class StreamHub:
                 if turn.region != region:
                     region = turn.region
                     await self.log.set_region(stream_id, region)
-                await appender.event(chunks.content(delta.sequence, delta.text))
+                await appender.event(chunks.delta(delta))
             if turn.region != region:
                 await self.log.set_region(stream_id, turn.region)
-            await appender.event(chunks.finish(turn.reason, blocked_categories(turn.safety)))
+            await appender.event(chunks.finish(turn.reason, blocked_categories(turn.safety), turn.usage))
             if chunks.include_usage:
                 await appender.event(chunks.usage(turn.usage))
             await appender.end(DONE)

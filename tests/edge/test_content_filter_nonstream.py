@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from edge.chunks import blocked_categories, completion_object
+from edge.reply_parts import ReplyCollector
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.stack import DEV_KEY, running_stack
 
@@ -66,7 +67,8 @@ def test_only_a_blocking_verdict_names_categories() -> None:
 
 def test_the_completion_object_carries_the_categories_on_its_choice() -> None:
     usage = common_pb2.TokenUsage(input_tokens=3, output_tokens=2)
-    args = ("chatcmpl-1", 1, "m", "Hi", common_pb2.FINISH_REASON_CONTENT_FILTER, usage)
+    reply = ReplyCollector(text=["Hi"])
+    args = ("chatcmpl-1", 1, "m", reply, common_pb2.FINISH_REASON_CONTENT_FILTER, usage)
     choice = completion_object(*args, ["violence", "hate"])["choices"]
     assert isinstance(choice, list)
     assert choice[0]["finish_reason"] == "content_filter"

@@ -329,7 +329,7 @@ async def test_cancel_aborts_the_engine_request_and_bills_what_was_streamed(
     await wait_until(lambda: sim(stack).scheduler.running == 0, what="engine request aborted")
     events = parse_events("\n".join(seen + rest))
     assert events[-1].data == "[DONE]"
-    assert events[-3].json()["choices"][0]["finish_reason"] == "stop"
+    assert events[-3].json()["choices"][0]["finish_reason"] == "cancelled"
     usage = events[-2].json()["usage"]
     assert usage["completion_tokens"] == 3
     after = await usage_totals(client, stack)
@@ -380,7 +380,7 @@ async def test_a_cancel_on_another_edge_reaches_the_producing_edge(redis_url: st
         assert cancel.json()["status"] == "cancelled"
         await wait_until(lambda: sim(stack).scheduler.running == 0, what="engine request aborted")
         _, rest = await read_stream(edge_b, "GET", f"/v1/streams/{stream_id}", params={"starting_after": "3"})
-        assert [text for _, text in content(rest)] == ["stop", "[DONE]"]
+        assert [text for _, text in content(rest)] == ["cancelled", "[DONE]"]
 
 
 # ---------------------------------------------------------------- disconnects
@@ -396,7 +396,7 @@ async def test_a_client_disconnect_aborts_the_engine_request(
     _, rest = await read_stream(
         client, "GET", f"/v1/streams/{resp.headers['x-request-id']}", params={"starting_after": "1"}
     )
-    assert [text for _, text in content(rest)][-2:] == ["stop", "[DONE]"]
+    assert [text for _, text in content(rest)][-2:] == ["cancelled", "[DONE]"]
     assert [e.id for e in rest][:-1] == list(range(2, len(rest) + 1))
 
 
@@ -429,7 +429,7 @@ async def test_a_detached_stream_outlives_its_client_until_nobody_reads_it(
     # Nobody reads it any more: detached_timeout_ms later it is cancelled.
     await wait_until(lambda: sim(stack).scheduler.running == 0, timeout_s=20, what="unread stream cancelled")
     _, rest = await read_stream(client, "GET", f"/v1/streams/{stream_id}", params={"starting_after": "3"})
-    assert [text for _, text in content(rest)] == ["stop", "[DONE]"]
+    assert [text for _, text in content(rest)] == ["cancelled", "[DONE]"]
 
 
 # ---------------------------------------------------------------- backpressure
