@@ -139,6 +139,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         prompt_token_ids: list[int] = list(start.prompt_token_ids)
         validate_roles([message.role for message in start.messages], CHAT_ROLES)
         if start.messages:
+            if any(message.tool_calls or message.tool_call_id for message in start.messages):
+                # Tool parts are rendered by the region into prompt_token_ids
+                # (region.prompt_render); rendering only the content here would drop them.
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST,
+                    "a pod renders messages' content only; send messages with tool calls "
+                    "or tool results as prompt_token_ids",
+                    metadata={"param": "messages"},
+                )
             if not any(message.content for message in start.messages):
                 raise InvalidArgument(
                     Reason.EMPTY_PROMPT, "every message is empty", metadata={"param": "messages"}

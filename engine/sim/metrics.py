@@ -41,6 +41,8 @@ VLLM_FINISHED_REASONS = {
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
     FinishReason.CANCELLED: "abort",
+    # vLLM's engine ends a reply of tool calls like any other: a stop.
+    FinishReason.TOOL_CALLS: "stop",
 }
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (

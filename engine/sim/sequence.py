@@ -5,6 +5,7 @@ handling, injected faults and event queue."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 from engine.backend import (
     FinishReason,
@@ -13,14 +14,20 @@ from engine.backend import (
     GenerationFinished,
     GenerationRequest,
     GenerationStarted,
+    TokenLogprobs,
+    ToolCallPart,
+    TopLogprob,
 )
 from engine.sim.detokenizer import StopAwareDetokenizer
+from engine.sim.distribution import SampledToken
 from engine.sim.faults import FaultPlan, injected_failure
+from engine.sim.guided import guided_reply
 from engine.sim.kv_blocks import KvAllocation
 from engine.sim.metrics import RequestTimeline
-from engine.sim.sampler import DeterministicSampler
+from engine.sim.sampler import DeterministicSampler, OutputHistory
 from engine.sim.tokenizer import SimTokenizer
-from llmmesh.errors import MeshError
+from engine.tool_calls import ToolCallParser
+from llmmesh.errors import InvalidArgument, MeshError, Reason
 
 # What the event queue carries: the backend's events, or the error that ends
 # a failed generation in place of its GenerationFinished.
@@ -32,8 +39,12 @@ class SimSequence:
 
     Output positions count resumed tokens: a continuation of ``k`` tokens
     produces positions ``k, k+1, …``. The reply ends at the first of its
-    natural length (STOP), ``max_tokens`` or the context window (LENGTH), or a
-    stop sequence (STOP with ``matched_stop``). Under a :class:`FaultPlan`
+    natural length (STOP, or TOOL_CALLS for a reply of tool calls),
+    ``max_tokens`` or the context window (LENGTH), or a stop sequence (STOP
+    with ``matched_stop``). A guided reply (:mod:`engine.sim.guided`) is
+    fixed whole before the first token; its tool-call text streams as
+    tool-call parts, not as text. With ``logprobs`` every token carries its
+    log probabilities. Under a :class:`FaultPlan`
     it may instead fail (its last queue item is then a ``MeshError``) or
     stall (it stops decoding and waits for an abort).
 
@@ -72,16 +83,34 @@ class SimSequence:
         self.finished = False
         self.finish_reason: FinishReason | None = None
         self._sampler = sampler
-        self._plan = sampler.plan(request.prompt_token_ids, request.sampling)
-        self._detokenizer = StopAwareDetokenizer(
-            tokenizer, request.sampling.stop, request.resume_output_token_ids
-        )
+        self._tokenizer = tokenizer
+        sampling = request.sampling
+        self._plan = sampler.plan(request.prompt_token_ids, sampling)
+        self._history = OutputHistory.of(request.resume_output_token_ids)
+        self._detokenizer = StopAwareDetokenizer(tokenizer, sampling.stop, request.resume_output_token_ids)
         self._position = len(request.resume_output_token_ids)
+        natural_length, natural_reason = self._plan.natural_length, FinishReason.STOP
+        self._guided = guided_reply(request.prompt_token_ids, sampling, self._plan, sampler, tokenizer)
+        self._tool_calls: ToolCallParser | None = None
+        if self._guided is not None:
+            guided_ids = tuple(token.token_id for token in self._guided.tokens)
+            if guided_ids[: self._position] != request.resume_output_token_ids:
+                raise InvalidArgument(
+                    Reason.INVALID_REQUEST,
+                    "the resumed output is not the start of this request's guided reply",
+                    metadata={"param": "resume_output_token_ids"},
+                )
+            # The grammar ends a guided reply, ignore_eos or not.
+            natural_length = len(guided_ids)
+            if self._guided.tool_calls:
+                natural_reason = FinishReason.TOOL_CALLS
+                self._tool_calls = ToolCallParser(self._guided.named, self._call_id)
+                self._tool_calls.prime(self._detokenizer.resumed_text)
         room = context_window - len(request.prompt_token_ids)
-        max_tokens = request.sampling.max_tokens
+        max_tokens = sampling.max_tokens
         limit = room if max_tokens is None else min(max_tokens, room)
-        if self._plan.natural_length <= limit:
-            self._end_position, self._end_reason = self._plan.natural_length, FinishReason.STOP
+        if natural_length <= limit:
+            self._end_position, self._end_reason = natural_length, natural_reason
         else:
             self._end_position, self._end_reason = limit, FinishReason.LENGTH
         faults = faults or FaultPlan()
@@ -152,16 +181,23 @@ class SimSequence:
             self.finished = True
             self.events.put_nowait(injected_failure(self.request_id, self.output_tokens))
             return True
-        token_id = self._sampler.token_at(self._plan, self._position)
+        if self._guided is not None:
+            sampled = self._guided.tokens[self._position]
+        else:
+            sampled = self._sampler.sample(self._plan, self._position, self._history)
+        token_id = sampled.token_id
         offset = self._position
         self._position += 1
         self.output_tokens += 1
         self.token_ids.append(token_id)
+        self._history.append(token_id)
         text = self._detokenizer.push(token_id)
         ended = bool(self._detokenizer.matched_stop) or self._position >= self._end_position
         if ended:
             text += self._detokenizer.flush()
-        self.events.put_nowait(GeneratedTokens((token_id,), text, offset))
+        logprobs = (self._logprobs(sampled),) if self.request.sampling.logprobs else ()
+        text, parts = self._split_tool_calls(text)
+        self.events.put_nowait(GeneratedTokens((token_id,), text, offset, parts, logprobs))
         if self._detokenizer.matched_stop:
             self.finish(FinishReason.STOP, self._detokenizer.matched_stop)
         elif ended:
@@ -172,10 +208,35 @@ class SimSequence:
         """End with LENGTH because the KV pool cannot hold the next token even
         with the whole batch to itself; text held back for a possible stop
         sequence is streamed first."""
-        text = self._detokenizer.flush()
-        if text:
-            self.events.put_nowait(GeneratedTokens((), text, self._position))
+        text, parts = self._split_tool_calls(self._detokenizer.flush())
+        if text or parts:
+            self.events.put_nowait(GeneratedTokens((), text, self._position, parts))
         self.finish(FinishReason.LENGTH)
+
+    def _split_tool_calls(self, text: str) -> tuple[str, tuple[ToolCallPart, ...]]:
+        """Content text, and the tool-call parts the text makes instead
+        when the reply is tool calls."""
+        if self._tool_calls is None or not text:
+            return text, ()
+        return "", tuple(self._tool_calls.feed(text))
+
+    def _call_id(self, index: int) -> str:
+        """A call id that every pod gives the same reply."""
+        digest = hashlib.blake2b(self._plan.digest + index.to_bytes(4, "little"), digest_size=12)
+        return "call_" + digest.hexdigest()
+
+    def _logprobs(self, sampled: SampledToken) -> TokenLogprobs:
+        token, raw = self._token_text(sampled.token_id)
+        top: list[TopLogprob] = []
+        for top_id, logprob in sampled.top:
+            top_token, top_raw = self._token_text(top_id)
+            top.append(TopLogprob(top_id, top_token, logprob, top_raw))
+        return TokenLogprobs(sampled.token_id, token, sampled.logprob, raw, tuple(top))
+
+    def _token_text(self, token_id: int) -> tuple[str, bytes]:
+        """A token's text (a lone byte of a character shows as U+FFFD) and bytes."""
+        raw = self._tokenizer.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), raw
 
     def finish(self, reason: FinishReason, matched_stop: str = "") -> None:
         """Emit the final event; later calls do nothing."""

@@ -53,6 +53,18 @@ class SimTokenizer(PieceTokenizer):
         """A plain-text prompt as a generation sees it: BOS, then the text."""
         return [self.bos_id, *self.encode(text)]
 
+    def token_bytes(self, token_id: int, skip_special_tokens: bool = True) -> bytes:
+        """The UTF-8 bytes one token stands for: a byte-fallback token's one
+        byte (maybe part of a character), a piece's text, a special token's
+        name unless skipped. Raises ValueError outside the vocabulary."""
+        if not 0 <= token_id < VOCAB_SIZE:
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {VOCAB_SIZE}")
+        if token_id < BYTE_OFFSET:
+            return b"" if skip_special_tokens else SPECIAL_TOKENS[token_id].encode()
+        if token_id < PIECE_OFFSET:
+            return bytes([token_id - BYTE_OFFSET])
+        return PIECES[token_id - PIECE_OFFSET].encode()
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``token_ids``; raises ValueError for an id outside the vocabulary."""
         parts: list[str] = []

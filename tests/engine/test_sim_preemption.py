@@ -51,7 +51,7 @@ def uninterrupted_tokens(request: GenerationRequest, context_window: int) -> lis
     limit = min(plan.natural_length, context_window - len(request.prompt_token_ids))
     if request.sampling.max_tokens is not None:
         limit = min(limit, request.sampling.max_tokens)
-    return [SAMPLER.token_at(plan, position) for position in range(limit)]
+    return SAMPLER.tokens(plan, limit)
 
 
 def assert_one_stream(generation: Generation) -> None:

@@ -1,0 +1,180 @@
+"""The simulator's next-token distribution, and sampling from it.
+
+The simulated model's logits at a position (documented model, not a
+network): every word of the position's *pool* (the sampler's vocabulary
+prefix, scaled by ``top_p``) has logit 0; the position's punctuation mark,
+when the reply's rhythm puts one there, has :data:`MARK_LOGIT`, so it is
+all but certain; every other token is impossible, except that a token with a
+``logit_bias`` outside the pool enters at :data:`OUT_OF_POOL_LOGIT`.
+
+On top of that, as vLLM applies them: ``logit_bias`` is added; the presence
+penalty is subtracted from every token already in the output, and the
+frequency penalty times its count. Temperature divides the logits; greedy
+decoding (no temperature) takes the argmax. Ties, and the draw of a
+sample, are broken by the position's deterministic uniform draw ``u``, so
+a token stays a function of (prompt, seed, position, earlier output).
+
+Log probabilities are those of the distribution sampled from (after bias,
+penalties and temperature; greedy ones at temperature 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+MARK_LOGIT = 30.0
+"""A punctuation mark where the reply's rhythm puts one: e^30 outweighs any pool."""
+OUT_OF_POOL_LOGIT = -10.0
+"""Where a biased token outside the pool starts: +100 makes it near certain, +5 still rare."""
+
+
+@dataclass(frozen=True)
+class Adjustments:
+    """``logit_bias`` and the penalties of one request."""
+
+    bias: Mapping[int, float]
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty)
+
+    def shift(self, token_id: int, counts: Mapping[int, int]) -> float:
+        """What bias and penalties add to ``token_id``'s logit."""
+        count = counts.get(token_id, 0)
+        shift = self.bias.get(token_id, 0.0)
+        if count:
+            shift -= self.presence_penalty + self.frequency_penalty * count
+        return shift
+
+
+NO_ADJUSTMENTS = Adjustments({})
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Candidate tokens at logit 0: the first ``size`` of ``ids``;
+    ``index`` maps each id of ``ids`` to its position."""
+
+    ids: Sequence[int]
+    index: Mapping[int, int]
+    size: int
+
+    @classmethod
+    def of(cls, ids: Sequence[int], size: int | None = None) -> Pool:
+        return cls(ids, {token_id: i for i, token_id in enumerate(ids)}, len(ids) if size is None else size)
+
+    def sized(self, size: int) -> Pool:
+        return Pool(self.ids, self.index, min(size, len(self.ids)))
+
+    def __contains__(self, token_id: int) -> bool:
+        return self.index.get(token_id, self.size) < self.size
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """A sampled token, its log probability and the likeliest tokens at its
+    position as (token id, log probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def sample(
+    pool: Pool,
+    u: float,
+    *,
+    marks: Mapping[int, float] | None = None,
+    adjustments: Adjustments = NO_ADJUSTMENTS,
+    counts: Mapping[int, int] | None = None,
+    temperature: float | None = None,
+    top: int = 0,
+) -> SampledToken:
+    """Sample one token with the uniform draw ``u`` in [0, 1). ``marks``
+    are tokens with a base logit of their own (a pool word among them keeps
+    it); ``counts`` are the output's token counts so far."""
+    counts = counts or {}
+    logits: dict[int, float] = {}
+    for token_id, base in (marks or {}).items():
+        logits[token_id] = base + adjustments.shift(token_id, counts)
+    touched = list(adjustments.bias)
+    if adjustments.penalised:
+        touched.extend(token_id for token_id in counts if token_id in pool)
+    for token_id in touched:
+        if token_id not in logits:
+            base = 0.0 if token_id in pool else OUT_OF_POOL_LOGIT
+            logits[token_id] = base + adjustments.shift(token_id, counts)
+    # The pool's positions of adjusted words: the rest keep logit 0.
+    adjusted = sorted(pool.index[token_id] for token_id in logits if token_id in pool)
+    plain = pool.size - len(adjusted)
+    best = max(logits.values(), default=-math.inf)
+    if plain:
+        best = max(best, 0.0)
+    scale = temperature if temperature else 1.0
+    weights = {token_id: math.exp((logit - best) / scale) for token_id, logit in logits.items()}
+    plain_weight = math.exp(-best / scale) if plain else 0.0
+    log_total = math.log(sum(weights.values()) + plain * plain_weight)
+
+    def logprob(logit: float) -> float:
+        return (logit - best) / scale - log_total
+
+    specials = sorted(logits)
+    if not temperature:
+        ties = [token_id for token_id in specials if logits[token_id] == best]
+        tie_count = len(ties) + (plain if best == 0.0 else 0)
+        pick = min(int(u * tie_count), tie_count - 1)
+        chosen = ties[pick] if pick < len(ties) else _plain_member(pool, adjusted, pick - len(ties))
+    else:
+        chosen = _draw(pool, adjusted, specials, weights, plain, plain_weight, u * math.exp(log_total))
+    chosen_logit = logits.get(chosen, 0.0)
+    return SampledToken(chosen, logprob(chosen_logit), _top(pool, adjusted, logits, top, logprob))
+
+
+def _draw(
+    pool: Pool,
+    adjusted: list[int],
+    specials: list[int],
+    weights: Mapping[int, float],
+    plain: int,
+    plain_weight: float,
+    target: float,
+) -> int:
+    """Inverse-CDF sampling: specials in id order, then the plain pool words."""
+    for token_id in specials:
+        target -= weights[token_id]
+        if target < 0:
+            return token_id
+    if plain and plain_weight > 0:
+        return _plain_member(pool, adjusted, min(int(target / plain_weight), plain - 1))
+    return specials[-1]  # rounding left the target just past the end
+
+
+def _plain_member(pool: Pool, adjusted: list[int], k: int) -> int:
+    """The ``k``-th pool word (0-based) whose logit was not adjusted."""
+    position = k
+    for skipped in adjusted:
+        if skipped <= position:
+            position += 1
+        else:
+            break
+    return pool.ids[position]
+
+
+def _top(
+    pool: Pool,
+    adjusted: list[int],
+    logits: Mapping[int, float],
+    count: int,
+    logprob: Callable[[float], float],
+) -> tuple[tuple[int, float], ...]:
+    if count <= 0:
+        return ()
+    candidates = [(logit, 0, token_id) for token_id, logit in logits.items()]
+    plain = pool.size - len(adjusted)
+    candidates.extend((0.0, 1, _plain_member(pool, adjusted, k)) for k in range(min(count, plain)))
+    candidates.sort(key=lambda item: (-item[0], item[1], item[2]))
+    return tuple((token_id, logprob(logit)) for logit, _, token_id in candidates[:count])
