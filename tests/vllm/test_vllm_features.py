@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,7 +19,11 @@ import grpc.aio
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
+from transformers import AutoTokenizer
 
+from engine import tiny_model
+from engine.backend import ToolCallPart, ToolSpec
+from engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
 from llmmesh.errors import from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
@@ -217,3 +222,51 @@ async def test_what_this_engine_cannot_do_is_refused_by_name(stub: pb_grpc.Engin
         "INVALID_ARGUMENT",
         "ignore_eos",
     )
+
+
+HERMES_REPLY = (
+    "Let me look. <tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
+    "\n</tool_call>"
+)
+
+
+def auto_calls(tiny_model_dir: Path) -> AutoToolCalls:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tools = tuple(ToolSpec(tool.name, tool.description, tool.parameters_json) for tool in TOOLS)
+    return AutoToolCalls("hermes", tokenizer, tools)
+
+
+# Importing vLLM's OpenAI request types imports torch's compiler, which
+# warns about its own deprecations; the pod process has them imported already.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_auto_tool_choice_reads_the_models_own_call_syntax(tiny_model_dir: Path) -> None:
+    """vLLM's hermes parser, as a pod whose template teaches ``<tool_call>``
+    runs it: content before the call, then the call in parts."""
+    assert tool_parser_for_template("{% for t in tools %}<tool_call>{% endfor %}") == "hermes"
+    assert tool_parser_for_template(tiny_model.CHAT_TEMPLATE) is None
+    parser = auto_calls(tiny_model_dir)
+    content = ""
+    parts: list[ToolCallPart] = []
+    for start in range(0, len(HERMES_REPLY), 7):
+        text, new_parts = parser.feed(HERMES_REPLY[start : start + 7], [0])
+        content += text
+        parts += new_parts
+    text, new_parts = parser.flush()
+    content += text
+    parts += new_parts
+    assert content == "Let me look. "
+    assert parts[0].id and parts[0].name == "get_weather"
+    assert {part.index for part in parts} == {0} and parser.calls == 1
+    assert json.loads("".join(part.arguments for part in parts)) == {"city": "Oslo", "days": 2}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_auto_tool_choice_continues_mid_call_without_repeating(tiny_model_dir: Path) -> None:
+    cut = HERMES_REPLY.index('"days"')
+    parser = auto_calls(tiny_model_dir)
+    parser.prime(HERMES_REPLY[:cut], [0])
+    text, parts = parser.feed(HERMES_REPLY[cut:], [0])
+    assert text == "" and all(not part.name and part.index == 0 for part in parts)
+    arguments = HERMES_REPLY[HERMES_REPLY.index('{"city"') : cut] + "".join(part.arguments for part in parts)
+    assert json.loads(arguments) == {"city": "Oslo", "days": 2}
