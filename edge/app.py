@@ -23,36 +23,16 @@ from edge.embeddings import EmbeddingsHandler
 from edge.errors import OpenAIError, from_mesh_error
 from edge.health import path_health
 from edge.mesh_client import MeshClient
+from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
 from edge.settings import EdgeSettings
 from edge.stream_routes import StreamRoutes
 from llmmesh.errors import MeshError
-from llmmesh.v1 import common_pb2, model_registry_service_pb2
 
 log = logging.getLogger(__name__)
 
 _PERIOD = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
-
-
-def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
-    """A model as ``GET /v1/models`` lists it: OpenAI's fields plus the mesh's."""
-    return {
-        "id": model.name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "llmmesh",
-        "tier": model_registry_service_pb2.ModelTier.Name(model.tier).removeprefix("MODEL_TIER_").lower(),
-        "context_window": model.context_window,
-        "pricing": {
-            "input_per_1k_usd": model.pricing.input_per_1k_usd,
-            "output_per_1k_usd": model.pricing.output_per_1k_usd,
-        },
-        "regions": sorted(d.region for d in model.deployments),
-        "default_for_tiers": [
-            common_pb2.Tier.Name(t).removeprefix("TIER_").lower() for t in model.default_for_tiers
-        ],
-    }
 
 
 def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
@@ -60,11 +40,6 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     completions = CompletionsHandler(settings, mesh)
     conversations = ConversationsHandler(settings, mesh, completions)
     streams = StreamRoutes(mesh, completions.streams)
-
-    async def list_models(request: Request) -> Response:
-        await authenticate(request, mesh)
-        models = await mesh.list_models()
-        return JSONResponse({"object": "list", "data": [model_object(m) for m in models]})
 
     async def usage(request: Request) -> Response:
         principal = await authenticate(request, mesh)
@@ -130,7 +105,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             Route("/v1/chat/completions", completions.handle, methods=["POST"]),
             Route("/v1/streams/{stream_id}", streams.resume, methods=["GET"]),
             Route("/v1/streams/{stream_id}/cancel", streams.cancel, methods=["POST"]),
-            Route("/v1/models", list_models, methods=["GET"]),
+            *ModelRoutes(mesh).routes(),
             Route("/v1/usage", usage, methods=["GET"]),
             Route("/v1/embeddings", EmbeddingsHandler(settings, mesh).handle, methods=["POST"]),
             Route("/v1/moderations", ModerationsHandler(settings, mesh).handle, methods=["POST"]),
