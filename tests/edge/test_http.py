@@ -39,8 +39,10 @@ async def test_stream_ids_are_increasing_and_end_with_done(http: httpx.AsyncClie
 async def test_models_needs_a_key(http: httpx.AsyncClient) -> None:
     assert (await http.get("/v1/models")).status_code == 401
     listed = (await http.get("/v1/models", headers=AUTH)).json()
-    (model,) = listed["data"]
-    assert model["id"] == "llmmesh-tiny" and model["context_window"] > 0
+    models = {m["id"]: m for m in listed["data"]}
+    # The chat model and the embedding model the catalog starts with.
+    assert set(models) == {"llmmesh-tiny", "llmmesh-tiny-embed"}
+    assert models["llmmesh-tiny"]["context_window"] > 0
 
 
 async def test_metrics_count_requests_and_tokens(http: httpx.AsyncClient) -> None:
