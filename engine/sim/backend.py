@@ -29,6 +29,7 @@ from engine.sim.scheduler import ContinuousBatchScheduler
 from engine.sim.sequence import SimSequence
 from engine.sim.timing import SimTimingModel
 from engine.sim.tokenizer import SimTokenizer
+from engine.sim.vocabulary import BYTE_OFFSET
 from llmmesh.chat_tokenizer import TokenizerSpec
 from llmmesh.errors import InvalidArgument, MeshError, Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
@@ -92,6 +93,17 @@ class SimBackend(EngineBackend):
         if self._task is None or self._task.done():
             raise Unavailable(
                 Reason.ENGINE_UNAVAILABLE, "the simulated engine is not running", retry_after_s=1.0
+            )
+        favoured = [
+            token_id for token_id, bias in request.sampling.logit_bias if bias > 0 and token_id < BYTE_OFFSET
+        ]
+        if favoured:
+            # Replies end by their planned length, not by sampling </s>, and
+            # role markers have no place inside one: the model cannot favour them.
+            raise InvalidArgument(
+                Reason.INVALID_SAMPLING,
+                f"the simulator cannot favour special token {favoured[0]} with a positive logit_bias",
+                metadata={"param": "logit_bias"},
             )
         sequence = SimSequence(
             request,

@@ -140,7 +140,7 @@ def _compile(schema: object, where: str, references: list[tuple[str, str]]) -> N
             target == "#" or target.startswith(("#/$defs/", "#/definitions/"))
         ):
             raise SchemaNotSupported(f"$ref at {where} must be '#', '#/$defs/…' or '#/definitions/…'")
-        if set(schema) - {"$ref"} - ANNOTATIONS:
+        if set(schema) - {"$ref", "$defs", "definitions"} - ANNOTATIONS:
             raise SchemaNotSupported(f"$ref at {where} has sibling keywords")
         references.append((target, where))
         return RefNode(target)

@@ -80,8 +80,10 @@ def draw_bytes(digest: bytes, position: int) -> bytes:
 
 
 def uniform(draw: bytes) -> float:
-    """A draw's bytes 2 to 5 as a number in [0, 1)."""
-    return int.from_bytes(draw[2:6], "little") / 2**32
+    """A draw's bytes 2 to 5 as a number in (0, 1): the middle of one of
+    2^32 equal steps, so a token banned with a bias of -100 (a weight of
+    e^-100) is never drawn, as it never is in vLLM."""
+    return (int.from_bytes(draw[2:6], "little") + 0.5) / 2**32
 
 
 class DeterministicSampler:
