@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.tiny_model import TinyModelSpec, build_hf_tokenizer
+from engine.tiny_model import TinyModelSpec, build_hf_tokenizer, llama_config
 from llmmesh.home import mesh_home
 
 EMBED_MODEL_NAME = "llmmesh-tiny-embed"
@@ -31,26 +31,12 @@ def build_tiny_embedding_model(out_dir: Path, spec: TinyModelSpec = EMBED_SPEC) 
     """Write the embedding model and its tokenizer into ``out_dir`` (created
     if missing) and return it. Takes a few seconds."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_tokenizer = build_hf_tokenizer(spec)
-    token_id = hf_tokenizer.convert_tokens_to_ids
-    config = LlamaConfig(
-        vocab_size=len(hf_tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.context_window,
-        initializer_range=spec.initializer_range,
-        bos_token_id=token_id("<|begin_of_text|>"),
-        eos_token_id=token_id("<|im_end|>"),
-        pad_token_id=token_id("<|pad|>"),
-        tie_word_embeddings=True,
-        torch_dtype="float32",
-    )
+    # Tied: an embedding model never uses the output head, so it costs no weights.
+    config = llama_config(spec, hf_tokenizer, tie_word_embeddings=True)
     torch.manual_seed(EMBED_SEED)
     with torch.no_grad():
         model = LlamaForCausalLM(config).to(torch.float32)

@@ -110,17 +110,12 @@ def build_hf_tokenizer(spec: TinyModelSpec | None = None) -> Any:
     return hf_tokenizer
 
 
-def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
-    """Write the model and tokenizer into ``out_dir`` (created if missing)
-    and return it. Takes a few seconds."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(spec: TinyModelSpec, hf_tokenizer: Any, *, tie_word_embeddings: bool) -> Any:
+    """The ``LlamaConfig`` of a model of ``spec``'s shape over ``hf_tokenizer``."""
+    from transformers import LlamaConfig
 
-    spec = spec or TinyModelSpec()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf_tokenizer = build_hf_tokenizer(spec)
     token_id = hf_tokenizer.convert_tokens_to_ids
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(hf_tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -132,9 +127,21 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
         bos_token_id=token_id("<|begin_of_text|>"),
         eos_token_id=token_id("<|im_end|>"),
         pad_token_id=token_id("<|pad|>"),
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         torch_dtype="float32",
     )
+
+
+def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write the model and tokenizer into ``out_dir`` (created if missing)
+    and return it. Takes a few seconds."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    spec = spec or TinyModelSpec()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_tokenizer = build_hf_tokenizer(spec)
+    config = llama_config(spec, hf_tokenizer, tie_word_embeddings=False)
     torch.manual_seed(SEED)
     with torch.no_grad():
         model = LlamaForCausalLM(config).to(torch.float32)
