@@ -43,12 +43,18 @@ def _strftime_now(format: str) -> str:
 
 
 class HfChatTokenizer:
-    """Renders chat turns with a chat template and encodes them; see the module docstring."""
+    """Renders chat turns with a chat template and encodes them; see the module docstring.
+
+    ``renders_tools`` says whether the template renders tools and tool
+    calls itself (it reads ``tools`` and mentions ``tool_calls``); the
+    region renders them as text into the messages of one that does not
+    (:mod:`region.tokenizer_client`), so they still reach the model."""
 
     def __init__(self, spec: HfTokenizerSpec) -> None:
         """Raises ImportError without ``jinja2`` or ``tokenizers``, and their
         errors for a tokenizer or template they cannot load."""
         import jinja2.ext
+        import jinja2.meta
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
@@ -62,6 +68,9 @@ class HfChatTokenizer:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = _strftime_now
         self._template = env.from_string(spec.chat_template)
+        # A template that reads no tools (nor calls) would drop them from the prompt.
+        read = jinja2.meta.find_undeclared_variables(env.parse(spec.chat_template))
+        self.renders_tools = "tools" in read and "tool_calls" in spec.chat_template
         self._tokenizer = Tokenizer.from_str(spec.tokenizer_json)
         self._variables = dict(spec.template_variables)
 

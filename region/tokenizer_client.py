@@ -12,9 +12,12 @@ model (``Tokenize`` with the chat messages and the assistant opener, as
 answer is cached by model and content hash.
 
 A prompt with tools (definitions, an assistant's calls, a tool's answer)
-is rendered as :mod:`region.prompt_render` says: a chat template gets them
-as vLLM hands them to it; the simulator's tokenizer gets them as JSON text
-in plain turns, which a pod asked to tokenize renders alike. A chat
+is rendered as :mod:`region.prompt_render` says: a chat template that
+renders tools gets them as vLLM hands them to it; the simulator's tokenizer,
+and a chat template that renders no tools (vLLM would leave them out of the
+prompt; the region renders the prompt the pod runs, so they reach the model
+and are billed), get them as JSON text in plain turns, which a pod asked to
+tokenize renders alike. A chat
 template with tools that the region cannot run itself is refused
 (FAILED_PRECONDITION): ``Tokenize`` carries no tools, and a prompt without
 them would bill and run a different prompt than the one asked for.
@@ -178,11 +181,13 @@ class TokenizerClient:
         if tokenizer is None:
             return None
         try:
-            if isinstance(tokenizer, HfChatTokenizer) and has_tool_parts(messages, tools):
-                rendered = template_messages(messages)
-                return tuple(
-                    tokenizer.render_messages(rendered, template_tools(tools), add_generation_prompt)
-                )
+            if (
+                isinstance(tokenizer, HfChatTokenizer)
+                and tokenizer.renders_tools
+                and has_tool_parts(messages, tools)
+            ):
+                rendered, offered = template_messages(messages), template_tools(tools)
+                return tuple(tokenizer.render_messages(rendered, offered, add_generation_prompt))
             return tuple(tokenizer.render_chat(plain_turns(messages, tools), add_generation_prompt))
         except Exception:
             # The pod gives this prompt its own answer, an error most likely.
@@ -241,7 +246,7 @@ class TokenizerClient:
         tools: Sequence[common_pb2.ToolDefinition],
     ) -> tuple[int, ...]:
         if has_tool_parts(messages, tools):
-            messages = self._plain_messages(model, messages, tools)
+            messages = await self._plain_messages(model, messages, tools)
         request = engine_service_pb2.TokenizeRequest(
             model=model, messages=messages, add_generation_prompt=add_generation_prompt
         )
@@ -259,16 +264,25 @@ class TokenizerClient:
             retry_after_s=1.0,
         )
 
-    def _plain_messages(
+    async def _plain_messages(
         self,
         model: str,
         messages: Sequence[common_pb2.ChatMessage],
         tools: Sequence[common_pb2.ToolDefinition],
     ) -> list[common_pb2.ChatMessage]:
         """A prompt with tool parts as the plain messages a pod renders as
-        :func:`plain_turns` does; only for a model whose pods publish the
-        role-marker tokenizer (FailedPrecondition otherwise, see the module docstring)."""
-        if not isinstance(self._specs.get(model), PieceTokenizerSpec):
+        :func:`plain_turns` does; FailedPrecondition for a chat template that
+        renders tools itself (see the module docstring)."""
+        if model not in self._specs:
+            await self._describe(model)
+        if model not in self._specs:
+            raise Unavailable(
+                Reason.ENGINE_UNAVAILABLE,
+                f"no engine pod serving model {model!r} described its tokenizer",
+                retry_after_s=1.0,
+            )
+        spec = self._specs.get(model)
+        if isinstance(spec, HfTokenizerSpec) and "tools" in spec.chat_template:
             raise FailedPrecondition(
                 Reason.INVALID_REQUEST,
                 f"this region cannot render tools into model {model}'s chat template "
