@@ -37,6 +37,7 @@ from llmmesh.envoy_tls import (
     downstream_socket,
     edge_socket,
     region_socket,
+    write_sds_files,
 )
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.ids import is_valid_name
@@ -420,6 +421,12 @@ def _tls_arguments(parser: argparse.ArgumentParser) -> None:
     tls.add_argument(
         "--plaintext", action="store_true", help="no TLS on any hop (development only; never the default)"
     )
+    tls.add_argument(
+        "--write-sds",
+        action="store_true",
+        help="also write the SDS file beside each certificate Envoy presents (STEM.sds.yaml), "
+        "through which it reloads a rotated certificate",
+    )
 
 
 def _tls_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ProxyTls | None:
@@ -470,6 +477,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except InvalidArgument as err:
         parser.error(err.message)
+    if args.write_sds:
+        if proxy.tls is None:
+            parser.error("--write-sds needs TLS: a --plaintext config presents no certificate")
+        for path in write_sds_files(proxy.tls):
+            sys.stderr.write(f"wrote {path}\n")
     sys.stdout.write(HEADER + to_yaml(envoy_config(proxy)))
 
 

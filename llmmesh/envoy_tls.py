@@ -9,17 +9,28 @@ callers, and a region accepts failover continuations from edges only, so a
 caller behind the proxy can never send one on the proxy's certificate. It
 accepts a region only if the certificate is from the mesh CA and names the
 zone the cluster serves (``ZONE.region.llmmesh``), so a region of another
-zone is refused at the handshake. Envoy reads these files when it starts.
+zone is refused at the handshake.
+
+The two certificates Envoy presents (the public one and its mesh identity)
+reach it through file-based secret discovery: beside each certificate lies
+an SDS file (``front-proxy.sds.yaml`` beside ``front-proxy.pem``,
+:func:`write_sds_files`) naming it and its key, and Envoy watches the files
+it names, so a certificate rotated in place (written to a new file and
+renamed over the old, as ``llmmesh certs`` does, key first) is served on
+the next connection without a restart. A certificate given inline would be
+read only when Envoy starts. The CA bundles are read when it starts.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmmesh.certs import stem_of
 from llmmesh.identity import PlaneIdentity, Role, role_name
+from llmmesh.yaml_text import to_yaml
 
 Doc = dict[str, Any]
 
@@ -78,6 +89,43 @@ def _file(path: str) -> Doc:
     return {"filename": path}
 
 
+def sds_path(cert: str) -> str:
+    """The SDS file of the certificate ``cert``: beside it, ``STEM.sds.yaml``."""
+    return str(Path(cert).with_suffix(".sds.yaml"))
+
+
+def _presented(cert: str) -> Doc:
+    """The part of a ``CommonTlsContext`` that presents ``cert``, through its SDS file."""
+    source = {"path_config_source": {"path": sds_path(cert)}, "resource_api_version": "V3"}
+    return {"tls_certificate_sds_secret_configs": [{"name": Path(cert).stem, "sds_config": source}]}
+
+
+def sds_documents(tls: ProxyTls) -> dict[str, Doc]:
+    """Each SDS file the config names, by path: the secret naming a
+    certificate Envoy presents and its key."""
+    documents = {}
+    for cert, key in ((tls.server_cert, tls.server_key), (tls.mesh_cert, tls.mesh_key)):
+        secret = {
+            "@type": _TLS + "Secret",
+            "name": Path(cert).stem,
+            "tls_certificate": {"certificate_chain": _file(cert), "private_key": _file(key)},
+        }
+        documents[sds_path(cert)] = {"resources": [secret]}
+    return documents
+
+
+def write_sds_files(tls: ProxyTls) -> list[Path]:
+    """Write :func:`sds_documents` (each atomically); the paths written."""
+    written = []
+    for path, document in sds_documents(tls).items():
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(to_yaml(document))
+        os.replace(tmp, target)
+        written.append(target)
+    return written
+
+
 def _socket(kind: str, context: Doc) -> Doc:
     return {"name": "envoy.transport_sockets.tls", "typed_config": {"@type": _TLS + kind, **context}}
 
@@ -95,9 +143,7 @@ def downstream_socket(tls: ProxyTls, alpn: list[str], *, verify_clients: bool) -
     common: Doc = {
         "tls_params": _VERSIONS,
         "alpn_protocols": alpn,
-        "tls_certificates": [
-            {"certificate_chain": _file(tls.server_cert), "private_key": _file(tls.server_key)}
-        ],
+        **_presented(tls.server_cert),
     }
     context: Doc = {"common_tls_context": common}
     if verify_clients and tls.client_ca:
@@ -113,7 +159,7 @@ def region_socket(tls: ProxyTls, zone: str) -> Doc:
     common: Doc = {
         "tls_params": _VERSIONS,
         "alpn_protocols": ["h2"],
-        "tls_certificates": [{"certificate_chain": _file(tls.mesh_cert), "private_key": _file(tls.mesh_key)}],
+        **_presented(tls.mesh_cert),
         "validation_context": _checked_against(tls.mesh_ca, name),
     }
     return _socket("UpstreamTlsContext", {"sni": name, "common_tls_context": common})

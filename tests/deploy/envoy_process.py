@@ -19,6 +19,7 @@ import grpc.aio
 import httpx
 
 from llmmesh.envoy_config import FrontProxy, envoy_config
+from llmmesh.envoy_tls import write_sds_files
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.yaml_text import to_yaml
@@ -95,6 +96,8 @@ async def running_envoy(proxy: FrontProxy, workdir: Path) -> AsyncIterator[Runni
     proxy = dataclasses.replace(proxy, listen_host="127.0.0.1", http_port=0, grpc_port=0, admin_port=0)
     config, admin_file, log = workdir / "envoy.yaml", workdir / "envoy-admin", workdir / "envoy.log"
     config.write_text(to_yaml(envoy_config(proxy)))
+    if proxy.tls is not None:
+        write_sds_files(proxy.tls)
     argv = [str(ENVOY), "-c", str(config), "--base-id", str(next(_BASE_IDS)), "--disable-hot-restart"]
     argv += ["--concurrency", "1", "--admin-address-path", str(admin_file), "--log-level", "warn"]
     process = _spawn(argv, log)

@@ -22,7 +22,7 @@ from llmmesh.envoy_config import (
     envoy_config,
     main,
 )
-from llmmesh.envoy_tls import DEFAULT_CERTS_DIR, ProxyTls
+from llmmesh.envoy_tls import DEFAULT_CERTS_DIR, ProxyTls, sds_documents, write_sds_files
 from llmmesh.v1 import common_pb2
 from llmmesh.yaml_text import to_yaml
 from tests.deploy.envoy_process import chat_through, running_envoy, validate
@@ -47,6 +47,18 @@ def _tls_context(socket: dict[str, Any]) -> dict[str, Any]:
     return socket["typed_config"]  # type: ignore[no-any-return]
 
 
+def _presented(common: dict[str, Any]) -> str:
+    """The certificate a TLS context presents, through the SDS file it names."""
+    assert "tls_certificates" not in common, "an inline certificate would never reload"
+    (secret,) = common["tls_certificate_sds_secret_configs"]
+    path = secret["sds_config"]["path_config_source"]["path"]
+    (resource,) = sds_documents(ProxyTls.in_directory(Path(path).parent))[path]["resources"]
+    assert resource["name"] == secret["name"]
+    chain: str = resource["tls_certificate"]["certificate_chain"]["filename"]
+    assert resource["tls_certificate"]["private_key"]["filename"] == chain.removesuffix(".pem") + ".key"
+    return chain
+
+
 # ---------------------------------------------------------------- the configs
 
 
@@ -61,6 +73,7 @@ def test_example_config_validates_with_the_certificates_it_names(tmp_path: Path)
     the example is checked with its certificate directory moved to one
     that holds the documented layout."""
     certs = issue_certificates(tmp_path).mesh.ca.directory
+    write_sds_files(ProxyTls.in_directory(certs))
     config = tmp_path / "front-proxy.yaml"
     config.write_text(EXAMPLE.read_text().replace(DEFAULT_CERTS_DIR + "/", f"{certs}/"))
     result = validate(config)
@@ -83,6 +96,7 @@ def test_rendered_config_with_dns_names_validates(tmp_path: Path) -> None:
         http_port=8443,
         grpc_port=8444,
     )
+    write_sds_files(certs.proxy_tls())
     for variant in (proxy, dataclasses.replace(proxy, tls=None)):
         config = tmp_path / "envoy.yaml"
         config.write_text(to_yaml(envoy_config(variant)))
@@ -100,12 +114,7 @@ def test_every_hop_of_the_example_is_tls() -> None:
         context = _tls_context(listeners[name]["filter_chains"][0]["transport_socket"])
         common = context["common_tls_context"]
         assert common["alpn_protocols"] == alpn
-        assert common["tls_certificates"] == [
-            {
-                "certificate_chain": {"filename": f"{DEFAULT_CERTS_DIR}/front-proxy.pem"},
-                "private_key": {"filename": f"{DEFAULT_CERTS_DIR}/front-proxy.key"},
-            }
-        ]
+        assert _presented(common) == f"{DEFAULT_CERTS_DIR}/front-proxy.pem"
         # Callers authenticate with API keys unless a client CA is configured.
         assert "require_client_certificate" not in context
     for name, cluster in _clusters(config).items():
@@ -114,13 +123,11 @@ def test_every_hop_of_the_example_is_tls() -> None:
         assert validation["trusted_ca"] == {"filename": f"{DEFAULT_CERTS_DIR}/ca.pem"}
         if name == "edge":
             expected = "edge.llmmesh"
-            assert "tls_certificates" not in context["common_tls_context"]
+            assert "tls_certificate_sds_secret_configs" not in context["common_tls_context"]
         else:
             zone = "eu" if "eu" in name else "us"
             expected = f"{zone}.region.llmmesh"
-            assert context["common_tls_context"]["tls_certificates"][0]["certificate_chain"] == {
-                "filename": f"{DEFAULT_CERTS_DIR}/client-front-proxy.pem"
-            }
+            assert _presented(context["common_tls_context"]) == f"{DEFAULT_CERTS_DIR}/client-front-proxy.pem"
         assert context["sni"] == expected, name
         assert validation["match_typed_subject_alt_names"] == [
             {"san_type": "DNS", "matcher": {"exact": expected}}
@@ -155,14 +162,26 @@ def test_the_command_line_renders_tls_with_absolute_paths(
     assert capsys.readouterr().out == EXAMPLE.read_text()
     main(["--certs-dir", "certs", "--client-ca", "customers.pem", "--edge-http"])
     out = capsys.readouterr().out
-    assert f"filename: {tmp_path}/certs/client-front-proxy.pem" in out
+    assert f"path: {tmp_path}/certs/client-front-proxy.sds.yaml" in out
     assert f"filename: {tmp_path}/customers.pem" in out
     assert "require_client_certificate: true" in out
     assert "edge.llmmesh" not in out
+    # --write-sds also writes the SDS files the config names, beside the certificates.
+    (tmp_path / "certs").mkdir()
+    main(["--certs-dir", "certs", "--write-sds"])
+    assert capsys.readouterr().out == EXAMPLE.read_text().replace("/etc/llmmesh/certs", f"{tmp_path}/certs")
+    written = sorted(path.name for path in (tmp_path / "certs").iterdir())
+    assert written == ["client-front-proxy.sds.yaml", "front-proxy.sds.yaml"]
+    assert (
+        f"filename: {tmp_path}/certs/front-proxy.key"
+        in (tmp_path / "certs" / "front-proxy.sds.yaml").read_text()
+    )
     main(["--plaintext"])
     assert "transport_socket" not in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--plaintext", "--client-ca", "customers.pem"])
+    with pytest.raises(SystemExit):
+        main(["--plaintext", "--write-sds"])
 
 
 def test_region_clusters_fail_over_only_inside_their_zone() -> None:

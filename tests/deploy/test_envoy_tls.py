@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +20,12 @@ import grpc.aio
 import httpx
 import pytest
 import pytest_asyncio
+from cryptography import x509
 
+from llmmesh.certs import CertificateAuthority
 from llmmesh.envoy_config import REGION_HEADER, ZONE_HEADER, FrontProxy, RegionUpstream, Upstream
+from llmmesh.envoy_tls import PROXY_IDENTITY, SERVER_STEM
+from llmmesh.identity import PlaneIdentity, Role
 from llmmesh.v1 import common_pb2
 from tests.deploy.envoy_process import RunningEnvoy, chat_on, running_envoy
 from tests.deploy.tls_mesh import PUBLIC_NAME, SecureZone, secure_zone
@@ -158,3 +165,49 @@ async def test_the_grpc_listener_asks_for_a_client_certificate(fronted: Fronted)
             await chat_on(channel, REGION_HEADER, "us-east")
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert await fronted.envoy.stat("listener.127.0.0.1_0.ssl.fail_verify_no_cert") >= 1
+
+
+def _served_serial(port: int, public_ca: Path) -> int:
+    """The serial number of the certificate Envoy serves on a new connection to ``port``."""
+    context = ssl.create_default_context(cafile=str(public_ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=PUBLIC_NAME) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+async def _stat_reaches(envoy: RunningEnvoy, name: str, least: int, wait_s: float = 10.0) -> int:
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while (value := await envoy.stat(name)) < least and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    return value
+
+
+async def test_rotated_certificates_are_served_without_a_restart(fronted: Fronted) -> None:
+    certs = fronted.zone.certs
+    port = fronted.envoy.http_port
+    before = await asyncio.to_thread(_served_serial, port, certs.public_ca)
+    # The public certificate, renewed and put in place as `llmmesh certs` writes: key first, each renamed.
+    renewed = CertificateAuthority.open(certs.public_ca.parent).issue(
+        PlaneIdentity(Role.EDGE, "front-proxy"), hosts=(PUBLIC_NAME,)
+    )
+    directory = certs.mesh.ca.directory
+    for source, name in ((renewed.key, f"{SERVER_STEM}.key"), (renewed.cert, f"{SERVER_STEM}.pem")):
+        staged = directory / f".{name}.new"
+        shutil.copyfile(source, staged)
+        os.replace(staged, directory / name)
+    deadline = asyncio.get_running_loop().time() + 10
+    while (after := await asyncio.to_thread(_served_serial, port, certs.public_ca)) == before:
+        assert asyncio.get_running_loop().time() < deadline, "Envoy still serves the old certificate"
+        await asyncio.sleep(0.1)
+    assert after == x509.load_pem_x509_certificate(renewed.cert.read_bytes()).serial_number
+    # Its mesh identity toward the regions, rotated by the mesh CA: taken up too, and turns still stream.
+    certs.mesh.ca.issue(PROXY_IDENTITY)
+    updates = "cluster.region-us-east.client_ssl_socket_factory.ssl_context_update_by_sds"
+    assert await _stat_reaches(fronted.envoy, updates, 1) >= 1
+    async with fronted.channel() as channel:
+        events = await chat_on(channel, REGION_HEADER, "us-east")
+    assert events[-1].WhichOneof("event") == "finished"
