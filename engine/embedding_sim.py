@@ -43,7 +43,8 @@ _WEIGHTS = {1: 1.0, 2: 0.5}
 _INLINE_TOKENS = 1024
 
 
-@lru_cache(maxsize=16384)
+# About 2 KiB per entry (the two sign floats are shared constants): 8 MiB at most.
+@lru_cache(maxsize=4096)
 def _signs(ngram: tuple[int, ...], dimensions: int) -> tuple[float, ...]:
     """The n-gram's +1/-1 vector: the bits of its BLAKE2b hash stream."""
     packed = struct.pack(f"<{len(ngram)}I", *ngram)
