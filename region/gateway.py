@@ -199,7 +199,9 @@ class ChatGateway:
         if start.HasField("continuation"):
             turn.meter.carried_tokens = len(start.continuation.emitted_token_ids)
             turn.meter.carried_text = start.continuation.emitted_text
-            turn.meter.tool_calls.carry(start.continuation.emitted_tool_calls)
+            turn.meter.tool_calls.carry(
+                start.continuation.emitted_tool_calls, caller.tenant_id, prepared.original_request_id
+            )
         try:
             async for event in self._place_and_stream(turn, start, cancel):
                 yield event

@@ -84,10 +84,13 @@ class ToolCallLog:
     def __init__(self) -> None:
         self._calls: dict[int, _Call] = {}
 
-    def carry(self, calls: Iterable[common_pb2.ToolCall]) -> None:
-        """Take the calls a continued turn's client had, by index from 0."""
+    def carry(self, calls: Iterable[common_pb2.ToolCall], tenant_id: str, original_request_id: str) -> None:
+        """Take the calls a continued turn's client had, by index from 0,
+        under the ids the region gave them (whatever ids the caller sent)."""
         for index, call in enumerate(calls):
-            self._calls[index] = _Call(call.id, call.name, [call.arguments])
+            self._calls[index] = _Call(
+                tool_call_id(tenant_id, original_request_id, index), call.name, [call.arguments]
+            )
 
     def __bool__(self) -> bool:
         return bool(self._calls)

@@ -123,6 +123,15 @@ def validate_tool_parts(messages: Sequence[common_pb2.ChatMessage]) -> None:
             )
 
 
+def validate_carried_calls(calls: Sequence[common_pb2.ToolCall]) -> None:
+    """The tool calls a continuation says its client has: each names a
+    function (their ids are the region's to give, :mod:`region.tool_calls`)."""
+    for i, call in enumerate(calls):
+        if not _FUNCTION_NAME.match(call.name):
+            param = f"continuation.emitted_tool_calls[{i}].name"
+            raise _invalid(Reason.INVALID_REQUEST, f"{param} must be {_FUNCTION_NAME_RULE}", param)
+
+
 def require_answered_calls(
     history: Iterable[common_pb2.ChatMessage], messages: Sequence[common_pb2.ChatMessage]
 ) -> None:

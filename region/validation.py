@@ -9,6 +9,7 @@ from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from region.tool_validation import (
     require_answered_calls,
+    validate_carried_calls,
     validate_logprobs,
     validate_tool_parts,
     validate_tools,
@@ -76,12 +77,17 @@ def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_mes
 def _validate_continuation(continuation: chat_service_pb2.Continuation) -> None:
     require_request_id(continuation.original_request_id, "continuation.original_request_id")
     carried = len(continuation.emitted_token_ids)
-    if len(continuation.emitted_text) > _MAX_CHARS_PER_TOKEN * carried:
+    # Tool-call text is the carried tokens' text too, outside emitted_text.
+    calls = continuation.emitted_tool_calls
+    decoded = len(continuation.emitted_text) + sum(len(c.name) + len(c.arguments) for c in calls)
+    if decoded > _MAX_CHARS_PER_TOKEN * carried:
+        param = "continuation.emitted_tool_calls" if calls else "continuation.emitted_text"
         raise InvalidArgument(
             Reason.INVALID_REQUEST,
-            f"continuation.emitted_text is longer than {carried} tokens can decode to",
-            metadata={"param": "continuation.emitted_text"},
+            f"{param} is longer than {carried} tokens can decode to",
+            metadata={"param": param},
         )
+    validate_carried_calls(calls)
     if continuation.last_sequence < 0:
         raise InvalidArgument(
             Reason.INVALID_REQUEST,

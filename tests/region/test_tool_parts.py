@@ -61,10 +61,10 @@ def test_merged_parts_keep_every_calls_arguments(pieces: list[tuple[int, str]]) 
 
 def test_a_log_goes_on_from_the_calls_a_continuation_carries() -> None:
     log = ToolCallLog()
-    log.carry([common_pb2.ToolCall(id="call_x", name="f", arguments='{"a": ')])
+    log.carry([common_pb2.ToolCall(id="whatever", name="f", arguments='{"a": ')], "tenant-a", "req-1")
     log.add([Part(index=0, arguments="1}"), Part(index=1, id="call_y", name="g", arguments="{}")])
     assert [(c.id, c.name, json.loads(c.arguments)) for c in log.calls()] == [
-        ("call_x", "f", {"a": 1}),
+        (tool_call_id("tenant-a", "req-1", 0), "f", {"a": 1}),
         ("call_y", "g", {}),
     ]
 

@@ -300,8 +300,9 @@ async def test_a_turn_continued_mid_call_goes_on_with_the_same_call(stack: Stack
         emitted_token_ids=[t for d in delivered for t in d.token_ids],
         emitted_text="",
         last_sequence=delivered[-1].sequence,
+        # The id is the region's to give: whatever the caller says, the call keeps the one it had.
         emitted_tool_calls=[
-            common_pb2.ToolCall(id=tool_call_id(tenant_id, original, 0), name=WEATHER.name, arguments=so_far)
+            common_pb2.ToolCall(id="call_said_by_the_edge", name=WEATHER.name, arguments=so_far)
         ],
     )
     message = start(
@@ -310,6 +311,11 @@ async def test_a_turn_continued_mid_call_goes_on_with_the_same_call(stack: Stack
         params=long_reply,
         continuation=continuation,
     )
+    too_long = chat_service_pb2.ChatStart()
+    too_long.CopyFrom(message)
+    too_long.continuation.emitted_tool_calls[0].arguments = "x" * 256 * len(continuation.emitted_token_ids)
+    error = await refusal(stack, secret, too_long)
+    assert error.metadata.get("param") == "continuation.emitted_tool_calls"
     rest_events = await run(stack.region.address, secret, message)
     rest = deltas(rest_events)
     parts = [p for d in rest for p in d.tool_calls]
