@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MARK_LOGIT = 30.0
 """A punctuation mark where the reply's rhythm puts one: e^30 outweighs any pool."""
@@ -74,10 +75,10 @@ class Pool:
         return self.index.get(token_id, self.size) < self.size
 
 
-@dataclass(frozen=True)
-class SampledToken:
+class SampledToken(NamedTuple):
     """A sampled token, its log probability and the likeliest tokens at its
-    position as (token id, log probability), most likely first."""
+    position as (token id, log probability), most likely first. A named
+    tuple: one is made per output token, so it must be cheap."""
 
     token_id: int
     logprob: float
@@ -97,6 +98,10 @@ def sample(
     """Sample one token with the uniform draw ``u`` in [0, 1). ``marks``
     are tokens with a base logit of their own (a pool word among them keeps
     it); ``counts`` are the output's token counts so far."""
+    if not adjustments.bias and not adjustments.penalised and top <= 0:
+        fast = _unadjusted(pool, u, marks or {}, temperature)
+        if fast is not None:
+            return fast
     counts = counts or {}
     logits: dict[int, float] = {}
     for token_id, base in (marks or {}).items():
@@ -117,7 +122,8 @@ def sample(
     scale = temperature if temperature else 1.0
     weights = {token_id: math.exp((logit - best) / scale) for token_id, logit in logits.items()}
     plain_weight = math.exp(-best / scale) if plain else 0.0
-    log_total = math.log(sum(weights.values()) + plain * plain_weight)
+    total = sum(weights.values()) + plain * plain_weight
+    log_total = math.log(total)
 
     def logprob(logit: float) -> float:
         return (logit - best) / scale - log_total
@@ -129,9 +135,33 @@ def sample(
         pick = min(int(u * tie_count), tie_count - 1)
         chosen = ties[pick] if pick < len(ties) else _plain_member(pool, adjusted, pick - len(ties))
     else:
-        chosen = _draw(pool, adjusted, specials, weights, plain, plain_weight, u * math.exp(log_total))
+        chosen = _draw(pool, adjusted, specials, weights, plain, plain_weight, u * total)
     chosen_logit = logits.get(chosen, 0.0)
     return SampledToken(chosen, logprob(chosen_logit), _top(pool, adjusted, logits, top, logprob))
+
+
+def _unadjusted(
+    pool: Pool, u: float, marks: Mapping[int, float], temperature: float | None
+) -> SampledToken | None:
+    """:func:`sample`'s result for plain free text (no bias, no penalty, no
+    top list, at most one mark outside the pool that beats the words) in
+    constant time, as the general path computes it; None otherwise."""
+    if len(marks) > 1:
+        return None
+    scale = temperature if temperature else 1.0
+    if not marks:
+        return SampledToken(pool.ids[min(int(u * pool.size), pool.size - 1)], -math.log(pool.size))
+    ((mark, logit),) = marks.items()
+    if logit <= 0 or mark in pool:
+        return None
+    word_weight = math.exp(-logit / scale)
+    log_total = math.log(1.0 + pool.size * word_weight)
+    if temperature:
+        target = u * (1.0 + pool.size * word_weight) - 1.0
+        if target >= 0 and word_weight > 0:
+            word = pool.ids[min(int(target / word_weight), pool.size - 1)]
+            return SampledToken(word, -logit / scale - log_total)
+    return SampledToken(mark, -log_total)
 
 
 def _draw(

@@ -97,6 +97,7 @@ class DeterministicSampler:
         self.bare_words = Pool.of([tokenizer.piece_id(word) for word in WORDS])
         self._comma_id = tokenizer.piece_id(",")
         self._period_id = tokenizer.piece_id(".")
+        self._pools: dict[tuple[bool, int], Pool] = {}
 
     def plan(self, prompt_token_ids: Sequence[int], sampling: SamplingOptions) -> ReplyPlan:
         """The reply plan of a prompt; resumed output tokens are not part of it."""
@@ -140,7 +141,7 @@ class DeterministicSampler:
         draw = draw_bytes(plan.digest, position)
         mark = self._mark_at(plan, position, draw)
         sentence_start = not history.tokens or history.tokens[-1] == self._period_id
-        pool = (self.sentence_starts if sentence_start else self.words).sized(plan.pool_size)
+        pool = self._pool(sentence_start, plan.pool_size)
         return sample(
             pool,
             uniform(draw),
@@ -150,6 +151,13 @@ class DeterministicSampler:
             temperature=plan.temperature,
             top=plan.top_logprobs,
         )
+
+    def _pool(self, sentence_start: bool, size: int) -> Pool:
+        key = (sentence_start, size)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = (self.sentence_starts if sentence_start else self.words).sized(size)
+        return pool
 
     def token_at(self, plan: ReplyPlan, position: int, history: OutputHistory) -> int:
         """The output token at ``position`` after ``history``."""

@@ -93,3 +93,20 @@ def test_samples_are_candidates_and_top_lists_are_sorted(
     assert [logprob for _, logprob in result.top] == sorted((lp for _, lp in result.top), reverse=True)
     if result.top and temperature is None:
         assert result.logprob == pytest.approx(result.top[0][1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(0, 1, exclude_min=True, exclude_max=True),
+    st.sampled_from([None, {5: MARK_LOGIT}, {5: 0.5}, {5: -1.0}, {101: 3.0}, {5: 2.0, 6: 1.0}]),
+    st.sampled_from([None, 0.3, 1.0, 4.0]),
+)
+def test_the_plain_text_shortcut_agrees_with_the_general_path(
+    u: float, marks: dict[int, float] | None, temperature: float | None
+) -> None:
+    """Plain free text skips the general computation; asking for a top list
+    takes the general one, which must agree on the token and its logprob."""
+    fast = sample(POOL, u, marks=marks, temperature=temperature)
+    general = sample(POOL, u, marks=marks, temperature=temperature, top=1)
+    assert fast.token_id == general.token_id
+    assert fast.logprob == pytest.approx(general.logprob)
