@@ -57,7 +57,8 @@ class ConversationMessageRequest(TurnOptions):
     model_config = ConfigDict(extra="forbid")
     content: StrictStr | list[TextPart] | None = Field(default=None, description="The user's new message.")
     messages: Annotated[list[Message], Field(min_length=1)] | None = Field(
-        default=None, description="New messages instead of content; at least one from the user."
+        default=None,
+        description="New messages instead of content; at least one from the user or a tool.",
     )
     model: ModelName | None = Field(
         default=None, description="Overrides the conversation's model for this turn."
@@ -65,7 +66,8 @@ class ConversationMessageRequest(TurnOptions):
 
     def new_messages(self) -> list[common_pb2.ChatMessage]:
         """The turn's new messages; a 400 unless exactly one of ``content`` and
-        ``messages`` is given, a user speaks and every text can be stored."""
+        ``messages`` is given, a user or a tool speaks and every text can be
+        stored."""
         if (self.content is None) == (self.messages is None):
             raise OpenAIError(
                 400,
@@ -76,10 +78,12 @@ class ConversationMessageRequest(TurnOptions):
         if self.messages is None:
             messages, param = [Message(role="user", content=self.content)], "content"
         else:
-            if not any(m.role == "user" for m in self.messages):
+            # A turn answers the user, or goes on from the results of the
+            # tools the last reply called.
+            if not any(m.role in ("user", "tool") for m in self.messages):
                 raise OpenAIError(
                     400,
-                    "messages must hold at least one user message",
+                    "messages must hold at least one user or tool message",
                     param="messages",
                     code="invalid_value",
                 )
