@@ -57,6 +57,7 @@ from engine.backend import (
 from engine.gpu import NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
+from engine.vllm_engine import resumed_grammar
 from engine.vllm_engine.auto_tools import AutoToolCalls, refuse_auto, tool_parser_for_template
 from engine.vllm_engine.config import VllmEngineConfig
 from engine.vllm_engine.kv_relay import KvEventRelay
@@ -112,6 +113,7 @@ class VllmBackend(EngineBackend):
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
         args = AsyncEngineArgs(
             **kwargs,
+            logits_processors=[resumed_grammar.QUALIFIED_NAME],
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True,
                 publisher="zmq",

@@ -20,21 +20,26 @@ Refused, as ``INVALID_ARGUMENT`` naming the parameter, because vLLM cannot
 do them here: one guided reply that would follow two grammars (a tool
 choice that forces calls plus a JSON response format), a JSON response
 format with tool_choice auto (the grammar would leave the model no way to
-call a tool), ``ignore_eos`` with guided decoding (the grammar ends the
-reply with the end-of-sequence token), and a continuation of a guided
-reply (vLLM starts a grammar at the first output token and cannot resume
-one mid-output).
+call a tool), and ``ignore_eos`` with guided decoding (the grammar ends
+the reply with the end-of-sequence token).
+
+A continuation of a guided reply is guided too: vLLM starts a grammar at
+the first output token, so the grammar goes to
+:mod:`engine.vllm_engine.resumed_grammar`, which reads the resumed tokens
+first and masks only what follows.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from engine.backend import GenerationRequest, ResponseFormatType, SamplingOptions, ToolChoiceMode
 from engine.tool_calls import tool_call_schema
+from engine.vllm_engine import resumed_grammar
 from llmmesh.errors import InvalidArgument, Reason
 
 
@@ -52,9 +57,14 @@ def guided_param(sampling: SamplingOptions) -> str | None:
     return None
 
 
-def structured_outputs(sampling: SamplingOptions) -> StructuredOutputsParams | None:
-    """The grammar of a guided generation, None for free text. Raises
-    ``InvalidArgument`` for the combinations the module docstring lists."""
+# vLLM's xgrammar backend compiles json_object as this schema.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def guided_schema(sampling: SamplingOptions) -> str | None:
+    """The JSON Schema (text) a guided generation follows, None for free
+    text. Raises ``InvalidArgument`` for the combinations the module
+    docstring lists."""
     mode = sampling.tool_choice.mode
     response_format = sampling.response_format
     json_format = response_format is not None and response_format.type != ResponseFormatType.TEXT
@@ -69,7 +79,7 @@ def structured_outputs(sampling: SamplingOptions) -> StructuredOutputsParams | N
             schema = tool_call_schema(sampling.tools, sampling.tool_choice, sampling.parallel_tool_calls)
         except (ValueError, StopIteration) as exc:
             raise _refuse(f"the tools cannot guide the reply: {exc}", "tools") from exc
-        return StructuredOutputsParams(json=schema)
+        return json.dumps(schema)
     if not json_format:
         return None
     assert response_format is not None
@@ -81,12 +91,12 @@ def structured_outputs(sampling: SamplingOptions) -> StructuredOutputsParams | N
             "response_format",
         )
     if response_format.type == ResponseFormatType.JSON_OBJECT:
-        return StructuredOutputsParams(json_object=True)
+        return JSON_OBJECT_SCHEMA
     try:
-        schema = json.loads(response_format.schema_json)
+        json.loads(response_format.schema_json)
     except ValueError as exc:
         raise _refuse(f"the schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
-    return StructuredOutputsParams(json=schema)
+    return response_format.schema_json
 
 
 def sampling_params(
@@ -97,20 +107,23 @@ def sampling_params(
     ``keep_special_tokens`` keeps special tokens in the text, for a tool
     parser whose markers are special tokens."""
     sampling = request.sampling
-    guided = structured_outputs(sampling)
-    if guided is not None:
-        param = guided_param(sampling) or "response_format"
+    schema = guided_schema(sampling)
+    guided: StructuredOutputsParams | None = None
+    resumed: dict[str, Any] | None = None
+    if schema is not None:
         if sampling.ignore_eos:
             raise _refuse(
-                f"ignore_eos cannot be combined with a guided {param}: the grammar ends the reply",
+                f"ignore_eos cannot be combined with a guided {guided_param(sampling)}: "
+                "the grammar ends the reply",
                 "ignore_eos",
             )
         if request.resume_output_token_ids:
-            raise _refuse(
-                f"a guided {param} cannot be continued on a vLLM pod: its grammar starts at the first "
-                "output token",
-                "resume_output_token_ids",
-            )
+            # vLLM would start the grammar afresh after the resumed tokens.
+            resumed = resumed_grammar.extra_args(schema, list(request.resume_output_token_ids))
+        elif _is_json_object(sampling):
+            guided = StructuredOutputsParams(json_object=True)
+        else:
+            guided = StructuredOutputsParams(json=schema)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0 if sampling.temperature is None else sampling.temperature,
@@ -124,6 +137,12 @@ def sampling_params(
         # vLLM's count excludes the sampled token, which it always adds.
         logprobs=(sampling.top_logprobs or 0) if sampling.logprobs else None,
         structured_outputs=guided,
+        extra_args=resumed,
         skip_special_tokens=not keep_special_tokens,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _is_json_object(sampling: SamplingOptions) -> bool:
+    response_format = sampling.response_format
+    return response_format is not None and response_format.type == ResponseFormatType.JSON_OBJECT

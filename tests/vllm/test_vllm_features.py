@@ -9,6 +9,7 @@ a few dozen tokens."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +76,14 @@ async def stub(vllm_pod: VllmPod) -> AsyncIterator[pb_grpc.EngineServiceStub]:
     await channel.close()
 
 
-async def generate(stub: pb_grpc.EngineServiceStub, request_id: str, **sampling: Any) -> Reply:
+async def generate(
+    stub: pb_grpc.EngineServiceStub, request_id: str, resume: list[int] | None = None, **sampling: Any
+) -> Reply:
     start = pb.GenerateStart(
         request_id=request_id,
         messages=[common.ChatMessage(role=common.CHAT_ROLE_USER, content="what is the weather in Oslo?")],
         sampling=common.SamplingParams(temperature=0.0, **sampling),
+        resume_output_token_ids=resume or [],
     )
     call = stub.Generate()
     await call.write(pb.GenerateRequest(start=start))
@@ -92,13 +96,12 @@ async def generate(stub: pb_grpc.EngineServiceStub, request_id: str, **sampling:
             reply.token_ids.extend(response.delta.token_ids)
             reply.logprobs.extend(response.delta.logprobs)
             for part in response.delta.tool_calls:
-                if part.index not in reply.calls:
-                    # The first part of a call names it.
-                    assert part.id and part.name, part
-                    reply.calls[part.index] = {"id": part.id, "name": part.name, "arguments": ""}
-                else:
-                    assert not part.id and not part.name, part
-                reply.calls[part.index]["arguments"] += part.arguments
+                call_so_far = reply.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                if part.id or part.name:
+                    # Only the first part of a call names it.
+                    assert not call_so_far["name"] and not call_so_far["arguments"], part
+                    call_so_far.update(id=part.id, name=part.name)
+                call_so_far["arguments"] += part.arguments
         elif kind == "finished":
             reply.finished = response.finished
     return reply
@@ -118,7 +121,7 @@ def check_calls(reply: Reply, names: set[str]) -> None:
     assert reply.text == ""
     assert sorted(reply.calls) == list(range(len(reply.calls))) and reply.calls
     for call in reply.calls.values():
-        assert call["name"] in names
+        assert call["id"] and call["name"] in names
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
 
 
@@ -147,6 +150,39 @@ async def test_named_tool_choice_calls_that_tool(stub: pb_grpc.EngineServiceStub
     )
     check_calls(reply, {"get_weather"})
     assert len(reply.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_continuation_mid_call_keeps_the_calls_valid(
+    stub: pb_grpc.EngineServiceStub, tiny_model_dir: Path
+) -> None:
+    """Failover resumes a guided reply from its streamed tokens: the grammar
+    picks up after them, so the whole output is still valid calls."""
+    sampling: dict[str, Any] = {
+        "max_tokens": 64,
+        "tools": TOOLS,
+        "tool_choice": common.ToolChoice(mode=common.TOOL_CHOICE_MODE_REQUIRED),
+        "parallel_tool_calls": False,
+    }
+    whole = await generate(stub, "resume-whole", **sampling)
+    check_calls(whole, {"get_weather", "get_time"})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # Cut inside the arguments, after their first key's opening quote.
+    cut = next(
+        i
+        for i in range(len(whole.token_ids))
+        if re.search(r'"arguments"\s*:\s*\{\s*"', tokenizer.decode(whole.token_ids[:i]))
+    )
+    resumed = whole.token_ids[:cut]
+    rest = await generate(stub, "resume-rest", resume=resumed, **sampling)
+    assert rest.finished is not None and rest.finished.reason == common.FINISH_REASON_TOOL_CALLS, rest
+    # The call was announced before the cut: the continuation only adds arguments.
+    assert list(rest.calls) == [0] and not rest.calls[0]["name"]
+    [call] = json.loads(tokenizer.decode(resumed + rest.token_ids, skip_special_tokens=True))
+    jsonschema.validate(call["arguments"], SCHEMAS[call["name"]])
+    streamed = tokenizer.decode(resumed)
+    arguments = streamed[streamed.index("{", streamed.index('"arguments"')) :] + rest.calls[0]["arguments"]
+    assert json.loads(arguments) == call["arguments"]
 
 
 @pytest.mark.asyncio
