@@ -23,9 +23,20 @@ import pytest_asyncio
 from transformers import AutoTokenizer
 
 from engine import tiny_model
-from engine.backend import ToolCallPart, ToolSpec
+from engine.backend import (
+    GenerationRequest,
+    ResponseFormatSpec,
+    ResponseFormatType,
+    SamplingOptions,
+    ToolCallPart,
+    ToolChoiceMode,
+    ToolChoiceSpec,
+    ToolSpec,
+)
+from engine.vllm_engine import resumed_grammar
 from engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
-from llmmesh.errors import from_rpc_error
+from engine.vllm_engine.sampling import JSON_OBJECT_SCHEMA, sampling_params
+from llmmesh.errors import InvalidArgument, from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
@@ -306,3 +317,48 @@ def test_auto_tool_choice_continues_mid_call_without_repeating(tiny_model_dir: P
     assert text == "" and all(not part.name and part.index == 0 for part in parts)
     arguments = HERMES_REPLY[HERMES_REPLY.index('{"city"') : cut] + "".join(part.arguments for part in parts)
     assert json.loads(arguments) == {"city": "Oslo", "days": 2}
+
+
+def params_for(resume: tuple[int, ...] = (), **fields: Any) -> Any:
+    """vLLM's parameters for a request with these sampling options."""
+    request = GenerationRequest("r", (1, 2), SamplingOptions(**fields), resume_output_token_ids=resume)
+    return sampling_params(request, 8)
+
+
+def test_every_sampling_option_reaches_vllm() -> None:
+    weather = ToolSpec("get_weather", "", json.dumps(WEATHER))
+    params = params_for(
+        presence_penalty=0.5, frequency_penalty=-0.25, logit_bias=((7, 3.0),), logprobs=True, top_logprobs=4
+    )
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.25)
+    assert params.logit_bias == {7: 3.0} and params.logprobs == 4
+    assert params.structured_outputs is None and params_for(logprobs=True).logprobs == 0
+    assert params_for().logprobs is None and params_for().logit_bias is None
+    named = params_for(tools=(weather,), tool_choice=ToolChoiceSpec(ToolChoiceMode.NAMED, "get_weather"))
+    assert json.loads(named.structured_outputs.json) == WEATHER
+    required = params_for(
+        tools=(weather,), tool_choice=ToolChoiceSpec(ToolChoiceMode.REQUIRED), parallel_tool_calls=False
+    )
+    assert json.loads(required.structured_outputs.json)["maxItems"] == 1
+    json_object = params_for(response_format=ResponseFormatSpec(ResponseFormatType.JSON_OBJECT))
+    assert json_object.structured_outputs.json_object is True
+    # A continuation's grammar resumes after the resumed tokens instead.
+    resumed = params_for(resume=(5, 6), response_format=ResponseFormatSpec(ResponseFormatType.JSON_OBJECT))
+    assert resumed.structured_outputs is None
+    assert resumed.extra_args[resumed_grammar.EXTRA_ARG] == {"schema": JSON_OBJECT_SCHEMA, "prefix": [5, 6]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": ToolChoiceSpec(ToolChoiceMode.AUTO)}, "response_format"),
+        ({"tool_choice": ToolChoiceSpec(ToolChoiceMode.REQUIRED)}, "response_format"),
+        ({"ignore_eos": True}, "ignore_eos"),
+    ],
+)
+def test_guided_combinations_vllm_cannot_do_are_refused(fields: dict[str, Any], param: str) -> None:
+    schema = ResponseFormatSpec(ResponseFormatType.JSON_SCHEMA, "s", json.dumps(TIME))
+    tools = (ToolSpec("get_time", "", json.dumps(TIME)),)
+    with pytest.raises(InvalidArgument) as refused:
+        params_for(tools=tools, response_format=schema, **fields)
+    assert refused.value.metadata["param"] == param
