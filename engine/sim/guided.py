@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from engine.backend import ResponseFormatType, SamplingOptions, ToolChoiceMode, ToolSpec
@@ -101,11 +102,11 @@ def _tool_schema(tool: ToolSpec, index: int) -> CompiledSchema:
     return _compiled(parameters_schema(tool), f"tools[{index}].function.parameters")
 
 
-def _compiled(schema: object, param: str) -> CompiledSchema:
+@contextmanager
+def _refused_as(param: str) -> Iterator[None]:
+    """A schema the simulator cannot follow, refused naming ``param``."""
     try:
-        if not isinstance(schema, dict):
-            raise SchemaNotSupported("the schema is not a JSON object")
-        return compile_schema(schema)
+        yield
     except SchemaNotSupported as exc:
         raise InvalidArgument(
             Reason.INVALID_SAMPLING,
@@ -114,15 +115,16 @@ def _compiled(schema: object, param: str) -> CompiledSchema:
         ) from exc
 
 
+def _compiled(schema: object, param: str) -> CompiledSchema:
+    with _refused_as(param):
+        if not isinstance(schema, dict):
+            raise SchemaNotSupported("the schema is not a JSON object")
+        return compile_schema(schema)
+
+
 def _write(writer: JsonWriter, schema: CompiledSchema, param: str) -> None:
-    try:
+    with _refused_as(param):
         writer.value(schema, schema.root)
-    except SchemaNotSupported as exc:
-        raise InvalidArgument(
-            Reason.INVALID_SAMPLING,
-            f"the simulator cannot write this schema: {exc}",
-            metadata={"param": param},
-        ) from exc
 
 
 def _named_in_last_user_message(
