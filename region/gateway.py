@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
 
 import grpc
 import grpc.aio
@@ -70,7 +70,7 @@ from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
-from region.model_policy import require_allowed, turn_cost
+from region.model_policy import require_allowed, require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
 from region.router import KvAffinityRouter
@@ -138,8 +138,13 @@ class ChatGateway:
         store: ZoneStore,
         shipper: UsageShipper,
         now: Callable[[], timestamp_pb2.Timestamp] = _now,
+        *,
+        embedding_models: Callable[[], Collection[str]] = tuple,
     ) -> None:
+        """``embedding_models`` names the models the region's pods embed with
+        (:class:`region.embedding_pods.EmbeddingPods`), so a turn on one is refused."""
         self._settings = settings
+        self._embedding_models = embedding_models
         self._policy = policy
         self._models = models
         self._pool = pool
@@ -181,6 +186,7 @@ class ChatGateway:
         require_continuation_allowed(start, allow_continuation)
         model = await self._models.resolve(start.model, caller.tier)
         require_allowed(model, list(caller.tenant.allowed_models))
+        require_chat_model(model, self._pool.models, self._embedding_models())
         if self._safety is not None:
             await self._safety.input_filter.check(input_texts(start))
         prepared = await self._prepare(caller, model, start)

@@ -3,10 +3,11 @@ it, and what a turn on it costs."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from decimal import Decimal
 
 from llmmesh import pricing
-from llmmesh.errors import PermissionDenied, Reason
+from llmmesh.errors import InvalidArgument, PermissionDenied, Reason
 from llmmesh.v1 import model_registry_service_pb2
 
 
@@ -16,6 +17,20 @@ def require_allowed(model: model_registry_service_pb2.Model, allowed: list[str])
         raise PermissionDenied(
             Reason.MODEL_NOT_ALLOWED,
             f"model {model.name!r} is not allowed for this tenant",
+            metadata={"param": "model"},
+        )
+
+
+def require_chat_model(
+    model: model_registry_service_pb2.Model, chat_models: Collection[str], embedding_models: Collection[str]
+) -> None:
+    """INVALID_ARGUMENT (param ``model``) for a chat turn on a model the
+    region's pods only embed with: no pod could ever generate with it, so
+    the refusal is final rather than UNAVAILABLE."""
+    if model.name in embedding_models and model.name not in chat_models:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"model {model.name!r} is an embedding model; use /v1/embeddings with it",
             metadata={"param": "model"},
         )
 

@@ -222,8 +222,19 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     queue = FairQueue(0, max_waiting=settings.admission_max_waiting)
     admission = Admission(limiter, QuotaLedger(billing, store, settings.quota_refresh_ms / 1000), queue)
     safety = _safety_filters(settings, pool)
+    embedding_pods = EmbeddingPods(pool)
     gateway = ChatGateway(
-        settings, policy, models, pool, router, tokenizer, admission, safety, store, shipper
+        settings,
+        policy,
+        models,
+        pool,
+        router,
+        tokenizer,
+        admission,
+        safety,
+        store,
+        shipper,
+        embedding_models=lambda: embedding_pods.models,
     )
 
     def pods_checked() -> None:
@@ -238,7 +249,6 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             feeds.follow(pool.healthy_pods)
 
     pool.on_checked(pods_checked)
-    embedding_pods = EmbeddingPods(pool)
     pool.on_checked(embedding_pods.refresh_soon)
     embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
     moderation = ModerationGateway(settings, policy, admission, safety)

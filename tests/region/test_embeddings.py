@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from llmmesh.errors import Reason, from_rpc_error
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import embedding_service_pb2 as epb
 from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb
@@ -189,3 +190,18 @@ async def test_a_region_without_safety_backends_refuses_to_moderate() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await _moderate(stack, mpb.ModerateRequest(inputs=["hello"]))
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_chat_turn_on_the_embedding_model_is_refused_for_good(stack: Stack) -> None:
+    start = chat_service_pb2.ChatRequest(
+        start=chat_service_pb2.ChatStart(
+            model=MODEL, messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="hi")]
+        )
+    )
+    async with grpc.aio.insecure_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(iter([start]), metadata=AUTH, timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+    err = from_rpc_error(caught.value)
+    assert (err.code, err.metadata.get("param")) == (grpc.StatusCode.INVALID_ARGUMENT, "model")
+    assert "embedding model" in err.message
