@@ -1,8 +1,12 @@
 """A simulator pod whose replies to a turn with tools are one tool call, for
 the region's tool-call tests.
 
-It stands in for the pod's own tool-call parser (engine/tool_calls.py), so
-the region's part of the contract can be tested on its own: the simulator
+The simulator makes calls of its own only where guided (a named or
+required tool choice), their length set by the function's schema
+(tests.region.test_sim_tool_calls runs those); this makes a call of any
+reply, of any length, so the region's part
+of the contract (cancelling, filtering, continuing a long call) can be
+tested on its own, in the form the contract fixes for pods: the simulator
 generates the tokens as ever (timing, cancellation, resumption after
 failover, its KV cache), and each delta's text becomes the next piece of
 call 0's arguments, ``{"note": "<the text, JSON-escaped>"}``, exactly as the
