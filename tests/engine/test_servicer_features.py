@@ -394,3 +394,32 @@ async def test_messages_with_tool_parts_are_refused(stub: pb_grpc.EngineServiceA
         await generate(stub, message)
     error = from_rpc_error(raised.value)
     assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "messages")
+
+
+async def test_a_continuation_with_penalties_and_logprobs_goes_on_as_the_unbroken_reply(
+    stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    """Penalties make a token depend on the output before it; a continuation
+    has that output (its resumed tokens), so it goes on exactly."""
+    sea = TOKENIZER.piece_id(" sea")
+    sampling: dict[str, Any] = {
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "temperature": 0.9,
+        "seed": 11,
+        "presence_penalty": 1.0,
+        "frequency_penalty": 0.5,
+        "logit_bias": {sea: 8.0},
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    whole = await generate(stub, start(**sampling))
+    for cut in (1, 17, 39):
+        message = start(**sampling)
+        message.resume_output_token_ids.extend(whole.token_ids[:cut])
+        rest = await generate(stub, message)
+        assert rest.token_ids == whole.token_ids[cut:]
+        after = [
+            entry for delta in whole.deltas if delta.output_token_offset >= cut for entry in delta.logprobs
+        ]
+        assert [entry for delta in rest.deltas for entry in delta.logprobs] == after
