@@ -151,6 +151,15 @@ class EmbeddingsGateway:
             used = sum(e.input_tokens for e in embedded.embeddings)
             cost = turn_cost(model, used, 0)
             await self._record(caller, request_id, model.name, used, cost)
+            # The end user, as OpenAI's `user` asks, for abuse tracking in the region's log.
+            log.info(
+                "embeddings %s: tenant %s, user %r, %d inputs, %d tokens",
+                request_id,
+                caller.tenant_id,
+                request.user,
+                len(request.inputs),
+                used,
+            )
         finally:
             admitted.release_slot()
             await admitted.settle(used)
