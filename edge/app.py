@@ -12,13 +12,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge import metrics
 from edge.completions import CompletionsHandler, authenticate
 from edge.conversations import ConversationsHandler
+from edge.docs_page import docs_page
 from edge.embeddings import EmbeddingsHandler
 from edge.errors import OpenAIError, from_mesh_error
 from edge.health import path_health
@@ -70,6 +71,9 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document())
 
+    async def docs(request: Request) -> Response:
+        return HTMLResponse(docs_page())
+
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
@@ -113,6 +117,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/docs", docs, methods=["GET"]),
             *conversations.routes(),
         ],
         exception_handlers={

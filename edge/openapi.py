@@ -10,6 +10,7 @@ from functools import cache
 
 from pydantic import BaseModel
 
+from edge import openapi_vectors
 from edge.conversation_objects import (
     ConversationMessageRequest,
     ConversationObject,
@@ -197,6 +198,20 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 parameters=[_MODEL],
             )
         },
+        "/v1/embeddings": {
+            "post": _operation(
+                "Embed texts or token arrays with an embedding model of the tenant's zone.",
+                {"200": _json("The vectors.", ref("EmbeddingList")), **_ERRORS},
+                body=openapi_vectors.body("EmbeddingsRequest"),
+            )
+        },
+        "/v1/moderations": {
+            "post": _operation(
+                "Classify texts with the region's safety backends (OpenAI's category names).",
+                {"200": _json("The verdicts.", ref("Moderation")), **_ERRORS},
+                body=openapi_vectors.body("ModerationRequest"),
+            )
+        },
         "/v1/completions": {
             "post": _operation(
                 "Not supported (legacy prompt completions): 404 unsupported_endpoint; use chat completions.",
@@ -314,6 +329,13 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 public=True,
             )
         },
+        "/docs": {
+            "get": _operation(
+                "This document as an HTML reference.",
+                {"200": {"description": "HTML.", "content": {"text/html": {"schema": STRING}}}},
+                public=True,
+            )
+        },
         "/openapi.json": {
             "get": _operation(
                 "This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})}, public=True
@@ -331,11 +353,12 @@ def openapi_document() -> Schema:
         "info": {
             "title": "llmmesh edge",
             "version": __version__,
-            "description": "OpenAI-compatible chat completions, conversations and resumable streams.",
+            "description": "OpenAI-compatible chat completions (tools, structured output, logprobs),"
+            " embeddings, moderations, conversations and resumable streams.",
         },
         "paths": _paths(model_refs),
         "components": {
-            "schemas": schemas,
+            "schemas": {**schemas, **openapi_vectors.SCHEMAS},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"apiKey": []}],
