@@ -7,12 +7,16 @@ document is a function of (prompt, seed) and a continuation rebuilds it
 exactly. Words inside strings are sampled like free text
 (:mod:`engine.sim.distribution`: logit bias, penalties, temperature, log
 probabilities), from word pieces only, which a JSON string always allows;
-a choice among ``n`` fixed alternatives (an enum member, a boolean, an
-``anyOf`` branch, an array's length, a number) is uniform, its first
-token carrying log(1/n). The layout is ``json.dumps``'s: ``", "`` and
-``": "`` separators. Nesting deeper than :data:`MAX_DEPTH` takes the
-smallest instance the schema allows (no optional properties, the fewest
-items, the first branch that is not a reference); a schema with no
+a value among ``n`` fixed alternatives (an enum member, a boolean, one of
+101 evenly spaced numbers in the schema's range) is drawn uniformly, its
+first token carrying log(1/n). Shape choices (an ``anyOf`` branch, an
+array's length, which optional properties appear) are uniform draws too,
+and the tokens they lead to are reported like forced ones: the log
+probabilities follow the grammar's token choices, not every draw. Where
+one token is possible, the top list holds that token only. The layout is
+``json.dumps``'s: ``", "`` and ``": "`` separators. Nesting deeper than
+:data:`MAX_DEPTH` takes small instances (no optional properties, the
+fewest items, a branch that is not a reference); a schema with no
 instance within :data:`DEPTH_LIMIT` levels is refused.
 """
 
@@ -66,13 +70,14 @@ class JsonWriter:
         self._spaced = spaced_words.sized(plan.pool_size)
         self._digest = plan.digest + salt
         self._draws = 0
-        # Bias on tokens outside the word pools could put a quote or a
-        # control byte inside a string: in strings only word pieces compete.
+        # Bias on other tokens could put a quote or a control byte inside a
+        # string: in strings only word pieces compete, a biased one from
+        # beyond the plan's pool included.
         self._adjustments = Adjustments(
             {
                 token_id: bias
                 for token_id, bias in plan.adjustments.bias.items()
-                if token_id in self._bare or token_id in self._spaced
+                if token_id in bare_words or token_id in spaced_words
             },
             plan.adjustments.presence_penalty,
             plan.adjustments.frequency_penalty,
