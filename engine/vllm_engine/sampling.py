@@ -14,7 +14,8 @@ Every option is honoured or refused here; none is dropped:
   pod's structured-output backend (xgrammar, see
   :mod:`engine.vllm_engine.config`) compiles them; a schema feature it
   lacks is refused by vLLM when the request is added, and the backend
-  names the parameter it came from (:func:`guided_param`).
+  names the parameter it came from (:func:`guided_param`: the tool's
+  parameters or the response format's schema).
 
 Refused, as ``INVALID_ARGUMENT`` naming the parameter, because vLLM cannot
 do them here: one guided reply that would follow two grammars (a tool
@@ -38,7 +39,7 @@ from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from engine.backend import GenerationRequest, ResponseFormatType, SamplingOptions, ToolChoiceMode
-from engine.tool_calls import tool_call_schema
+from engine.tool_calls import parameters_schema, tool_call_schema
 from engine.vllm_engine import resumed_grammar
 from llmmesh.errors import InvalidArgument, Reason
 
@@ -48,13 +49,42 @@ def _refuse(message: str, param: str) -> InvalidArgument:
 
 
 def guided_param(sampling: SamplingOptions) -> str | None:
-    """The request parameter a guided generation's grammar comes from
-    (``tool_choice`` or ``response_format``), None when it is not guided."""
-    if sampling.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+    """The request parameter a guided generation's grammar comes from, as
+    the OpenAI API names it, None when it is not guided: the first tool
+    whose parameters schema xgrammar cannot compile (``tools[i].function.
+    parameters``), else ``tool_choice``; or the response format's schema."""
+    mode = sampling.tool_choice.mode
+    if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+        for index, tool in enumerate(sampling.tools):
+            if mode == ToolChoiceMode.NAMED and tool.name != sampling.tool_choice.name:
+                continue
+            try:
+                schema = json.dumps(parameters_schema(tool))
+            except ValueError:
+                return f"tools[{index}].function.parameters"
+            if not _compiles(schema):
+                return f"tools[{index}].function.parameters"
         return "tool_choice"
-    if sampling.response_format is not None and sampling.response_format.type != ResponseFormatType.TEXT:
-        return "response_format"
-    return None
+    response_format = sampling.response_format
+    if response_format is None or response_format.type == ResponseFormatType.TEXT:
+        return None
+    if response_format.type == ResponseFormatType.JSON_SCHEMA:
+        return "response_format.json_schema.schema"
+    return "response_format"
+
+
+def _compiles(schema_json: str) -> bool:
+    """Whether vLLM's xgrammar backend takes this schema."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:
+        validate_xgrammar_grammar(
+            SamplingParams(structured_outputs=StructuredOutputsParams(json=schema_json))
+        )
+    except (VLLMValidationError, ValueError):
+        return False
+    return True
 
 
 # vLLM's xgrammar backend compiles json_object as this schema.
@@ -113,8 +143,8 @@ def sampling_params(
     if schema is not None:
         if sampling.ignore_eos:
             raise _refuse(
-                f"ignore_eos cannot be combined with a guided {guided_param(sampling)}: "
-                "the grammar ends the reply",
+                "ignore_eos cannot be combined with guided decoding (a tool choice that forces calls "
+                "or a JSON response format): the grammar ends the reply",
                 "ignore_eos",
             )
         if request.resume_output_token_ids:

@@ -262,7 +262,14 @@ async def test_what_this_engine_cannot_do_is_refused_by_name(stub: pb_grpc.Engin
     )
     assert await refusal(stub, "unique", max_tokens=4, response_format=unsupported) == (
         "INVALID_ARGUMENT",
-        "response_format",
+        "response_format.json_schema.schema",
+    )
+    picks = {"type": "object", "properties": {"ids": unique}}
+    odd_tool = common.ToolDefinition(name="pick", parameters_json=json.dumps(picks))
+    required = common.ToolChoice(mode=common.TOOL_CHOICE_MODE_REQUIRED)
+    assert await refusal(stub, "odd", max_tokens=4, tools=[TOOLS[1], odd_tool], tool_choice=required) == (
+        "INVALID_ARGUMENT",
+        "tools[1].function.parameters",
     )
     json_object = common.ResponseFormat(type=common.RESPONSE_FORMAT_TYPE_JSON_OBJECT)
     assert await refusal(stub, "eos", max_tokens=4, ignore_eos=True, response_format=json_object) == (
