@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TypeAlias, TypeVar
 
 import grpc
@@ -139,15 +139,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         prompt_token_ids: list[int] = list(start.prompt_token_ids)
         validate_roles([message.role for message in start.messages], CHAT_ROLES)
         if start.messages:
-            if any(message.tool_calls or message.tool_call_id for message in start.messages):
-                # Tool parts are rendered by the region into prompt_token_ids
-                # (region.prompt_render); rendering only the content here would drop them.
-                raise InvalidArgument(
-                    Reason.INVALID_REQUEST,
-                    "a pod renders messages' content only; send messages with tool calls "
-                    "or tool results as prompt_token_ids",
-                    metadata={"param": "messages"},
-                )
+            _refuse_tool_parts(start.messages)
             if not any(message.content for message in start.messages):
                 raise InvalidArgument(
                     Reason.EMPTY_PROMPT, "every message is empty", metadata={"param": "messages"}
@@ -200,6 +192,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         try:
             self._check_model(request.model)
             validate_roles([message.role for message in request.messages], CHAT_ROLES)
+            _refuse_tool_parts(request.messages)
             prompt = messages.chat_turns(request.messages) if request.messages else request.text
             token_ids = await self._backend.tokenize(prompt, request.add_generation_prompt)
         except MeshError as err:
@@ -280,6 +273,20 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                 # so asyncio does not report an unretrieved exception.
                 pending.cancel()
                 pending.add_done_callback(_discard_outcome)
+
+
+def _refuse_tool_parts(chat: Sequence[common_pb2.ChatMessage]) -> None:
+    """Raise ``InvalidArgument`` for messages with tool calls or tool results:
+    the chat template renders (role, content) only, and the region renders
+    tool parts into content itself (``region.prompt_render``), so here they
+    would be dropped unseen."""
+    if any(message.tool_calls or message.tool_call_id for message in chat):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            "a pod renders messages' content only; render tool calls and tool results into "
+            "the content or send prompt_token_ids",
+            metadata={"param": "messages"},
+        )
 
 
 def _discard_outcome(future: asyncio.Future[T]) -> None:

@@ -93,3 +93,12 @@ async def test_messages_with_tool_parts_are_refused(stub: pb_grpc.EngineServiceA
         await generate(stub, message)
     error = from_rpc_error(raised.value)
     assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "messages")
+
+
+async def test_tokenize_refuses_messages_with_tool_parts(stub: pb_grpc.EngineServiceAsyncStub) -> None:
+    call = c.ToolCall(id="call_1", name="get_time", arguments="{}")
+    request = pb.TokenizeRequest(messages=[c.ChatMessage(role=c.CHAT_ROLE_ASSISTANT, tool_calls=[call])])
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.Tokenize(request)
+    error = from_rpc_error(raised.value)
+    assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "messages")
