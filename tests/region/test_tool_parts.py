@@ -157,3 +157,17 @@ async def test_the_output_filter_reads_call_arguments_and_releases_parts_with_th
         release = await flagged.feed("", (n,), (part,))
         assert "st" not in "".join(p.arguments for p in release.tool_calls)
     assert flagged.stopped is not None and "violence" in flagged.stopped.categories
+
+
+@pytest.mark.asyncio
+async def test_held_deltas_go_out_with_their_logprobs_in_order() -> None:
+    output = FilteredOutput(StreamingOutputFilter([RulesBackend()], window_chars=32, overlap_chars=12))
+    released = []
+    # Mid-word pieces are held until the word ends, then released merged.
+    for n, text in enumerate(["Hel", "lo", " world", "! "]):
+        entry = common_pb2.TokenLogprob(token_id=n, token=text, logprob=-float(n))
+        released.append(await output.feed(text, (n,), (), (entry,)))
+    released.append(await output.finish())
+    assert [e.token_id for r in released for e in r.logprobs] == [t for r in released for t in r.token_ids]
+    assert [t for r in released for t in r.token_ids] == [0, 1, 2, 3]
+    assert any(len(r.logprobs) > 1 for r in released)
