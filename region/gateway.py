@@ -29,6 +29,19 @@ and accepts a continuation only of a turn the zone started for the same
 tenant and model, once. The turn's first event waits until the store marks it started: a turn
 whose id another acceptance took over meanwhile (a retry of a turn that had
 streamed nothing) stops before any output.
+
+Tools: the tools a turn offers are rendered into its prompt
+(:mod:`region.prompt_render`), so they reach the model and count as input
+tokens; its tool messages must answer calls an earlier message (or the
+conversation's history) made. A pod's tool-call parts and logprobs go on to
+the caller with the delta they came in, each call under the id
+:func:`region.tool_calls.tool_call_id` gives it, derived from the turn's
+original request id, so a continuation names a call as the first region
+did. The output filter reads call arguments as it reads content; their
+tokens are output tokens, metered and billed; the reply's calls and the
+turn's tool messages are stored with the conversation. A continuation
+carries the calls its client has (``Continuation.emitted_tool_calls``):
+they seed the filter and complete the stored reply.
 """
 
 from __future__ import annotations
