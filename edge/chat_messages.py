@@ -35,6 +35,13 @@ def refused(param: str, message: str, code: str = "unsupported_parameter") -> Op
     return OpenAIError(400, f"'{param}': {message}", param=param, code=code)
 
 
+def missing(param: str) -> OpenAIError:
+    """The 400 of a required parameter left out."""
+    return OpenAIError(
+        400, f"missing required parameter: '{param}'", param=param, code="missing_required_parameter"
+    )
+
+
 class TextPart(Strict):
     """One part of a multi-part content: text (any role), or a refusal (an
     assistant's). Image, audio and file parts are refused: multimodal input
@@ -56,12 +63,7 @@ class TextPart(Strict):
             raise refused(f"{param}.prompt_cache_breakpoint", "prefix caching is automatic in the mesh")
         if self.type == "text":
             if self.text is None:
-                raise OpenAIError(
-                    400,
-                    f"missing required parameter: '{param}.text'",
-                    param=f"{param}.text",
-                    code="missing_required_parameter",
-                )
+                raise missing(f"{param}.text")
             extra = self.refusal is not None
             if extra:
                 raise OpenAIError(
@@ -142,19 +144,9 @@ class Message(Strict):
                     code="unknown_parameter",
                 )
         if self.role == "tool" and not self.tool_call_id:
-            raise OpenAIError(
-                400,
-                f"missing required parameter: '{param}.tool_call_id'",
-                param=f"{param}.tool_call_id",
-                code="missing_required_parameter",
-            )
+            raise missing(f"{param}.tool_call_id")
         if self.content is None and not assistant:
-            raise OpenAIError(
-                400,
-                f"missing required parameter: '{content_param}'",
-                param=content_param,
-                code="missing_required_parameter",
-            )
+            raise missing(content_param)
         text = self.text(content_param)
         if not text and self.refusal:
             text = self.refusal

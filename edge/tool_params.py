@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool
 
-from edge.chat_messages import refused
+from edge.chat_messages import missing, refused
 from edge.errors import OpenAIError
 from edge.request_types import AnyJson, FunctionName, Strict, Text
 from llmmesh.v1 import common_pb2
@@ -94,12 +94,7 @@ def tool_definitions(tools: list[Tool]) -> list[common_pb2.ToolDefinition]:
         if tool.type == "custom" or tool.custom is not None:
             raise refused(f"{param}.type", "custom tools are not supported; use function tools")
         if tool.function is None:
-            raise OpenAIError(
-                400,
-                f"missing required parameter: '{param}.function'",
-                param=f"{param}.function",
-                code="missing_required_parameter",
-            )
+            raise missing(f"{param}.function")
         fn = tool.function
         if any(d.name == fn.name for d in out):
             raise OpenAIError(
@@ -197,12 +192,7 @@ class ResponseFormat(Strict):
             )
             return common_pb2.ResponseFormat(type=kind)
         if self.json_schema is None:
-            raise OpenAIError(
-                400,
-                "missing required parameter: 'response_format.json_schema'",
-                param="response_format.json_schema",
-                code="missing_required_parameter",
-            )
+            raise missing("response_format.json_schema")
         spec = self.json_schema
         return common_pb2.ResponseFormat(
             type=common_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,

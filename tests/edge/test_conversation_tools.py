@@ -5,27 +5,13 @@ turn of tool results alone gets the model's answer."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import pytest
 
 from tests.edge.test_conversations_api import AUTH, create
+from tests.edge.test_every_chat_param import TOOLS
 
 pytestmark = pytest.mark.asyncio
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
 
 
 async def test_a_conversation_stores_tool_calls_and_their_results(http: httpx.AsyncClient) -> None:
