@@ -80,29 +80,51 @@ class TurnOptions(Strict):
     sampling, tools, the reply's format and streaming. Chat completions and
     conversation messages share it."""
 
-    max_tokens: Int32 | None = None
-    max_completion_tokens: Int32 | None = None
-    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
+    max_tokens: Int32 | None = Field(default=None, description="The most output tokens (at least 1).")
+    max_completion_tokens: Int32 | None = Field(
+        default=None, description="As max_tokens, which it overrides."
+    )
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = Field(
+        default=None, description="0 (or absent) decodes greedily."
+    )
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
-    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
-    seed: Int64 | None = None
-    stream: StrictBool | None = False
-    stream_options: StreamOptions | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = Field(
+        default=None, description="Up to 4 sequences; the reply ends before the first one."
+    )
+    seed: Int64 | None = Field(default=None, description="Reproducible sampling.")
+    stream: StrictBool | None = Field(
+        default=False, description="Answer as SSE chat.completion.chunk events."
+    )
+    stream_options: StreamOptions | None = Field(default=None, description="Only with stream: true.")
     n: StrictInt | None = Field(default=None, description="Only 1: one choice per request.")
-    user: Text | None = None
+    user: Text | None = Field(default=None, description="The end user's id, given to the region.")
     safety_identifier: Text | None = Field(default=None, description="The end user, as `user`.")
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = Field(default=None, description="Penalises tokens already output.")
+    frequency_penalty: Penalty | None = Field(
+        default=None, description="Penalises tokens by how often they were output."
+    )
     logit_bias: (
         Annotated[dict[str, Annotated[StrictFloat, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
         | None
     ) = Field(default=None, description="Token id (a decimal string) to a bias from -100 to 100.")
-    logprobs: StrictBool | None = None
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: ToolChoiceParam | None = None
-    parallel_tool_calls: StrictBool | None = None
-    response_format: ResponseFormat | None = None
+    logprobs: StrictBool | None = Field(default=None, description="Each output token's log probability.")
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        default=None, description="With logprobs: this many likeliest alternatives per token."
+    )
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = Field(
+        default=None, description="Function tools (custom tools are refused)."
+    )
+    tool_choice: ToolChoiceParam | None = Field(
+        default=None,
+        description='"none", "auto", "required", a named function, or allowed_tools; required and named'
+        " calls are guided to valid arguments.",
+    )
+    parallel_tool_calls: StrictBool | None = Field(
+        default=None, description="false: at most one tool call per reply."
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None, description="text, json_object or json_schema; JSON replies are guided to be valid."
+    )
     modalities: list[Literal["text", "audio"]] | None = Field(default=None, description='Only ["text"].')
     store: StrictBool | None = Field(default=None, description="Only false: completions are not stored.")
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = Field(
@@ -111,7 +133,9 @@ class TurnOptions(Strict):
     reasoning_effort: StrictStr | None = Field(default=None, description='Only "none": no model reasons.')
     # vLLM's extension (``extra_body`` in the openai SDK): generate exactly
     # the output limit, for benchmarks and tests that need fixed lengths.
-    ignore_eos: StrictBool = False
+    ignore_eos: StrictBool = Field(
+        default=False, description="vLLM's extension: generate exactly the output limit."
+    )
     audio: AnyJson = _refusal("audio output is not supported.")
     prediction: AnyJson = _refusal("predicted outputs are not supported.")
     web_search_options: AnyJson = _refusal("web search is not supported.")
