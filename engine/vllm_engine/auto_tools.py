@@ -1,16 +1,24 @@
-"""``tool_choice`` auto on vLLM: the model decides, in its own tool-call
-syntax, and vLLM's tool parser for that syntax finds the calls in the
-streamed text (as ``vllm serve --tool-call-parser NAME`` does).
+"""``tool_choice`` auto on vLLM: the model decides, in a tool-call syntax,
+and vLLM's tool parser for that syntax finds the calls in the streamed text
+(as ``vllm serve --tool-call-parser NAME`` does).
 
-A model can decide to call only if its chat template shows it the tools
-(the region renders them with the template a pod publishes), and the pod
-needs the parser that reads the syntax the template teaches. Both are read
-from the served chat template (:func:`tool_parser_for_template`): a
-template that renders ``tools`` and writes calls as ``<tool_call>`` JSON
-``</tool_call>`` (Hermes, Qwen and most ChatML models) gets vLLM's
-``hermes`` parser. A pod whose template has no such syntax refuses auto
-(``INVALID_ARGUMENT``, param ``tool_choice``) rather than answer as if
-no tools were given; required and named choices work with any template.
+The syntax is read from the served chat template
+(:func:`tool_parser_for_template`): a template that renders ``tools`` and
+writes calls as ``<tool_call>`` JSON ``</tool_call>`` (Hermes, Qwen and
+most ChatML models) gets vLLM's ``hermes`` parser. A template that renders
+no tools gets the same syntax: the region writes the tools into such a
+prompt as text, and a call the model makes is read as Hermes writes it. A
+template that renders tools in a syntax not known here is refused auto
+(``INVALID_ARGUMENT``, param ``tool_choice``), not answered as if no tools
+were given; required and named choices work with any template.
+
+Calls are guided as vLLM guides them for ``--tool-strict-level parameter``:
+the text is free until the model opens a ``<tool_call>``; from there xgrammar's
+structural tag makes it a call of one of the tools with arguments valid
+against its schema (one call at most without ``parallel_tool_calls``).
+With a JSON response format the reply is either tool calls or the JSON
+(vLLM's ``OrFormat`` of the two). The random-weight tiny model writes the
+opening tag about never, so its auto replies are text.
 
 vLLM's parsers and its OpenAI request types are imported on the first
 auto request, so plain turns and pod startup never pay for them.
@@ -26,13 +34,15 @@ from llmmesh.errors import InvalidArgument, Reason
 
 # The call markers of a template's tool-call syntax, and vLLM's parser for it.
 _PARSERS_BY_MARKER = (("<tool_call>", "hermes"),)
+# The syntax read from a model whose template renders no tools.
+DEFAULT_PARSER = "hermes"
 
 
 def tool_parser_for_template(template: str | None) -> str | None:
-    """vLLM's tool-parser name for the syntax ``template`` teaches, None
-    when it renders no tools or writes calls in no syntax known here."""
+    """vLLM's tool-parser name for the call syntax ``template`` teaches
+    (Hermes' when it renders no tools), None for a syntax not known here."""
     if not template or "tools" not in template:
-        return None
+        return DEFAULT_PARSER
     for marker, parser in _PARSERS_BY_MARKER:
         if marker in template:
             return parser
@@ -42,8 +52,8 @@ def tool_parser_for_template(template: str | None) -> str | None:
 def refuse_auto() -> InvalidArgument:
     return InvalidArgument(
         Reason.INVALID_SAMPLING,
-        "tool_choice 'auto' needs a model whose chat template shows it the tools and a tool-call "
-        "syntax this pod can parse; this model has neither, use tool_choice 'required' or a named tool",
+        "tool_choice 'auto' needs a tool-call syntax this pod can parse; this model's chat template "
+        "teaches another one, use tool_choice 'required' or a named tool",
         metadata={"param": "tool_choice"},
     )
 
@@ -77,6 +87,29 @@ class AutoToolCalls:
     def keep_special_tokens(self) -> bool:
         """Whether the parser needs special tokens in the text (its markers may be ones)."""
         return not self._request.skip_special_tokens
+
+    def structural_tag(self, parallel_tool_calls: bool, response_schema: str | None) -> str | None:
+        """The structural tag (JSON text) that guides this reply, as vLLM
+        builds it; None when the parser has no structural tag."""
+        from vllm.tool_parsers.structural_tag_registry import limit_to_single_tool_call
+        from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+        from xgrammar import StructuralTag
+        from xgrammar.structural_tag import JSONSchemaFormat, OrFormat
+
+        request = self._request
+        if response_schema is not None:
+            # As vLLM does: either calls (at least one) or the JSON reply.
+            request = request.model_copy(update={"tool_choice": "required"})
+        strict = ToolStrictLevel.PARAMETER  # every tool's arguments follow its schema
+        tag = self._parser.get_structural_tag(request, reasoning=False, strict_level=strict)
+        if tag is None:
+            return None
+        if not parallel_tool_calls:
+            limit_to_single_tool_call(tag)
+        if response_schema is not None:
+            reply = JSONSchemaFormat(json_schema=json.loads(response_schema))
+            tag = StructuralTag(format=OrFormat(elements=[tag.format, reply]))
+        return json.dumps(tag.model_dump())
 
     def prime(self, text: str, token_ids: list[int]) -> None:
         """Read output streamed before a continuation, emitting nothing."""

@@ -234,18 +234,26 @@ class VllmBackend(EngineBackend):
             if self._tool_parser is None:
                 raise refuse_auto()
             auto = AutoToolCalls(self._tool_parser, self._tokenizer, sampling.tools)
-        keep_special = auto is not None and auto.keep_special_tokens
-        params = sampling_params(request, max_tokens, keep_special_tokens=keep_special)
+        params = sampling_params(request, max_tokens, auto, self._control_tokens)
         token_bytes = self._token_bytes() if sampling.logprobs else None
         reply = ReplyStream(request.request_id, sampling, token_bytes, auto)
         resumed = list(request.resume_output_token_ids)
         if resumed:
-            reply.prime(self._tokenizer.decode(resumed, skip_special_tokens=not keep_special), resumed)
+            text = self._tokenizer.decode(resumed, skip_special_tokens=params.skip_special_tokens)
+            reply.prime(text, resumed)
         return params, reply
 
+    def _control_tokens(self, grammar_kind: str) -> Sequence[int]:
+        """Tokens with raw control characters, which no guided reply samples:
+        all of them in compact JSON; all but tab, LF and CR where the
+        grammar allows whitespace or free text (a structural tag)."""
+        compact = grammar_kind != "structural_tag" and self.config.compact_json
+        allowed = b"" if compact else b"\t\n\r"
+        return self._token_bytes().control_tokens(self.info().vocab_size, allowed)
+
     def _token_bytes(self) -> TokenBytes:
-        # Built on the first request for logprobs: it reads the tokenizer's
-        # decoder, which plain turns never need.
+        # Built on the first request for logprobs or guided decoding: it
+        # reads the tokenizer's decoder, which plain turns never need.
         if self._token_bytes_table is None:
             self._token_bytes_table = TokenBytes(self._tokenizer)
         return self._token_bytes_table

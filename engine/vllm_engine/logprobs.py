@@ -75,6 +75,7 @@ class TokenBytes:
         self._kind = _decoder_kind(tokenizer)
         self._special = set(getattr(tokenizer, "all_special_ids", ()))
         self._cache: dict[int, tuple[str, bytes]] = {}
+        self._control: dict[bytes, tuple[int, ...]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, bytes]:
         """The token's text and its bytes."""
@@ -83,6 +84,21 @@ class TokenBytes:
             data = self._bytes(token_id)
             cached = (data.decode("utf-8", errors="replace"), data)
             self._cache[token_id] = cached
+        return cached
+
+    def control_tokens(self, vocab_size: int, allowed: bytes = b"") -> tuple[int, ...]:
+        """The ordinary tokens of ids below ``vocab_size`` whose bytes hold a
+        control character (below 0x20) other than those in ``allowed``;
+        computed once per ``allowed``."""
+        cached = self._control.get(allowed)
+        if cached is None:
+            banned = set(range(0x20)) - set(allowed)
+            cached = tuple(
+                token_id
+                for token_id in range(min(vocab_size, len(self._tokenizer)))
+                if token_id not in self._special and banned.intersection(self(token_id)[1])
+            )
+            self._control[allowed] = cached
         return cached
 
     def _bytes(self, token_id: int) -> bytes:

@@ -9,8 +9,8 @@ what the grammar still allows, so the continued tool calls or JSON reply
 stay one valid document.
 
 It compiles the same grammar vLLM's xgrammar backend would for the request
-(:func:`engine.vllm_engine.sampling.guided_grammar`: the schema, or an
-object for json_object, with the pod's whitespace setting), so a resumed
+(:func:`engine.vllm_engine.sampling.guided_grammar`: a JSON Schema with the
+pod's whitespace setting, or a structural tag), so a resumed
 reply follows the grammar the original one did. It runs in vLLM's engine
 core, registered through ``logits_processors``; only requests whose
 ``SamplingParams.extra_args`` carry :data:`EXTRA_ARG` are touched, and a
@@ -39,14 +39,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXTRA_ARG = "llmmesh_resumed_grammar"
-"""``extra_args`` key: ``{"schema": JSON Schema text, "prefix": [token ids]}``."""
+"""``extra_args`` key: ``{"kind", "grammar", "prefix": [token ids]}``, the
+kind and text of :class:`engine.vllm_engine.sampling.Grammar`."""
 
 QUALIFIED_NAME = f"{__name__}:ResumedGrammarLogitsProcessor"
 
 
-def extra_args(schema_json: str, prefix: list[int]) -> dict[str, Any]:
-    """``SamplingParams.extra_args`` that resume ``schema_json`` after ``prefix``."""
-    return {EXTRA_ARG: {"schema": schema_json, "prefix": list(prefix)}}
+def extra_args(kind: str, grammar: str, prefix: list[int]) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` that resume a grammar after ``prefix``."""
+    return {EXTRA_ARG: {"kind": kind, "grammar": grammar, "prefix": list(prefix)}}
 
 
 @dataclass
@@ -107,7 +108,7 @@ class ResumedGrammarLogitsProcessor(LogitsProcessor):  # type: ignore[misc]
             return None
         import xgrammar as xgr
 
-        matcher = xgr.GrammarMatcher(self._compile(spec["schema"]))
+        matcher = xgr.GrammarMatcher(self._compile(spec["kind"], spec["grammar"]))
         row = _Row(matcher, output)
         for token in spec["prefix"]:
             if not matcher.accept_token(token):
@@ -116,7 +117,7 @@ class ResumedGrammarLogitsProcessor(LogitsProcessor):  # type: ignore[misc]
                 break
         return row
 
-    def _compile(self, schema_json: str) -> Any:
+    def _compile(self, kind: str, grammar: str) -> Any:
         import xgrammar as xgr
 
         if self._compiler is None:
@@ -126,8 +127,10 @@ class ResumedGrammarLogitsProcessor(LogitsProcessor):  # type: ignore[misc]
             info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size)
             self._stop_ids = list(info.stop_token_ids)
             self._compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+        # As vLLM's xgrammar backend compiles each kind.
+        if kind == "structural_tag":
+            return self._compiler.compile_structural_tag(grammar)
         compact = self._config.structured_outputs_config.disable_any_whitespace
-        # As vLLM's xgrammar backend compiles a JSON grammar.
         return self._compiler.compile_json_schema(
-            schema_json, any_whitespace=not compact, separators=(",", ":") if compact else None
+            grammar, any_whitespace=not compact, separators=(",", ":") if compact else None
         )

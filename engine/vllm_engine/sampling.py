@@ -10,19 +10,20 @@ Every option is honoured or refused here; none is dropped:
 - ``tool_choice`` named is guided by the tool's parameters schema and
   required by :func:`engine.tool_calls.tool_call_schema` (the array of
   ``{"name", "arguments"}`` calls); ``response_format`` json_object and
-  json_schema by vLLM's JSON object grammar and the client's schema. The
-  pod's structured-output backend (xgrammar, see
+  json_schema by vLLM's JSON object grammar and the client's schema;
+  tool_choice auto by the structural tag of the model's call syntax
+  (:mod:`engine.vllm_engine.auto_tools`: free text, or valid calls, or with
+  a JSON response format the JSON). The pod's structured-output backend (xgrammar, see
   :mod:`engine.vllm_engine.config`) compiles them; a schema feature it
   lacks is refused by vLLM when the request is added, and the backend
   names the parameter it came from (:func:`guided_param`: the tool's
   parameters or the response format's schema).
 
 Refused, as ``INVALID_ARGUMENT`` naming the parameter, because vLLM cannot
-do them here: one guided reply that would follow two grammars (a tool
-choice that forces calls plus a JSON response format), a JSON response
-format with tool_choice auto (the grammar would leave the model no way to
-call a tool), and ``ignore_eos`` with guided decoding (the grammar ends
-the reply with the end-of-sequence token).
+do them here: a JSON response format with a tool choice that forces calls
+(the reply is the calls, guided by their own schema), and ``ignore_eos``
+with guided decoding (the grammar ends the reply with the end-of-sequence
+token).
 
 A continuation of a guided reply is guided too: vLLM starts a grammar at
 the first output token, so the grammar goes to
@@ -33,6 +34,8 @@ first and masks only what follows.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vllm import SamplingParams
@@ -41,6 +44,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from engine.backend import GenerationRequest, ResponseFormatType, SamplingOptions, ToolChoiceMode
 from engine.tool_calls import parameters_schema, tool_call_schema
 from engine.vllm_engine import resumed_grammar
+from engine.vllm_engine.auto_tools import AutoToolCalls
 from llmmesh.errors import InvalidArgument, Reason
 
 
@@ -52,9 +56,9 @@ def guided_param(sampling: SamplingOptions) -> str | None:
     """The request parameter a guided generation's grammar comes from, as
     the OpenAI API names it, None when it is not guided: the first tool
     whose parameters schema xgrammar cannot compile (``tools[i].function.
-    parameters``), else ``tool_choice``; or the response format's schema."""
+    parameters``), else the response format's schema, else ``tool_choice``."""
     mode = sampling.tool_choice.mode
-    if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+    if mode != ToolChoiceMode.NONE and sampling.tools:
         for index, tool in enumerate(sampling.tools):
             if mode == ToolChoiceMode.NAMED and tool.name != sampling.tool_choice.name:
                 continue
@@ -64,13 +68,17 @@ def guided_param(sampling: SamplingOptions) -> str | None:
                 return f"tools[{index}].function.parameters"
             if not _compiles(schema):
                 return f"tools[{index}].function.parameters"
-        return "tool_choice"
     response_format = sampling.response_format
-    if response_format is None or response_format.type == ResponseFormatType.TEXT:
-        return None
-    if response_format.type == ResponseFormatType.JSON_SCHEMA:
+    json_schema = response_format is not None and response_format.type == ResponseFormatType.JSON_SCHEMA
+    if json_schema and not _compiles(response_format.schema_json):  # type: ignore[union-attr]
         return "response_format.json_schema.schema"
-    return "response_format"
+    if mode != ToolChoiceMode.NONE and sampling.tools:
+        return "tool_choice"
+    if json_schema:
+        return "response_format.json_schema.schema"
+    if response_format is not None and response_format.type != ResponseFormatType.TEXT:
+        return "response_format"
+    return None
 
 
 def _compiles(schema_json: str) -> bool:
@@ -87,19 +95,46 @@ def _compiles(schema_json: str) -> bool:
     return True
 
 
+MIN_LOGIT_BIAS = -100.0
+
 # vLLM's xgrammar backend compiles json_object as this schema.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
-def guided_schema(sampling: SamplingOptions) -> str | None:
-    """The JSON Schema (text) a guided generation follows, None for free
-    text. Raises ``InvalidArgument`` for the combinations the module
-    docstring lists."""
+@dataclass(frozen=True)
+class Grammar:
+    """What guides a reply: ``kind`` is ``json`` (a JSON Schema),
+    ``json_object`` or ``structural_tag`` (xgrammar's, JSON text)."""
+
+    kind: str
+    text: str
+
+    def params(self) -> StructuredOutputsParams:
+        """As vLLM's structured outputs of a fresh request."""
+        if self.kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.kind == "structural_tag":
+            return StructuredOutputsParams(structural_tag=self.text)
+        return StructuredOutputsParams(json=self.text)
+
+
+def guided_grammar(sampling: SamplingOptions, auto: AutoToolCalls | None = None) -> Grammar | None:
+    """The grammar of a guided generation, None for free text; ``auto``
+    reads the calls of a tool_choice auto reply. Raises ``InvalidArgument``
+    for the combinations the module docstring lists."""
     mode = sampling.tool_choice.mode
     response_format = sampling.response_format
-    json_format = response_format is not None and response_format.type != ResponseFormatType.TEXT
+    reply_schema: str | None = None
+    if response_format is not None and response_format.type == ResponseFormatType.JSON_OBJECT:
+        reply_schema = JSON_OBJECT_SCHEMA
+    elif response_format is not None and response_format.type == ResponseFormatType.JSON_SCHEMA:
+        try:
+            json.loads(response_format.schema_json)
+        except ValueError as exc:
+            raise _refuse(f"the schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
+        reply_schema = response_format.schema_json
     if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
-        if json_format:
+        if reply_schema is not None:
             raise _refuse(
                 f"response_format {response_format.type.value!r} cannot be combined with tool_choice "  # type: ignore[union-attr]
                 f"{mode.value!r}: the reply is the tool calls, guided by their own schema",
@@ -109,51 +144,62 @@ def guided_schema(sampling: SamplingOptions) -> str | None:
             schema = tool_call_schema(sampling.tools, sampling.tool_choice, sampling.parallel_tool_calls)
         except (ValueError, StopIteration) as exc:
             raise _refuse(f"the tools cannot guide the reply: {exc}", "tools") from exc
-        return json.dumps(schema)
-    if not json_format:
+        return Grammar("json", json.dumps(schema))
+    if auto is not None:
+        tag = auto.structural_tag(sampling.parallel_tool_calls, reply_schema)
+        if tag is not None:
+            return Grammar("structural_tag", tag)
+        if reply_schema is not None:
+            raise _refuse(
+                f"response_format {response_format.type.value!r} cannot be combined with tool_choice "  # type: ignore[union-attr]
+                "'auto' for this model's tool-call syntax",
+                "response_format",
+            )
         return None
-    assert response_format is not None
-    if mode == ToolChoiceMode.AUTO:
-        raise _refuse(
-            f"response_format {response_format.type.value!r} cannot be combined with tool_choice 'auto' "
-            "on this engine: the JSON grammar would leave the model no way to call a tool; "
-            "use tool_choice 'none', 'required' or a named tool",
-            "response_format",
-        )
-    if response_format.type == ResponseFormatType.JSON_OBJECT:
-        return JSON_OBJECT_SCHEMA
-    try:
-        json.loads(response_format.schema_json)
-    except ValueError as exc:
-        raise _refuse(f"the schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
-    return response_format.schema_json
+    if reply_schema is None:
+        return None
+    if reply_schema is JSON_OBJECT_SCHEMA:
+        return Grammar("json_object", JSON_OBJECT_SCHEMA)
+    return Grammar("json", reply_schema)
+
+
+ControlTokens = Callable[[str], Sequence[int]]
+"""The tokens a grammar of a kind must not sample: those holding a raw
+control character. xgrammar's JSON strings admit them (all but CR and LF),
+and strict JSON parsers, the OpenAI SDK's users' included, refuse them."""
 
 
 def sampling_params(
-    request: GenerationRequest, max_tokens: int, keep_special_tokens: bool = False
+    request: GenerationRequest,
+    max_tokens: int,
+    auto: AutoToolCalls | None = None,
+    control_tokens: ControlTokens | None = None,
 ) -> SamplingParams:
     """vLLM's parameters for ``request``, generating at most ``max_tokens``
-    (what is left of the request's own limit after resumed tokens).
-    ``keep_special_tokens`` keeps special tokens in the text, for a tool
-    parser whose markers are special tokens."""
+    (what is left of the request's own limit after resumed tokens); ``auto``
+    reads the calls of a tool_choice auto reply; a guided reply never samples
+    the ``control_tokens`` of its grammar's kind (a bias of -100, the
+    client's own bias on them included)."""
     sampling = request.sampling
-    schema = guided_schema(sampling)
+    grammar = guided_grammar(sampling, auto)
     guided: StructuredOutputsParams | None = None
     resumed: dict[str, Any] | None = None
-    if schema is not None:
+    logit_bias = dict(sampling.logit_bias)
+    if grammar is not None:
+        if control_tokens is not None:
+            logit_bias.update(dict.fromkeys(control_tokens(grammar.kind), MIN_LOGIT_BIAS))
         if sampling.ignore_eos:
             raise _refuse(
-                "ignore_eos cannot be combined with guided decoding (a tool choice that forces calls "
-                "or a JSON response format): the grammar ends the reply",
+                "ignore_eos cannot be combined with guided decoding (tools or a JSON response "
+                "format): the grammar ends the reply",
                 "ignore_eos",
             )
         if request.resume_output_token_ids:
             # vLLM would start the grammar afresh after the resumed tokens.
-            resumed = resumed_grammar.extra_args(schema, list(request.resume_output_token_ids))
-        elif _is_json_object(sampling):
-            guided = StructuredOutputsParams(json_object=True)
+            prefix = list(request.resume_output_token_ids)
+            resumed = resumed_grammar.extra_args(grammar.kind, grammar.text, prefix)
         else:
-            guided = StructuredOutputsParams(json=schema)
+            guided = grammar.params()
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=0.0 if sampling.temperature is None else sampling.temperature,
@@ -163,16 +209,12 @@ def sampling_params(
         ignore_eos=sampling.ignore_eos,
         presence_penalty=sampling.presence_penalty or 0.0,
         frequency_penalty=sampling.frequency_penalty or 0.0,
-        logit_bias=dict(sampling.logit_bias) or None,
+        logit_bias=logit_bias or None,
         # vLLM's count excludes the sampled token, which it always adds.
         logprobs=(sampling.top_logprobs or 0) if sampling.logprobs else None,
         structured_outputs=guided,
         extra_args=resumed,
-        skip_special_tokens=not keep_special_tokens,
+        # A tool parser whose markers may be special tokens needs them in the text.
+        skip_special_tokens=not (auto is not None and auto.keep_special_tokens),
         output_kind=RequestOutputKind.DELTA,
     )
-
-
-def _is_json_object(sampling: SamplingOptions) -> bool:
-    response_format = sampling.response_format
-    return response_format is not None and response_format.type == ResponseFormatType.JSON_OBJECT

@@ -197,6 +197,44 @@ async def test_a_continuation_mid_call_keeps_the_calls_valid(
 
 
 @pytest.mark.asyncio
+async def test_auto_tool_choice_answers_in_text_or_valid_calls(stub: pb_grpc.EngineServiceStub) -> None:
+    """The tiny model's template renders no tools: the pod reads Hermes'
+    syntax, which random weights about never open, so the reply is text."""
+    auto = common.ToolChoice(mode=common.TOOL_CHOICE_MODE_AUTO)
+    reply = await generate(stub, "auto-text", max_tokens=12, tools=TOOLS, tool_choice=auto)
+    assert reply.finished is not None
+    if reply.calls:
+        check_calls(reply, set(SCHEMAS))
+    else:
+        assert reply.text and reply.finished.reason != common.FINISH_REASON_TOOL_CALLS
+
+
+@pytest.mark.asyncio
+async def test_auto_tool_choice_continued_inside_a_call_finishes_it_validly(
+    stub: pb_grpc.EngineServiceStub, tiny_model_dir: Path
+) -> None:
+    """A reply that had opened a call when its region failed: the grammar
+    resumes inside the call, so the model must finish a valid one."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    opened = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
+    resumed = tokenizer.encode(opened, add_special_tokens=False)
+    auto = common.ToolChoice(mode=common.TOOL_CHOICE_MODE_AUTO)
+    rest = await generate(
+        stub,
+        "auto-resumed",
+        resume=resumed,
+        max_tokens=len(resumed) + 48,
+        tools=TOOLS,
+        tool_choice=auto,
+        parallel_tool_calls=False,
+    )
+    assert rest.finished is not None and rest.finished.reason == common.FINISH_REASON_TOOL_CALLS, rest
+    assert list(rest.calls) == [0] and not rest.calls[0]["name"]
+    arguments = json.loads('{"city": "' + rest.calls[0]["arguments"])
+    jsonschema.validate(arguments, WEATHER)
+
+
+@pytest.mark.asyncio
 async def test_json_schema_output_validates(stub: pb_grpc.EngineServiceStub) -> None:
     schema = {
         "type": "object",
@@ -250,12 +288,6 @@ async def test_logit_bias_steers_sampling(stub: pb_grpc.EngineServiceStub) -> No
 
 @pytest.mark.asyncio
 async def test_what_this_engine_cannot_do_is_refused_by_name(stub: pb_grpc.EngineServiceStub) -> None:
-    auto = common.ToolChoice(mode=common.TOOL_CHOICE_MODE_AUTO)
-    # The tiny model's chat template shows it no tools.
-    assert await refusal(stub, "auto", max_tokens=4, tools=TOOLS, tool_choice=auto) == (
-        "INVALID_ARGUMENT",
-        "tool_choice",
-    )
     unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     unsupported = common.ResponseFormat(
         type=common.RESPONSE_FORMAT_TYPE_JSON_SCHEMA, schema_name="ids", schema_json=json.dumps(unique)
@@ -298,7 +330,9 @@ def test_auto_tool_choice_reads_the_models_own_call_syntax(tiny_model_dir: Path)
     """vLLM's hermes parser, as a pod whose template teaches ``<tool_call>``
     runs it: content before the call, then the call in parts."""
     assert tool_parser_for_template("{% for t in tools %}<tool_call>{% endfor %}") == "hermes"
-    assert tool_parser_for_template(tiny_model.CHAT_TEMPLATE) is None
+    # A template that renders no tools: the region writes them as text.
+    assert tool_parser_for_template(tiny_model.CHAT_TEMPLATE) == "hermes"
+    assert tool_parser_for_template("{% for t in tools %}[TOOL_CALLS]{% endfor %}") is None
     parser = auto_calls(tiny_model_dir)
     content = ""
     parts: list[ToolCallPart] = []
@@ -333,6 +367,7 @@ def params_for(resume: tuple[int, ...] = (), **fields: Any) -> Any:
 
 
 def test_every_sampling_option_reaches_vllm() -> None:
+    json_object_format = ResponseFormatSpec(ResponseFormatType.JSON_OBJECT)
     weather = ToolSpec("get_weather", "", json.dumps(WEATHER))
     params = params_for(
         presence_penalty=0.5, frequency_penalty=-0.25, logit_bias=((7, 3.0),), logprobs=True, top_logprobs=4
@@ -349,16 +384,25 @@ def test_every_sampling_option_reaches_vllm() -> None:
     assert json.loads(required.structured_outputs.json)["maxItems"] == 1
     json_object = params_for(response_format=ResponseFormatSpec(ResponseFormatType.JSON_OBJECT))
     assert json_object.structured_outputs.json_object is True
+    # A guided reply never samples a raw control character, whatever the client's bias.
+    request = GenerationRequest(
+        "r", (1, 2), SamplingOptions(logit_bias=((3, 5.0), (9, 1.0)), response_format=json_object_format)
+    )
+    banned = sampling_params(request, 8, control_tokens=lambda kind: (3, 4) if kind == "json_object" else ())
+    assert banned.logit_bias == {3: -100.0, 4: -100.0, 9: 1.0}
     # A continuation's grammar resumes after the resumed tokens instead.
     resumed = params_for(resume=(5, 6), response_format=ResponseFormatSpec(ResponseFormatType.JSON_OBJECT))
     assert resumed.structured_outputs is None
-    assert resumed.extra_args[resumed_grammar.EXTRA_ARG] == {"schema": JSON_OBJECT_SCHEMA, "prefix": [5, 6]}
+    assert resumed.extra_args[resumed_grammar.EXTRA_ARG] == {
+        "kind": "json_object",
+        "grammar": JSON_OBJECT_SCHEMA,
+        "prefix": [5, 6],
+    }
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tool_choice": ToolChoiceSpec(ToolChoiceMode.AUTO)}, "response_format"),
         ({"tool_choice": ToolChoiceSpec(ToolChoiceMode.REQUIRED)}, "response_format"),
         ({"ignore_eos": True}, "ignore_eos"),
     ],
@@ -369,3 +413,24 @@ def test_guided_combinations_vllm_cannot_do_are_refused(fields: dict[str, Any], 
     with pytest.raises(InvalidArgument) as refused:
         params_for(tools=tools, response_format=schema, **fields)
     assert refused.value.metadata["param"] == param
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_auto_tool_choice_is_guided_by_the_call_syntax_or_the_json_reply(tiny_model_dir: Path) -> None:
+    tools = tuple(ToolSpec(tool.name, tool.description, tool.parameters_json) for tool in TOOLS)
+    auto = ToolChoiceSpec(ToolChoiceMode.AUTO)
+    schema = ResponseFormatSpec(ResponseFormatType.JSON_SCHEMA, "s", json.dumps(TIME))
+    sampling = SamplingOptions(tools=tools, tool_choice=auto, response_format=schema)
+    request = GenerationRequest("r", (1, 2), sampling)
+    params = sampling_params(request, 8, auto_calls(tiny_model_dir))
+    tag = json.loads(params.structured_outputs.structural_tag)["format"]
+    # Either at least one valid call or the JSON reply, as vLLM guides it.
+    assert tag["type"] == "or"
+    calls, reply = tag["elements"]
+    assert calls["at_least_one"] and reply["json_schema"] == TIME
+    schemas = {
+        (t["begin"].split('"name": "')[1].split('"')[0], json.dumps(t["content"]["json_schema"]))
+        for t in calls["tags"]
+    }
+    assert schemas == {("get_weather", json.dumps(WEATHER)), ("get_time", json.dumps(TIME))}
+    assert params.skip_special_tokens is False
