@@ -137,7 +137,7 @@ def sample(
     else:
         chosen = _draw(pool, adjusted, specials, weights, plain, plain_weight, u * total)
     chosen_logit = logits.get(chosen, 0.0)
-    return SampledToken(chosen, logprob(chosen_logit), _top(pool, adjusted, logits, top, logprob))
+    return SampledToken(chosen, logprob(chosen_logit), _top(pool, adjusted, logits, top, logprob, chosen))
 
 
 def _unadjusted(
@@ -200,11 +200,23 @@ def _top(
     logits: Mapping[int, float],
     count: int,
     logprob: Callable[[float], float],
+    chosen: int,
 ) -> tuple[tuple[int, float], ...]:
+    """The ``count`` likeliest tokens, most likely first. Among equally
+    likely tokens the chosen one comes first, then the specials, then the
+    plain pool words in pool order: so the chosen token is listed whenever
+    its probability is among the top ``count`` (as vLLM's sampled token is
+    always reported with its rank), never dropped for a tie with a word it
+    equals."""
     if count <= 0:
         return ()
-    candidates = [(logit, 0, token_id) for token_id, logit in logits.items()]
+    candidates = [(logit, token_id != chosen, 0, token_id) for token_id, logit in logits.items()]
     plain = pool.size - len(adjusted)
-    candidates.extend((0.0, 1, _plain_member(pool, adjusted, k)) for k in range(min(count, plain)))
-    candidates.sort(key=lambda item: (-item[0], item[1], item[2]))
-    return tuple((token_id, logprob(logit)) for logit, _, token_id in candidates[:count])
+    words = {_plain_member(pool, adjusted, k) for k in range(min(count, plain))}
+    if chosen not in logits and chosen in pool:
+        words.add(chosen)  # a plain word: logit 0 like the rest
+    candidates.extend((0.0, token_id != chosen, 1, pool.index[token_id]) for token_id in words)
+    candidates.sort(key=lambda item: (-item[0], item[1], item[2], item[3]))
+    return tuple(
+        (pool.ids[key] if kind else key, logprob(logit)) for logit, _, kind, key in candidates[:count]
+    )

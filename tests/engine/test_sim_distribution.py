@@ -110,3 +110,35 @@ def test_the_plain_text_shortcut_agrees_with_the_general_path(
     general = sample(POOL, u, marks=marks, temperature=temperature, top=1)
     assert fast.token_id == general.token_id
     assert fast.logprob == pytest.approx(general.logprob)
+
+
+@pytest.mark.parametrize("temperature", [None, 1.0, 0.5])
+def test_the_chosen_word_is_listed_when_it_ties_the_last_top_entry(temperature: float | None) -> None:
+    """Every pool word is equally likely: whichever is drawn, late in the
+    pool or not, the top list has it, with its own log probability."""
+    for step in range(20):
+        result = sample(POOL, (step + 0.5) / 20, temperature=temperature, top=3)
+        listed = dict(result.top)
+        assert len(result.top) == 3
+        assert listed[result.token_id] == pytest.approx(result.logprob)
+        assert result.top[-1][1] == pytest.approx(result.logprob)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(0, 1, exclude_min=True, exclude_max=True),
+    st.dictionaries(st.integers(0, 130), st.sampled_from([-1.0, 0.0, 1.0, 50.0]), max_size=6),
+    st.dictionaries(st.integers(95, 125), st.integers(1, 3), max_size=4),
+    st.sampled_from([None, 0.5, 1.0]),
+    st.integers(1, 6),
+)
+def test_the_chosen_token_is_listed_whenever_it_is_among_the_likeliest(
+    u: float, bias: dict[int, float], counts: dict[int, int], temperature: float | None, top: int
+) -> None:
+    """Ties (equal biases, equal penalties, the plain words) never push the
+    chosen token out of a top list it belongs to by probability."""
+    result = sample(
+        POOL, u, adjustments=Adjustments(bias, 0.5), counts=counts, temperature=temperature, top=top
+    )
+    if len(result.top) < top or result.logprob >= result.top[-1][1] - 1e-12:
+        assert result.token_id in dict(result.top)
