@@ -29,6 +29,7 @@ def usage_record_from_proto(record: bpb.UsageRecord) -> UsageRecord:
         cached_input_tokens=record.usage.cached_input_tokens,
         end_time=datetime_of(record.end_time) if record.HasField("end_time") else None,
         continues_request_id=record.continues_request_id,
+        end_user=record.end_user,
     )
 
 
@@ -69,7 +70,7 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
 
     async def GetUsage(self, request: bpb.GetUsageRequest, context: ServicerContext) -> bpb.GetUsageResponse:
         async with abort_on_mesh_error(context):
-            totals = await self._ledger.usage(request.tenant_id, request.period)
+            totals = await self._ledger.usage(request.tenant_id, request.period, request.end_user)
             return bpb.GetUsageResponse(
                 period=totals.period,
                 input_tokens=totals.input_tokens,

@@ -89,7 +89,10 @@ usage_records = sa.Table(
     sa.Column("ingest_time", UtcDateTime, nullable=False),
     # The turn a continuation's tokens belong to (that turn counts the request).
     sa.Column("continues_request_id", sa.String(128), nullable=True),
+    # The tenant's own opaque id of the end user served (OpenAI's `user`), for abuse monitoring.
+    sa.Column("end_user", sa.String(256), nullable=True),
     sa.Index("ix_usage_records_tenant_period", "tenant_id", "period"),
+    sa.Index("ix_usage_records_tenant_end_user", "tenant_id", "end_user", "period"),
     sa.Index("ix_usage_records_request_id", "request_id"),
 )
 

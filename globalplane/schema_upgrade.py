@@ -5,7 +5,9 @@ could hide another tenant's turn from billing; it is now keyed by (request
 id, tenant) and says which records continue a failed-over turn. An older
 table is converted in place, keeping every record: PostgreSQL (and
 CockroachDB) alter the primary key; SQLite, which cannot, copies the rows
-into a new table in one transaction.
+into a new table in one transaction. Later, records named the end user
+a turn served (``end_user``): a table without the column gets it, empty
+for the records it already holds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from globalplane import schema
 log = logging.getLogger(__name__)
 
 _TABLE = schema.usage_records.name
+_KEY = {"request_id", "tenant_id"}
+# Columns added since the first version, each nullable: old records have none.
+_ADDED = ("continues_request_id", "end_user")
 
 
 def usage_records_outdated(conn: Connection) -> bool:
@@ -28,26 +33,30 @@ def usage_records_outdated(conn: Connection) -> bool:
         return False
     key = set(inspector.get_pk_constraint(_TABLE)["constrained_columns"])
     columns = {c["name"] for c in inspector.get_columns(_TABLE)}
-    return key != {"request_id", "tenant_id"} or "continues_request_id" not in columns
+    return key != _KEY or not columns.issuperset(_ADDED)
 
 
 def upgrade_usage_records(conn: Connection) -> None:
     """Convert an older ``usage_records`` table; a current one is left alone."""
     if not usage_records_outdated(conn):
         return
-    log.warning("upgrading %s: keyed by (request_id, tenant_id) from now on", _TABLE)
+    log.warning("upgrading %s to the current schema", _TABLE)
     if conn.dialect.name == "sqlite":
         _rebuild(conn)
         return
     inspector = sa.inspect(conn)
     columns = {c["name"] for c in inspector.get_columns(_TABLE)}
-    if "continues_request_id" not in columns:
-        conn.exec_driver_sql(f"ALTER TABLE {_TABLE} ADD COLUMN continues_request_id VARCHAR(128)")
-    name = inspector.get_pk_constraint(_TABLE)["name"]
-    conn.exec_driver_sql(
-        f'ALTER TABLE {_TABLE} DROP CONSTRAINT "{name}", ADD PRIMARY KEY (request_id, tenant_id)'
-    )
-    conn.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS ix_{_TABLE}_request_id ON {_TABLE} (request_id)")
+    for added in _ADDED:
+        if added not in columns:
+            kind = schema.usage_records.c[added].type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {_TABLE} ADD COLUMN {added} {kind}")
+    if set(inspector.get_pk_constraint(_TABLE)["constrained_columns"]) != _KEY:
+        name = inspector.get_pk_constraint(_TABLE)["name"]
+        conn.exec_driver_sql(
+            f'ALTER TABLE {_TABLE} DROP CONSTRAINT "{name}", ADD PRIMARY KEY (request_id, tenant_id)'
+        )
+    for index in schema.usage_records.indexes:
+        index.create(conn, checkfirst=True)
 
 
 def _rebuild(conn: Connection) -> None:

@@ -26,6 +26,7 @@ from globalplane.model_catalog import Model, find_model
 from globalplane.policy_rows import find_tenant
 from globalplane.store import GlobalStore, insert_new_rows
 from llmmesh import pricing
+from llmmesh.end_user import require_end_user
 from llmmesh.errors import InvalidArgument, Reason
 
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
@@ -48,6 +49,8 @@ class UsageRecord:
     """When the turn ended (aware); ``None`` means when it is ingested."""
     continues_request_id: str = ""
     """The failed-over turn whose request this record's tokens belong to; it is not a request of its own."""
+    end_user: str = ""
+    """The tenant's id of the end user the turn served (OpenAI's ``user``); empty if none was named."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +145,18 @@ class UsageLedger:
 
         return await self._store.transaction(ingest)
 
-    async def usage(self, tenant_id: str, period: str = "") -> UsageTotals:
-        """A tenant's totals for ``period`` ("YYYY-MM", UTC; empty for the current month)."""
+    async def usage(self, tenant_id: str, period: str = "", end_user: str = "") -> UsageTotals:
+        """A tenant's totals for ``period`` ("YYYY-MM", UTC; empty for the
+        current month); with ``end_user``, those of the turns made for that
+        end user only (INVALID_ARGUMENT if it is no valid end-user id)."""
         period = require_period(period) if period else period_of(self._clock())
+        if end_user:
+            require_end_user(end_user, "end_user")
 
         def read(conn: Connection) -> UsageTotals:
             tenant = find_tenant(conn, tenant_id)
+            if end_user:
+                return _end_user_totals(conn, tenant.id, period, end_user)
             u = schema.usage_totals
             row = conn.execute(sa.select(u).where(u.c.tenant_id == tenant.id, u.c.period == period)).first()
             return _totals_of(row) if row is not None else UsageTotals(period)
@@ -187,6 +196,7 @@ def _check_shape(record: UsageRecord) -> None:
                 f"{field} must be >= 0 (request {record.request_id})",
                 metadata={"param": f"usage.{field}", "request_id": record.request_id},
             )
+    require_end_user(record.end_user, "end_user")
 
 
 def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime) -> dict[str, Any]:
@@ -203,7 +213,25 @@ def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime)
         "end_time": record.end_time,
         "ingest_time": now,
         "continues_request_id": record.continues_request_id or None,
+        "end_user": record.end_user or None,
     }
+
+
+def _end_user_totals(conn: Connection, tenant_id: str, period: str, end_user: str) -> UsageTotals:
+    """One end user's totals, summed from the tenant's records of the
+    period (the monthly totals are per tenant only); costs are added here,
+    exactly, as SQLite cannot add decimals."""
+    r = schema.usage_records
+    rows = conn.execute(
+        sa.select(r.c.input_tokens, r.c.output_tokens, r.c.cost_usd, r.c.continues_request_id).where(
+            r.c.tenant_id == tenant_id, r.c.end_user == end_user, r.c.period == period
+        )
+    )
+    totals = UsageTotals(period)
+    for row in rows:
+        requests = 0 if row.continues_request_id else 1
+        totals = totals.plus(UsageTotals(period, row.input_tokens, row.output_tokens, row.cost_usd, requests))
+    return totals
 
 
 def _totals_of(row: sa.Row[Any]) -> UsageTotals:

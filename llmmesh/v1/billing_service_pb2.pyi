@@ -34,6 +34,7 @@ class UsageRecord(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     CONTINUES_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    END_USER_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's request id; with the tenant, the idempotency key (tenants'
     request ids never collide).
@@ -50,6 +51,12 @@ class UsageRecord(_message.Message):
     """Set when this record is what a continuation added to a failed-over turn
     whose own record (under this id) billing has or will have: its tokens
     are billed, and the turn still counts as one request.
+    """
+    end_user: _builtins.str
+    """The end user the tenant said the turn served (OpenAI's `user` or
+    `safety_identifier`): an opaque id of at most 256 printable characters,
+    kept so an operator can find an abusive end user's usage. Empty when
+    the request named none.
     """
     @_builtins.property
     def usage(self) -> _common_pb2.TokenUsage:
@@ -70,10 +77,11 @@ class UsageRecord(_message.Message):
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         continues_request_id: _builtins.str = ...,
+        end_user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues_request_id", b"continues_request_id", "end_time", b"end_time", "finish_reason", b"finish_reason", "model", b"model", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues_request_id", b"continues_request_id", "end_time", b"end_time", "end_user", b"end_user", "finish_reason", b"finish_reason", "model", b"model", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -137,19 +145,25 @@ class GetUsageRequest(_message.Message):
 
     TENANT_ID_FIELD_NUMBER: _builtins.int
     PERIOD_FIELD_NUMBER: _builtins.int
+    END_USER_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """The tenant."""
     period: _builtins.str
     """Calendar month "YYYY-MM" (UTC); empty for the current one."""
+    end_user: _builtins.str
+    """When set, only the turns the tenant made for this end user (see
+    UsageRecord.end_user) are totalled.
+    """
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         period: _builtins.str = ...,
+        end_user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["period", b"period", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_user", b"end_user", "period", b"period", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -157,7 +171,7 @@ Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
 
 @_typing.final
 class GetUsageResponse(_message.Message):
-    """A tenant's usage in one period."""
+    """A tenant's usage in one period (of one end user, when one was asked for)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

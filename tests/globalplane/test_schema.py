@@ -34,6 +34,8 @@ ALLOWED_COLUMNS: dict[str, set[str]] = {
     "usage_records": {
         "request_id", "tenant_id", "model", "region", "period", "input_tokens", "output_tokens",
         "cached_input_tokens", "cost_usd", "end_time", "ingest_time", "continues_request_id",
+        # An opaque id the tenant chose for its end user (a hash, as OpenAI advises), not content.
+        "end_user",
     },
     "usage_totals": {"tenant_id", "period", "input_tokens", "output_tokens", "requests", "cost_usd"},
     # Admin requests only (tenants, keys, models): no RPC that carries a turn is audited.

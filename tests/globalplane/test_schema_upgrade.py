@@ -1,6 +1,7 @@
 """A global store written by an earlier version (usage keyed by request id
-alone) is upgraded in place when the global plane opens it: every record
-kept, and from then on two tenants' turns with one request id both billed."""
+alone, or keyed by tenant but without end users) is upgraded in place when
+the global plane opens it: every record kept, and from then on two tenants'
+turns with one request id both billed, and end users kept and found."""
 
 from __future__ import annotations
 
@@ -19,15 +20,19 @@ from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger, UsageRecord
 
 
-def _old_shape() -> sa.MetaData:
-    """``usage_records`` as it was: the request id alone the primary key."""
+def _old_shape(keyed_by_tenant: bool = False) -> sa.MetaData:
+    """``usage_records`` as it was: the request id alone the primary key, no
+    continuations and no end users; or, ``keyed_by_tenant``, as the version
+    before end users were kept."""
     old = sa.MetaData()
+    key = {"request_id", "tenant_id"} if keyed_by_tenant else {"request_id"}
+    dropped = {"end_user"} if keyed_by_tenant else {"end_user", "continues_request_id"}
     for table in schema.metadata.sorted_tables:
         if table.name == "usage_records":
             columns = [
-                sa.Column(c.name, c.type, primary_key=c.name == "request_id", nullable=c.nullable)
+                sa.Column(c.name, c.type, primary_key=c.name in key, nullable=c.nullable)
                 for c in table.columns
-                if c.name != "continues_request_id"
+                if c.name not in dropped
             ]
             sa.Table(
                 table.name, old, *columns, sa.Index("ix_usage_records_tenant_period", "tenant_id", "period")
@@ -37,9 +42,9 @@ def _old_shape() -> sa.MetaData:
     return old
 
 
-async def _upgrade_and_bill(url: str) -> None:
+async def _upgrade_and_bill(url: str, keyed_by_tenant: bool = False) -> None:
     engine = sa.create_engine(url)
-    _old_shape().create_all(engine)
+    _old_shape(keyed_by_tenant).create_all(engine)
     with engine.begin() as conn:
         conn.execute(
             sa.insert(schema.tenants).values(
@@ -75,6 +80,9 @@ async def _upgrade_and_bill(url: str) -> None:
                 sa.text("SELECT request_id, tenant_id, output_tokens FROM usage_records")
             ).all()
         assert [tuple(r) for r in kept] == [("req-1", "ten_a", 4)]
+        assert "ix_usage_records_tenant_end_user" in {
+            i["name"] for i in inspector.get_indexes("usage_records")
+        }
         await ModelCatalog(store, lambda model: []).add_missing([default_model(GlobalSettings())])
         other = await TenantBook(store).create_tenant("b", "eu", TenantTier.PRO)
         ledger = UsageLedger(store)
@@ -82,14 +90,27 @@ async def _upgrade_and_bill(url: str) -> None:
         assert outcome.accepted == 1
         assert (await ledger.usage(other.id, "")).output_tokens == 6
         assert await ledger.reconcile(["req-1"], other.id) == []
+        # The kept record names no end user; a new one does, and is found by it.
+        await ledger.record(
+            [UsageRecord("req-2", "ten_a", "llmmesh-tiny", "us-east", 7, 8, end_user="user-9f2c")]
+        )
+        mine = await ledger.usage("ten_a", "", end_user="user-9f2c")
+        assert (mine.requests, mine.input_tokens, mine.output_tokens) == (1, 7, 8)
+        with store.engine.connect() as conn:
+            users = conn.execute(
+                sa.text("SELECT request_id, end_user FROM usage_records WHERE tenant_id = 'ten_a'")
+            )
+            assert sorted(tuple(r) for r in users) == [("req-1", None), ("req-2", "user-9f2c")]
     finally:
         store.dispose()
 
 
-def test_a_sqlite_store_is_upgraded(tmp_path: Path) -> None:
-    asyncio.run(_upgrade_and_bill(f"sqlite:///{tmp_path / 'global.db'}"))
+@pytest.mark.parametrize("keyed_by_tenant", [False, True], ids=["keyed-by-request", "without-end-users"])
+def test_a_sqlite_store_is_upgraded(tmp_path: Path, keyed_by_tenant: bool) -> None:
+    asyncio.run(_upgrade_and_bill(f"sqlite:///{tmp_path / 'global.db'}", keyed_by_tenant))
 
 
 @pytest.mark.services
-def test_a_postgresql_store_is_upgraded(postgres_schema_url: str) -> None:
-    asyncio.run(_upgrade_and_bill(postgres_schema_url))
+@pytest.mark.parametrize("keyed_by_tenant", [False, True], ids=["keyed-by-request", "without-end-users"])
+def test_a_postgresql_store_is_upgraded(postgres_schema_url: str, keyed_by_tenant: bool) -> None:
+    asyncio.run(_upgrade_and_bill(postgres_schema_url, keyed_by_tenant))

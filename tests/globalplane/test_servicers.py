@@ -168,6 +168,30 @@ async def test_billing_round_trip(plane: GlobalPlane, channel: grpc.aio.Channel)
 
 
 @pytest.mark.asyncio
+async def test_billing_keeps_and_filters_by_end_user(plane: GlobalPlane, channel: grpc.aio.Channel) -> None:
+    billing = billing_service_pb2_grpc.BillingServiceStub(channel)
+    dev = await plane.tenants.get_tenant("dev")
+    records = [
+        bpb.UsageRecord(
+            request_id=f"req_{user or 'none'}",
+            tenant_id=dev.id,
+            model="llmmesh-tiny",
+            region="eu-west",
+            usage=common_pb2.TokenUsage(input_tokens=tokens, output_tokens=tokens),
+            end_user=user,
+        )
+        for user, tokens in (("user-a", 10), ("user-b", 20), ("", 40))
+    ]
+    await billing.RecordUsage(bpb.RecordUsageRequest(records=records))
+    one = await billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user="user-b"))
+    assert (one.requests, one.input_tokens, one.output_tokens) == (1, 20, 20)
+    everyone = await billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id))
+    assert (everyone.requests, everyone.input_tokens) == (3, 70)
+    bad = await _fails(billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user="a\x00b")))
+    assert (bad.code, bad.metadata["param"]) == (grpc.StatusCode.INVALID_ARGUMENT, "end_user")
+
+
+@pytest.mark.asyncio
 async def test_model_registry(plane: GlobalPlane, channel: grpc.aio.Channel) -> None:
     registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(channel)
     auto = await registry.ResolveModel(mpb.ResolveModelRequest(name="auto", tenant_tier=common_pb2.TIER_FREE))

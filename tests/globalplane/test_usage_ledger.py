@@ -159,3 +159,50 @@ async def test_one_request_id_of_two_tenants_bills_both(tenants: TenantBook, led
     again = await ledger.record([_record(second, "req-1", 7, 7)])
     assert (again.accepted, again.duplicates) == (0, 1)
     assert await ledger.reconcile(["req-1", "req-2"], second) == ["req-2"]
+
+
+@pytest.mark.asyncio
+async def test_an_end_users_usage_is_kept_and_found(tenants: TenantBook, ledger: UsageLedger) -> None:
+    """An operator finds what one end user of a tenant cost, turns continued
+    elsewhere counted once; another tenant's end user of the same id is not theirs."""
+    tid = await _tenant_id(tenants)
+    other = (await tenants.create_tenant("globex", "us", TenantTier.PRO)).id
+    abuser = dataclasses.replace(_record(tid, "r1", 10, 4), end_user="user-7f3a")
+    continued = dataclasses.replace(
+        abuser, request_id="r1-r2", input_tokens=0, output_tokens=6, continues_request_id="r1"
+    )
+    april = dataclasses.replace(abuser, request_id="r0", end_time=datetime(2031, 4, 2, tzinfo=UTC))
+    await ledger.record(
+        [
+            abuser,
+            continued,
+            april,
+            dataclasses.replace(_record(tid, "r2", 1000, 1000), end_user="user-0000"),
+            _record(tid, "r3", 50, 50),
+            dataclasses.replace(_record(other, "r1", 99, 99), end_user="user-7f3a"),
+        ]
+    )
+    mine = await ledger.usage(tid, "", end_user="user-7f3a")
+    assert (mine.period, mine.requests, mine.input_tokens, mine.output_tokens) == ("2031-05", 1, 10, 10)
+    assert mine.cost_usd == Decimal("0.0005") * 10 / 1000 + Decimal("0.0015") * 10 / 1000
+    assert (await ledger.usage(tid, "2031-04", end_user="user-7f3a")).requests == 1
+    assert (await ledger.usage(tid, "", end_user="nobody")).requests == 0
+    everyone = await ledger.usage(tid)
+    assert (everyone.requests, everyone.input_tokens) == (3, 1060)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("end_user", ["x" * 257, "user\nforged log line", "tab\there"])
+async def test_a_malformed_end_user_is_invalid(
+    tenants: TenantBook, ledger: UsageLedger, end_user: str
+) -> None:
+    tid = await _tenant_id(tenants)
+    with pytest.raises(InvalidArgument) as recorded:
+        await ledger.record([_record(tid, "ok"), dataclasses.replace(_record(tid, "bad"), end_user=end_user)])
+    assert recorded.value.metadata["param"] == "end_user"
+    assert await ledger.reconcile(["ok"]) == ["ok"]
+    with pytest.raises(InvalidArgument) as asked:
+        await ledger.usage(tid, "", end_user=end_user)
+    assert asked.value.metadata["param"] == "end_user"
+    await ledger.record([dataclasses.replace(_record(tid, "ok"), end_user="x" * 256)])
+    assert (await ledger.usage(tid, "", end_user="x" * 256)).requests == 1
