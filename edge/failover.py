@@ -31,9 +31,9 @@ import grpc
 
 from edge import metrics
 from edge.mesh_client import MeshClient, Principal
-from edge.reply_parts import ToolCallMerger
 from edge.turns import OpenTurn, RegionLost, open_turn
 from llmmesh.errors import MeshError, Reason, Unavailable
+from llmmesh.tool_calls import ToolCallMerger
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class FailoverTurn:
                 emitted_token_ids=self._token_ids,
                 emitted_text="".join(self._text),
                 last_sequence=self._last_sequence,
-                emitted_tool_calls=self._calls.protos(),
+                emitted_tool_calls=self._calls.calls(),
             )
         )
         log.warning(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llmmesh.tool_calls import ToolCallMerger
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 JsonObject = dict[str, object]
@@ -51,43 +52,12 @@ def logprobs_object(entries: Iterable[common_pb2.TokenLogprob]) -> JsonObject:
     return {"content": [token_logprob(e) for e in entries], "refusal": None}
 
 
-@dataclass
-class _Call:
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ToolCallMerger:
-    """A reply's tool calls merged from their streamed parts, by index: a
-    call's id and name from its first part, its arguments from every part."""
-
-    _calls: dict[int, _Call] = field(default_factory=dict)
-
-    def add(self, parts: Iterable[common_pb2.ToolCallDelta]) -> None:
-        for part in parts:
-            call = self._calls.setdefault(part.index, _Call())
-            call.id = call.id or part.id
-            call.name = call.name or part.name
-            call.arguments.append(part.arguments)
-
-    def __bool__(self) -> bool:
-        return bool(self._calls)
-
-    def protos(self) -> list[common_pb2.ToolCall]:
-        """The calls so far, in index order, as the contract's ToolCall."""
-        return [
-            common_pb2.ToolCall(id=c.id, name=c.name, arguments="".join(c.arguments))
-            for _, c in sorted(self._calls.items())
-        ]
-
-    def objects(self) -> list[JsonObject]:
-        """The calls, in index order, as a message's ``tool_calls``."""
-        return [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in self.protos()
-        ]
+def tool_call_objects(calls: Iterable[common_pb2.ToolCall]) -> list[JsonObject]:
+    """Whole calls as a message's ``tool_calls``."""
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
 
 
 @dataclass
@@ -111,5 +81,5 @@ class ReplyCollector:
         message: JsonObject = {"role": "assistant", "content": text, "refusal": None}
         if self.calls:
             message["content"] = text or None
-            message["tool_calls"] = self.calls.objects()
+            message["tool_calls"] = tool_call_objects(self.calls.calls())
         return message

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Collection, Sequence
 
 from engine.backend import (
@@ -23,12 +22,17 @@ from engine.backend import (
     ToolSpec,
 )
 from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.tool_calls import (
+    FUNCTION_NAME_RULE,
+    ChoiceMode,
+    is_function_name,
+    tool_choice_problem,
+    tool_names_problem,
+)
 
 PENALTY_RANGE = (-2.0, 2.0)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_TOP_LOGPROBS = 20
-NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-"""What a tool's or a JSON schema's name may be, as in the OpenAI API."""
 
 
 def _invalid(reason: Reason, message: str, param: str) -> InvalidArgument:
@@ -134,43 +138,28 @@ def validate_sampling_features(sampling: SamplingOptions, vocab_size: int) -> No
         _validate_response_format(sampling.response_format)
 
 
+_CHOICE_MODES: dict[ToolChoiceMode, ChoiceMode] = {
+    ToolChoiceMode.NONE: "none",
+    ToolChoiceMode.AUTO: "auto",
+    ToolChoiceMode.REQUIRED: "required",
+    ToolChoiceMode.NAMED: "named",
+}
+
+
 def _validate_tools(tools: Sequence[ToolSpec]) -> None:
-    seen: set[str] = set()
+    problem = tool_names_problem([tool.name for tool in tools])
+    if problem is not None:
+        index, message = problem
+        raise _invalid(Reason.INVALID_SAMPLING, message, f"tools[{index}].function.name")
     for i, tool in enumerate(tools):
-        if not NAME_PATTERN.fullmatch(tool.name):
-            raise _invalid(
-                Reason.INVALID_SAMPLING,
-                f"tool name {tool.name[:80]!r} must be 1 to 64 letters, digits, underscores or dashes",
-                f"tools[{i}].function.name",
-            )
-        if tool.name in seen:
-            raise _invalid(
-                Reason.INVALID_SAMPLING, f"tool {tool.name!r} is given twice", f"tools[{i}].function.name"
-            )
-        seen.add(tool.name)
         if tool.parameters_json:
             _json_object(tool.parameters_json, f"tools[{i}].function.parameters", "the tool's parameters")
 
 
 def _validate_tool_choice(choice: ToolChoiceSpec, tools: Sequence[ToolSpec]) -> None:
-    if choice.mode != ToolChoiceMode.NAMED and choice.name:
-        raise _invalid(
-            Reason.INVALID_SAMPLING,
-            f"tool_choice {choice.mode.value!r} names no function; a named choice does",
-            "tool_choice",
-        )
-    if choice.mode == ToolChoiceMode.NONE:
-        return
-    if not tools:
-        raise _invalid(
-            Reason.INVALID_SAMPLING, f"tool_choice {choice.mode.value!r} needs tools", "tool_choice"
-        )
-    if choice.mode == ToolChoiceMode.NAMED and all(tool.name != choice.name for tool in tools):
-        raise _invalid(
-            Reason.INVALID_SAMPLING,
-            f"tool_choice names {choice.name[:80]!r}, which is not one of the tools",
-            "tool_choice",
-        )
+    problem = tool_choice_problem(_CHOICE_MODES[choice.mode], choice.name, {tool.name for tool in tools})
+    if problem is not None:
+        raise _invalid(Reason.INVALID_SAMPLING, problem, "tool_choice")
 
 
 def _validate_response_format(response_format: ResponseFormatSpec) -> None:
@@ -188,10 +177,10 @@ def _validate_response_format(response_format: ResponseFormatSpec) -> None:
             "response_format json_schema needs a schema",
             "response_format.json_schema.schema",
         )
-    if response_format.schema_name and not NAME_PATTERN.fullmatch(response_format.schema_name):
+    if response_format.schema_name and not is_function_name(response_format.schema_name):
         raise _invalid(
             Reason.INVALID_SAMPLING,
-            "the json_schema name must be 1 to 64 letters, digits, underscores or dashes",
+            f"the json_schema name must be {FUNCTION_NAME_RULE}",
             "response_format.json_schema.name",
         )
     _json_object(response_format.schema_json, "response_format.json_schema.schema", "the schema")

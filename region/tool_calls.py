@@ -10,15 +10,16 @@ already holds a call's id sees the same id for its later parts.
 
 Parts stream as the contract says (``ToolCallDelta``): the first part of a
 call carries its index, id and name, later parts of that index more of its
-arguments. :class:`ToolCallLog` merges them back into whole calls.
+arguments. :class:`ToolCallLog` merges them back into whole calls
+(:class:`llmmesh.tool_calls.ToolCallMerger`, as the edge does).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
+from llmmesh.tool_calls import ToolCallMerger
 from llmmesh.v1 import common_pb2
 
 CALL_ID_PREFIX = "call_"
@@ -70,45 +71,17 @@ def part_text(parts: Iterable[common_pb2.ToolCallDelta]) -> str:
     return "".join((f"\n{part.name} " if part.name else "") + part.arguments for part in parts)
 
 
-@dataclass
-class _Call:
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-class ToolCallLog:
+class ToolCallLog(ToolCallMerger):
     """A reply's tool calls, whole, from the parts that streamed (and, for a
     continuation, the calls its client had before the break)."""
-
-    def __init__(self) -> None:
-        self._calls: dict[int, _Call] = {}
 
     def carry(self, calls: Iterable[common_pb2.ToolCall], tenant_id: str, original_request_id: str) -> None:
         """Take the calls a continued turn's client had, by index from 0,
         under the ids the region gave them (whatever ids the caller sent)."""
         for index, call in enumerate(calls):
-            self._calls[index] = _Call(
-                tool_call_id(tenant_id, original_request_id, index), call.name, [call.arguments]
-            )
-
-    def __bool__(self) -> bool:
-        return bool(self._calls)
-
-    def add(self, parts: Iterable[common_pb2.ToolCallDelta]) -> None:
-        for part in parts:
-            call = self._calls.setdefault(part.index, _Call())
-            call.id = part.id or call.id
-            call.name = part.name or call.name
-            call.arguments.append(part.arguments)
-
-    def calls(self) -> tuple[common_pb2.ToolCall, ...]:
-        """The calls by index, each with the arguments received so far."""
-        return tuple(
-            common_pb2.ToolCall(id=call.id, name=call.name, arguments="".join(call.arguments))
-            for _, call in sorted(self._calls.items())
-        )
+            own_id = tool_call_id(tenant_id, original_request_id, index)
+            self.put(index, common_pb2.ToolCall(id=own_id, name=call.name, arguments=call.arguments))
 
     def text(self) -> str:
         """The calls' text as :func:`part_text` gives the filter their parts."""
-        return "".join(f"\n{call.name} " + "".join(call.arguments) for _, call in sorted(self._calls.items()))
+        return "".join(f"\n{call.name} {call.arguments}" for call in self.calls())

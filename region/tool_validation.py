@@ -11,15 +11,18 @@ a conversation turn the stored history counts as earlier
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 
 from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.tool_calls import (
+    FUNCTION_NAME_RULE,
+    ChoiceMode,
+    is_function_name,
+    tool_choice_problem,
+    tool_names_problem,
+)
 from llmmesh.v1 import common_pb2
 
-# OpenAI's rule for function names.
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_FUNCTION_NAME_RULE = "1 to 64 letters, digits, underscores and dashes"
 MAX_TOOLS = 128
 MAX_TOOL_CALL_ID = 64
 """The zone store keeps this many characters of a tool call's id."""
@@ -32,21 +35,25 @@ def _invalid(reason: Reason, message: str, param: str) -> InvalidArgument:
     return InvalidArgument(reason, message, metadata={"param": param})
 
 
+_CHOICE_MODES: dict[int, ChoiceMode] = {
+    common_pb2.TOOL_CHOICE_MODE_NONE: "none",
+    common_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
+    common_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
+    common_pb2.TOOL_CHOICE_MODE_NAMED: "named",
+}
+
+
 def validate_tools(sampling: common_pb2.SamplingParams) -> None:
-    """The tools offered and how the model may choose among them."""
+    """The tools offered and how the model may choose among them, by the
+    rules of :mod:`llmmesh.tool_calls` (the engine applies them again)."""
     if len(sampling.tools) > MAX_TOOLS:
         raise _invalid(Reason.INVALID_SAMPLING, f"at most {MAX_TOOLS} tools are allowed", "tools")
-    names: set[str] = set()
+    names = [tool.name for tool in sampling.tools]
+    problem = tool_names_problem(names)
+    if problem is not None:
+        index, message = problem
+        raise _invalid(Reason.INVALID_SAMPLING, message, f"tools[{index}].name")
     for i, tool in enumerate(sampling.tools):
-        if not _FUNCTION_NAME.match(tool.name):
-            raise _invalid(
-                Reason.INVALID_SAMPLING,
-                f"tools[{i}].name must be {_FUNCTION_NAME_RULE}",
-                f"tools[{i}].name",
-            )
-        if tool.name in names:
-            raise _invalid(Reason.INVALID_SAMPLING, f"two tools are named {tool.name!r}", f"tools[{i}].name")
-        names.add(tool.name)
         if tool.parameters_json and not isinstance(_json(tool.parameters_json), dict):
             raise _invalid(
                 Reason.INVALID_SAMPLING,
@@ -54,21 +61,20 @@ def validate_tools(sampling: common_pb2.SamplingParams) -> None:
                 f"tools[{i}].parameters",
             )
     choice = sampling.tool_choice
-    needs_tools = choice.mode in (common_pb2.TOOL_CHOICE_MODE_REQUIRED, common_pb2.TOOL_CHOICE_MODE_NAMED)
-    if needs_tools and not sampling.tools:
-        raise _invalid(
-            Reason.INVALID_SAMPLING, "tool_choice asks for a tool call but no tools are given", "tool_choice"
-        )
-    if choice.mode == common_pb2.TOOL_CHOICE_MODE_NAMED and choice.name not in names:
+    if choice.mode == common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED:
+        # The contract's default: "auto" when tools are given, "none" otherwise.
+        mode: ChoiceMode | None = "auto" if names else "none"
+    else:
+        mode = _CHOICE_MODES.get(choice.mode)
+    if mode is None:
         raise _invalid(
             Reason.INVALID_SAMPLING,
-            f"tool_choice names {choice.name!r}, which is not among the tools",
+            f"tool_choice.mode {choice.mode} is not a tool choice mode",
             "tool_choice",
         )
-    if choice.mode != common_pb2.TOOL_CHOICE_MODE_NAMED and choice.name:
-        raise _invalid(
-            Reason.INVALID_SAMPLING, "tool_choice.name is only for a named tool choice", "tool_choice"
-        )
+    choice_problem = tool_choice_problem(mode, choice.name, set(names))
+    if choice_problem is not None:
+        raise _invalid(Reason.INVALID_SAMPLING, choice_problem, "tool_choice")
 
 
 def validate_logprobs(sampling: common_pb2.SamplingParams) -> None:
@@ -103,10 +109,10 @@ def validate_tool_parts(messages: Sequence[common_pb2.ChatMessage]) -> None:
                     f"{where}.id must have 1 to {MAX_TOOL_CALL_ID} characters",
                     f"{where}.id",
                 )
-            if not _FUNCTION_NAME.match(call.name):
+            if not is_function_name(call.name):
                 raise _invalid(
                     Reason.INVALID_REQUEST,
-                    f"{where}.function.name must be {_FUNCTION_NAME_RULE}",
+                    f"{where}.function.name must be {FUNCTION_NAME_RULE}",
                     f"{where}.function.name",
                 )
         if message.role == _TOOL and not message.tool_call_id:
@@ -127,9 +133,9 @@ def validate_carried_calls(calls: Sequence[common_pb2.ToolCall]) -> None:
     """The tool calls a continuation says its client has: each names a
     function (their ids are the region's to give, :mod:`region.tool_calls`)."""
     for i, call in enumerate(calls):
-        if not _FUNCTION_NAME.match(call.name):
+        if not is_function_name(call.name):
             param = f"continuation.emitted_tool_calls[{i}].name"
-            raise _invalid(Reason.INVALID_REQUEST, f"{param} must be {_FUNCTION_NAME_RULE}", param)
+            raise _invalid(Reason.INVALID_REQUEST, f"{param} must be {FUNCTION_NAME_RULE}", param)
 
 
 def require_answered_calls(
