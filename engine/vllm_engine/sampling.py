@@ -12,8 +12,9 @@ Every option is honoured or refused here; none is dropped:
   ``{"name", "arguments"}`` calls); ``response_format`` json_object and
   json_schema by vLLM's JSON object grammar and the client's schema;
   tool_choice auto by the structural tag of the model's call syntax
-  (:mod:`engine.vllm_engine.auto_tools`: free text, or valid calls, or with
-  a JSON response format the JSON). The pod's structured-output backend (xgrammar, see
+  (:mod:`engine.vllm_engine.auto_tools`: free text or valid calls; with a
+  JSON response format, the JSON or valid calls). The pod's
+  structured-output backend (xgrammar, see
   :mod:`engine.vllm_engine.config`) compiles them; a schema feature it
   lacks is refused by vLLM when the request is added, and the backend
   names the parameter it came from (:func:`guided_param`: the tool's
@@ -25,7 +26,9 @@ do them here: a JSON response format with a tool choice that forces calls
 with guided decoding (the grammar ends the reply with the end-of-sequence
 token).
 
-A continuation of a guided reply is guided too: vLLM starts a grammar at
+A guided reply never samples a token holding a raw control character
+(:data:`ControlTokens`), so its JSON parses strictly. A continuation of a
+guided reply is guided too: vLLM starts a grammar at
 the first output token, so the grammar goes to
 :mod:`engine.vllm_engine.resumed_grammar`, which reads the resumed tokens
 first and masks only what follows.
