@@ -26,6 +26,7 @@ import grpc
 import grpc.aio
 from google.protobuf import timestamp_pb2
 
+from llmmesh.end_user import require_end_user
 from llmmesh.errors import AlreadyExists, InvalidArgument, MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.ids import new_id
 from llmmesh.model_resolver import ModelResolver
@@ -98,6 +99,8 @@ def validate_embeddings(request: embedding_service_pb2.CreateEmbeddingsRequest, 
         raise InvalidArgument(
             Reason.INVALID_REQUEST, "dimensions must be at least 1", metadata={"param": "dimensions"}
         )
+    # Logged and billed with the request: refused here if it could not be.
+    require_end_user(request.user)
 
 
 class EmbeddingsGateway:
@@ -150,7 +153,7 @@ class EmbeddingsGateway:
             embedded = await self._embed(model.name, request, request_id)
             used = sum(e.input_tokens for e in embedded.embeddings)
             cost = turn_cost(model, used, 0)
-            await self._record(caller, request_id, model.name, used, cost)
+            await self._record(caller, request_id, model.name, used, cost, request.user)
             # The end user, as OpenAI's `user` asks, for abuse tracking in the region's log.
             log.info(
                 "embeddings %s: tenant %s, user %r, %d inputs, %d tokens",
@@ -214,7 +217,9 @@ class EmbeddingsGateway:
         finally:
             target.in_flight -= 1
 
-    async def _record(self, caller: Caller, request_id: str, model: str, used: int, cost: Decimal) -> None:
+    async def _record(
+        self, caller: Caller, request_id: str, model: str, used: int, cost: Decimal, end_user: str
+    ) -> None:
         """The usage row in the zone store (no content is stored), then billing."""
         usage = billing_service_pb2.UsageRecord(
             request_id=request_id,
@@ -224,6 +229,7 @@ class EmbeddingsGateway:
             usage=common_pb2.TokenUsage(input_tokens=used),
             finish_reason=common_pb2.FINISH_REASON_STOP,
             end_time=self._now(),
+            end_user=end_user,
         ).SerializeToString()
         summary = AssistantMessage(
             content="", model=model, finish_reason="FINISH_REASON_STOP", input_tokens=used, cost_usd=cost

@@ -310,6 +310,7 @@ class ChatGateway:
             user_text,
             continues or None,
             results,
+            start.user,
         )
 
     async def _accept(
@@ -504,8 +505,9 @@ class ChatGateway:
         assert verdict is not None
         turn.meter.reason = common_pb2.FINISH_REASON_CONTENT_FILTER
         log.info(
-            "turn %s stopped by the output filter (%s); %d held tokens withheld",
+            "turn %s (user %r) stopped by the output filter (%s); %d held tokens withheld",
             turn.prepared.request_id,
+            turn.prepared.end_user,
             ",".join(verdict.categories),
             output.held_tokens,
         )
@@ -594,6 +596,7 @@ class ChatGateway:
                 finish_reason=reason,
                 end_time=self._now(),
                 continues_request_id=continues,
+                end_user=prepared.end_user,
             ).SerializeToString()
 
         assistant = AssistantMessage(
@@ -634,9 +637,24 @@ class ChatGateway:
                 )
         except Exception:
             # The stream is over; all that is left is to say so loudly.
-            log.exception("turn %s: its usage could not be recorded", prepared.request_id)
+            log.exception(
+                "turn %s (tenant %s, user %r): its usage could not be recorded",
+                prepared.request_id,
+                caller.tenant_id,
+                prepared.end_user,
+            )
             return ""
         self._shipper.notify()
+        # The end user, as OpenAI's `user` asks, for abuse tracking in the region's log.
+        log.info(
+            "turn %s: tenant %s, user %r, %s, %d input and %d output tokens",
+            prepared.request_id,
+            caller.tenant_id,
+            prepared.end_user,
+            common_pb2.FinishReason.Name(reason),
+            whole.input_tokens,
+            whole.output_tokens,
+        )
         return next((m.id for m in record.messages if m.role == Role.ASSISTANT), "")
 
 

@@ -95,6 +95,8 @@ class PreparedTurn:
     continues: str | None = None
     # The tool messages stored with the reply, for conversation turns.
     tool_results: tuple[ToolResult, ...] = ()
+    # The end user the tenant named (OpenAI's `user`), logged and billed with the turn; "" if none.
+    end_user: str = ""
 
     @property
     def original_request_id(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from llmmesh.end_user import require_end_user
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from region.tool_validation import (
@@ -63,6 +64,8 @@ def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_mes
             f"{shown(start.model)} cannot be a model name: a name is {_MODEL_NAME_RULE}",
             metadata={"param": "model"},
         )
+    # The end user is logged and billed with the turn: refused here if it could not be.
+    require_end_user(start.user)
     if start.HasField("continuation"):
         _validate_continuation(start.continuation)
     _validate_messages(start, max_messages, max_message_chars)

@@ -10,10 +10,12 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
+import sqlalchemy as sa
 
 from llmmesh.errors import MeshError, from_rpc_error, from_stream_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import (
+    billing_service_pb2,
     chat_service_pb2,
     chat_service_pb2_grpc,
     common_pb2,
@@ -99,6 +101,41 @@ async def test_billed_usage_equals_streamed_tokens(stack: Stack) -> None:
     assert after.requests - before.requests == 1
     streamed_cost = next(e.usage.cost_usd for e in events if e.HasField("usage"))
     assert after.cost_usd - before.cost_usd == Decimal(streamed_cost) > 0
+
+
+async def test_the_end_user_of_a_turn_reaches_its_usage_record_and_billing(stack: Stack) -> None:
+    """OpenAI's ``user`` rides in the zone's usage outbox and lands in billing, where it finds the turn."""
+    request = start(max_tokens=6)
+    request.start.user = "user-5e1d"
+    events = await run_turn(stack, request)
+    request_id = events[0].started.request_id
+    await run_turn(stack, start(max_tokens=2))  # another turn, naming no end user
+    assert await billed(stack, request_id)
+    outbox = sa.table("usage_outbox", sa.column("request_id"), sa.column("usage"))
+    with stack.region.store.engine.connect() as conn:
+        payload = conn.execute(
+            sa.select(outbox.c.usage).where(outbox.c.request_id == request_id)
+        ).scalar_one()
+    assert billing_service_pb2.UsageRecord.FromString(payload).end_user == "user-5e1d"
+    tenant = stack.region.policy.authenticate(DEV_KEY).tenant_id
+    theirs = await stack.global_plane.ledger.usage(tenant, "", end_user="user-5e1d")
+    streamed = sum(len(e.delta.token_ids) for e in events if e.HasField("delta"))
+    assert (theirs.requests, theirs.output_tokens) == (1, streamed)
+
+
+@pytest.mark.parametrize("user", ["u" * 257, "user\r\nforged: line", "nul\x00"])
+async def test_an_end_user_that_cannot_be_kept_is_refused_naming_user(stack: Stack, user: str) -> None:
+    request = start(max_tokens=2)
+    request.start.user = user
+    error = await turn_error(stack, request)
+    assert (error.code, error.reason, error.metadata["param"]) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        "user",
+    )
+    kept = start(max_tokens=2)
+    kept.start.user = "u" * 256
+    assert (await run_turn(stack, kept))[-1].HasField("finished")
 
 
 async def test_continuation_goes_on_from_the_delivered_tokens(stack: Stack) -> None:

@@ -64,7 +64,7 @@ async def test_the_region_reports_the_embedding_model_its_pods_serve(stack: Stac
 
 async def test_embeddings_are_metered_recorded_and_billed(stack: Stack) -> None:
     request = epb.CreateEmbeddingsRequest(
-        request_id="emb-test-1", model=MODEL, inputs=_texts("hello mesh", "another text here")
+        request_id="emb-test-1", model=MODEL, inputs=_texts("hello mesh", "another text here"), user="user-e1"
     )
     answer = await _create(stack, request)
     assert answer.model == MODEL and answer.region == "us-east" and answer.zone == "us"
@@ -81,6 +81,7 @@ async def test_embeddings_are_metered_recorded_and_billed(stack: Stack) -> None:
     billed = await stack.global_plane.ledger.usage(tenant, "")
     assert billed.input_tokens == used and billed.output_tokens == 0
     assert str(billed.cost_usd.normalize()) == str(Decimal(answer.cost_usd).normalize())
+    assert (await stack.global_plane.ledger.usage(tenant, "", end_user="user-e1")).input_tokens == used
 
 
 async def test_a_reused_request_id_gets_no_second_answer(stack: Stack) -> None:
@@ -127,6 +128,11 @@ async def test_dimensions_and_token_inputs_reach_the_pod(stack: Stack) -> None:
             epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x"), dimensions=4096),
             grpc.StatusCode.INVALID_ARGUMENT,
             "dimensions",
+        ),
+        (
+            epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("x"), user="a\nforged log line"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "user",
         ),
     ],
 )
