@@ -25,14 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge.completions import authenticate
-from edge.errors import OpenAIError
 from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Metadata
-from edge.ratelimit_headers import ratelimit_headers
 from edge.settings import EdgeSettings
+from edge.unary_requests import answer_headers, bad_request, object_of_fields
 from edge.zone_calls import call_in_zone
 from llmmesh.errors import MeshError
-from llmmesh.v1 import chat_service_pb2, embedding_service_pb2, embedding_service_pb2_grpc
+from llmmesh.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 
 MAX_INPUTS = 2048
 _FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
@@ -50,18 +49,14 @@ class EmbeddingsRequest:
     user: str
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
-
-
 def _token_ids(item: list[object], where: str) -> tuple[int, ...]:
     ids: list[int] = []
     for token in item:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0 or token >= 2**32:
-            raise _bad(f"{where} must hold token ids, integers from 0 to 2^32-1", "input")
+            raise bad_request(f"{where} must hold token ids, integers from 0 to 2^32-1", "input")
         ids.append(token)
     if not ids:
-        raise _bad(f"{where} is an empty token array", "input")
+        raise bad_request(f"{where} is an empty token array", "input")
     return tuple(ids)
 
 
@@ -69,17 +64,17 @@ def _inputs(raw: object) -> tuple[str | tuple[int, ...], ...]:
     """OpenAI's four input shapes as texts and token tuples."""
     if isinstance(raw, str):
         if not raw:
-            raise _bad("input must not be an empty string", "input")
+            raise bad_request("input must not be an empty string", "input")
         return (raw,)
     if not isinstance(raw, list) or not raw:
-        raise _bad(
+        raise bad_request(
             "input must be a non-empty string, array of strings, array of token ids "
             "or array of token-id arrays",
             "input",
             "invalid_type",
         )
     if len(raw) > MAX_INPUTS:
-        raise _bad(f"input holds {len(raw)} items; at most {MAX_INPUTS} per request", "input")
+        raise bad_request(f"input holds {len(raw)} items; at most {MAX_INPUTS} per request", "input")
     if all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
         return (_token_ids(raw, "input"),)
     items: list[str | tuple[int, ...]] = []
@@ -87,40 +82,38 @@ def _inputs(raw: object) -> tuple[str | tuple[int, ...], ...]:
         where = f"input[{index}]"
         if isinstance(item, str):
             if not item:
-                raise _bad(f"{where} must not be an empty string", "input")
+                raise bad_request(f"{where} must not be an empty string", "input")
             items.append(item)
         elif isinstance(item, list):
             items.append(_token_ids(item, where))
         else:
-            raise _bad(f"{where} must be a string or a token-id array", "input", "invalid_type")
+            raise bad_request(f"{where} must be a string or a token-id array", "input", "invalid_type")
     return tuple(items)
 
 
 def parse_embeddings_request(body: object) -> EmbeddingsRequest:
     """The checked request, or a 400 naming the offending field."""
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", "", "invalid_type")
-    for key in body:
-        if key not in _FIELDS:
-            raise _bad(f"Unrecognized request argument supplied: {key}", str(key), "unknown_parameter")
+    body = object_of_fields(body, _FIELDS)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _bad("model is required: the name of an embedding model", "model", "missing_required_parameter")
+        raise bad_request(
+            "model is required: the name of an embedding model", "model", "missing_required_parameter"
+        )
     if "input" not in body:
-        raise _bad("input is required", "input", "missing_required_parameter")
+        raise bad_request("input is required", "input", "missing_required_parameter")
     encoding = body.get("encoding_format")
     if encoding is None:
         encoding = "float"
     if encoding not in ("float", "base64"):
-        raise _bad("encoding_format must be 'float' or 'base64'", "encoding_format")
+        raise bad_request("encoding_format must be 'float' or 'base64'", "encoding_format")
     dimensions = body.get("dimensions")
     if dimensions is not None and (
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions < 2**32
     ):
-        raise _bad("dimensions must be a positive integer", "dimensions")
+        raise bad_request("dimensions must be a positive integer", "dimensions")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
-        raise _bad("user must be a string", "user", "invalid_type")
+        raise bad_request("user must be a string", "user", "invalid_type")
     return EmbeddingsRequest(model, _inputs(body["input"]), str(encoding), dimensions, user or "")
 
 
@@ -169,8 +162,7 @@ class EmbeddingsHandler:
 
         regions = await self._mesh.route(principal.tenant.id, model.name)
         answer, region = await call_in_zone(self._mesh, principal, regions, create)
-        headers = {"x-request-id": answer.request_id, "x-llmmesh-region": region}
-        headers.update(ratelimit_headers(chat_service_pb2.ChatStarted(rate_limit=answer.rate_limit)))
+        headers = answer_headers(answer.request_id, region, answer.rate_limit)
         tokens = answer.usage.input_tokens
         return JSONResponse(
             {

@@ -20,22 +20,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge.completions import authenticate
-from edge.errors import OpenAIError
 from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Metadata
-from edge.ratelimit_headers import ratelimit_headers
 from edge.settings import EdgeSettings
+from edge.unary_requests import answer_headers, bad_request, object_of_fields
 from edge.zone_calls import call_in_zone
-from llmmesh.v1 import chat_service_pb2
 from llmmesh.v1 import moderation_service_pb2 as pb
 from llmmesh.v1 import moderation_service_pb2_grpc as pb_grpc
 
 _FIELDS = frozenset({"input", "model"})
 _TIMEOUT_S = 30.0
-
-
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
 
 
 def _text_part(part: object, where: str) -> str:
@@ -45,29 +39,25 @@ def _text_part(part: object, where: str) -> str:
         text = part.get("text")
         if isinstance(text, str):
             return text
-        raise _bad(f"{where}.text must be a string", "input", "invalid_type")
+        raise bad_request(f"{where}.text must be a string", "input", "invalid_type")
     if isinstance(part, dict) and part.get("type") == "image_url":
-        raise _bad(f"{where} is an image; this mesh moderates text only", "input", "unsupported_value")
-    raise _bad(f"{where} must be a string or a text part", "input", "invalid_type")
+        raise bad_request(f"{where} is an image; this mesh moderates text only", "input", "unsupported_value")
+    raise bad_request(f"{where} must be a string or a text part", "input", "invalid_type")
 
 
 def parse_moderation_request(body: object) -> tuple[str, list[str]]:
     """The model (empty when not given) and the texts, or a 400 naming the field."""
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", "", "invalid_type")
-    for key in body:
-        if key not in _FIELDS:
-            raise _bad(f"Unrecognized request argument supplied: {key}", str(key), "unknown_parameter")
+    body = object_of_fields(body, _FIELDS)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model must be a string", "model", "invalid_type")
+        raise bad_request("model must be a string", "model", "invalid_type")
     if "input" not in body:
-        raise _bad("input is required", "input", "missing_required_parameter")
+        raise bad_request("input is required", "input", "missing_required_parameter")
     raw = body["input"]
     if isinstance(raw, str):
         return model or "", [raw]
     if not isinstance(raw, list) or not raw:
-        raise _bad("input must be a string or a non-empty array", "input", "invalid_type")
+        raise bad_request("input must be a string or a non-empty array", "input", "invalid_type")
     return model or "", [_text_part(part, f"input[{i}]") for i, part in enumerate(raw)]
 
 
@@ -106,6 +96,5 @@ class ModerationsHandler:
 
         regions = await self._mesh.zone_regions(principal.tenant.id)
         answer, region = await call_in_zone(self._mesh, principal, regions, moderate)
-        headers = {"x-request-id": answer.request_id, "x-llmmesh-region": region}
-        headers.update(ratelimit_headers(chat_service_pb2.ChatStarted(rate_limit=answer.rate_limit)))
+        headers = answer_headers(answer.request_id, region, answer.rate_limit)
         return JSONResponse(moderation_object(answer), headers=headers)
