@@ -180,12 +180,13 @@ async def _key_revoke(channel: grpc.aio.Channel, args: argparse.Namespace) -> An
 
 async def _usage(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     stub = billing_service_pb2_grpc.BillingServiceStub(channel)
-    request = bpb.GetUsageRequest(tenant_id=args.tenant, period=args.period)
+    request = bpb.GetUsageRequest(tenant_id=args.tenant, period=args.period, end_user=args.end_user)
     usage = await stub.GetUsage(request, timeout=CALL_TIMEOUT_S)
     if not args.json:
         rows = [(usage.period, usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd)]
         print(_table(("PERIOD", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD"), rows))
-    return {**_as_dict(usage), "tenant": args.tenant}
+    answer = {**_as_dict(usage), "tenant": args.tenant}
+    return {**answer, "end_user": args.end_user} if args.end_user else answer
 
 
 async def _regions(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
@@ -349,6 +350,9 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     usage = groups.add_parser("usage", parents=[common], help="a tenant's usage and cost in one month")
     usage.add_argument("tenant", help="tenant name or id")
     usage.add_argument("--period", default="", help="month as YYYY-MM (UTC); default the current one")
+    usage.add_argument(
+        "--end-user", default="", help="only the turns made for this end user (the request's `user`)"
+    )
     usage.set_defaults(admin_command=_usage)
 
     regions = groups.add_parser("regions", parents=[common], help="region health as the global plane sees it")

@@ -197,7 +197,12 @@ def test_bad_key_input_is_rejected(capsys: pytest.CaptureFixture[str], plane: Gl
 async def _bill(plane: GlobalProcess, tenant_id: str) -> None:
     usage = common_pb2.TokenUsage(input_tokens=1000, output_tokens=2000)
     record = bpb.UsageRecord(
-        request_id="req-admin-1", tenant_id=tenant_id, model="llmmesh-tiny", usage=usage, region="us-east"
+        request_id="req-admin-1",
+        tenant_id=tenant_id,
+        model="llmmesh-tiny",
+        usage=usage,
+        region="us-east",
+        end_user="user-42",
     )
     record.end_time.FromJsonString("2031-05-17T12:00:00Z")
     # Only a region of the tenant's zone ships its usage.
@@ -222,6 +227,10 @@ def test_usage_shows_exact_cost(capsys: pytest.CaptureFixture[str], plane: Globa
     }
     status, out, _ = admin(capsys, plane, "usage", "billed", "--period", "2031-05")
     assert status == 0 and out.splitlines()[1].split() == ["2031-05", "1", "1000", "2000", "0.0035"]
+    mine = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-42")
+    assert mine == {**usage, "end_user": "user-42"}
+    other = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-7")
+    assert other == {"tenant": "billed", "period": "2031-05", "cost_usd": "0", "end_user": "user-7"}
 
 
 def test_bad_usage_input_is_rejected(capsys: pytest.CaptureFixture[str], plane: GlobalProcess) -> None:
