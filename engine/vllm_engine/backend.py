@@ -211,12 +211,13 @@ class VllmBackend(EngineBackend):
                     if output.finished:
                         finished = True
                         stop = completion.stop_reason
+                        matched = isinstance(stop, str)
                         yield GenerationFinished(
-                            reply.finish_reason(completion.finish_reason),
+                            reply.finish_reason(completion.finish_reason, matched),
                             len(context),
                             output_tokens,
                             cached,
-                            stop if isinstance(stop, str) else "",
+                            stop if matched else "",
                         )
         except Exception as exc:
             raise _engine_error(exc, request.sampling) from exc

@@ -102,12 +102,18 @@ class ReplyStream:
             entries = token_logprobs(token_ids, logprobs, self._top, self._token_bytes)
         return GeneratedTokens(tuple(token_ids), content, offset, tuple(parts), entries)
 
-    def finish_reason(self, vllm_reason: str | None) -> FinishReason:
-        """The reply's finish reason from vLLM's (``stop``, ``length``, ``abort``)."""
+    def finish_reason(self, vllm_reason: str | None, matched_stop: bool = False) -> FinishReason:
+        """The reply's finish reason from vLLM's (``stop``, ``length``,
+        ``abort``). Raises ``Internal`` for guided tool calls that ended at
+        the end-of-sequence token unfinished, which only a broken grammar
+        allows (a continuation whose resumed output its grammar rejected)."""
         if vllm_reason == "length":
             return FinishReason.LENGTH
         if vllm_reason == "abort":
             return FinishReason.CANCELLED
+        calls = self._guided_calls
+        if calls is not None and not matched_stop and not calls.complete:
+            raise Internal(Reason.INTERNAL, "the guided tool calls ended before they were complete")
         return FinishReason.TOOL_CALLS if self.made_calls else FinishReason.STOP
 
     def _split(self, text: str, token_ids: Sequence[int]) -> tuple[str, list[ToolCallPart]]:

@@ -19,8 +19,8 @@ the first such request.
 
 Resumed tokens the grammar rejects (a continuation of a reply made under
 another grammar) cannot be continued validly: the request is then allowed
-only its end-of-sequence token, and the pod's parser reports the broken
-output.
+only its end-of-sequence token, and the pod fails the generation
+(``INTERNAL``) when that leaves guided tool calls unfinished.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from engine import tiny_model
 from engine.backend import (
+    FinishReason,
     GenerationRequest,
     ResponseFormatSpec,
     ResponseFormatType,
@@ -35,8 +36,9 @@ from engine.backend import (
 )
 from engine.vllm_engine import resumed_grammar
 from engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
+from engine.vllm_engine.replies import ReplyStream
 from engine.vllm_engine.sampling import JSON_OBJECT_SCHEMA, sampling_params
-from llmmesh.errors import InvalidArgument, from_rpc_error
+from llmmesh.errors import Internal, InvalidArgument, from_rpc_error
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
@@ -434,3 +436,19 @@ def test_auto_tool_choice_is_guided_by_the_call_syntax_or_the_json_reply(tiny_mo
     }
     assert schemas == {("get_weather", json.dumps(WEATHER)), ("get_time", json.dumps(TIME))}
     assert params.skip_special_tokens is False
+
+
+def test_guided_calls_cut_short_by_a_broken_grammar_fail_the_generation() -> None:
+    tools = (ToolSpec("get_time", "", json.dumps(TIME)),)
+    sampling = SamplingOptions(tools=tools, tool_choice=ToolChoiceSpec(ToolChoiceMode.REQUIRED))
+    whole = ReplyStream("r", sampling, None)
+    event = whole.tokens([1, 2], '[{"name":"get_time","arguments":{"zone":"utc"}}]', 0)
+    assert event is not None and event.text == "" and event.tool_calls[0].name == "get_time"
+    assert whole.finish_reason("stop") == FinishReason.TOOL_CALLS
+    cut = ReplyStream("r", sampling, None)
+    cut.tokens([1], '[{"name":"get_time","argu', 0)
+    # A stop string may cut calls; the end-of-sequence token may not.
+    assert cut.finish_reason("stop", matched_stop=True) == FinishReason.TOOL_CALLS
+    assert cut.finish_reason("length") == FinishReason.LENGTH
+    with pytest.raises(Internal):
+        cut.finish_reason("stop")
