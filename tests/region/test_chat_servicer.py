@@ -123,6 +123,26 @@ async def test_the_end_user_of_a_turn_reaches_its_usage_record_and_billing(stack
     assert (theirs.requests, theirs.output_tokens) == (1, streamed)
 
 
+async def test_a_continued_turns_records_keep_its_end_user(stack: Stack) -> None:
+    whole = await run_turn(stack, start("Continue me.", max_tokens=40, seed=3))
+    original = whole[0].started.request_id
+    tokens = [t for e in whole if e.HasField("delta") for t in e.delta.token_ids]
+    request = start("Continue me.", max_tokens=40, seed=3)
+    request.start.user = "user-c0"
+    request.start.continuation.CopyFrom(
+        chat_service_pb2.Continuation(
+            original_request_id=original, emitted_token_ids=tokens[:1], last_sequence=1
+        )
+    )
+    await run_turn(stack, request)
+    await stack.region.gateway.drain()
+    with stack.region.store.engine.connect() as conn:
+        payloads = conn.execute(sa.text("SELECT usage FROM usage_outbox")).scalars().all()
+    records = [billing_service_pb2.UsageRecord.FromString(p) for p in payloads]
+    continued = [r for r in records if r.continues_request_id == original]
+    assert continued and all(r.end_user == "user-c0" for r in continued)
+
+
 @pytest.mark.parametrize("user", ["u" * 257, "user\r\nforged: line", "nul\x00"])
 async def test_an_end_user_that_cannot_be_kept_is_refused_naming_user(stack: Stack, user: str) -> None:
     request = start(max_tokens=2)
