@@ -7,36 +7,19 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import pytest_asyncio
 
+from tests.edge.sdk import async_client, sync_client
 from tests.multiregion import RegionSpec, running_multiregion
-from tests.stack import DEV_KEY, Stack, running_stack
+from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio
 MODEL = "llmmesh-tiny-embed"
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-def base_url(stack: Stack) -> str:
-    assert stack.edge is not None
-    return f"{stack.edge.url}/v1"
-
-
-def async_client(stack: Stack, key: str = DEV_KEY) -> openai.AsyncOpenAI:
-    # No retries: each test sees the first answer.
-    return openai.AsyncOpenAI(base_url=base_url(stack), api_key=key, max_retries=0, timeout=30)
 
 
 def _norm(vector: list[float]) -> float:
@@ -66,7 +49,7 @@ async def test_async_sdk_embeds_strings_and_token_arrays(stack: Stack) -> None:
 
 
 async def test_sync_sdk_embeds(stack: Stack) -> None:
-    client = openai.OpenAI(base_url=base_url(stack), api_key=DEV_KEY, max_retries=0, timeout=30)
+    client = sync_client(stack)
     # The sync client blocks: it runs in a thread while the stack serves on this loop.
     result = await asyncio.to_thread(
         client.embeddings.create, model=MODEL, input="hello", user="u-1", encoding_format="float"

@@ -21,24 +21,12 @@ import edge.region_session
 import edge.turns
 from engine.sim.tokenizer import SimTokenizer
 from llmmesh.v1 import chat_service_pb2
-from tests.edge.test_openai_sdk import async_client
+from tests.edge.sdk import async_client, function_tool, object_schema
 from tests.stack import Stack
 
 pytestmark = pytest.mark.asyncio
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something about meshes."}]
-TOOLS: list[ChatCompletionToolParam] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS: list[ChatCompletionToolParam] = [function_tool("get_weather", object_schema(city={"type": "string"}))]
 BASE: dict[str, Any] = {
     "model": "auto",
     "messages": ASK,

@@ -15,21 +15,12 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionToolParam
 
+from tests.edge.sdk import function_tool, object_schema
 from tests.edge.test_failover import mesh_of, regions
 
 pytestmark = pytest.mark.asyncio
 TOOLS: list[ChatCompletionToolParam] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["city", "days"],
-            },
-        },
-    }
+    function_tool("get_weather", object_schema(city={"type": "string"}, days={"type": "integer"}))
 ]
 REQUEST: dict[str, Any] = {
     "model": "auto",

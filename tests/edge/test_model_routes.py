@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.edge.test_openai_sdk import async_client
+from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio

@@ -4,30 +4,17 @@ backends, text parts, and 400/404s naming the param."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
-import pytest_asyncio
 from openai.types import ModerationTextInputParam
 
 from region.safety import OPENAI_CATEGORIES
-from tests.stack import DEV_KEY, Stack, running_stack
+from tests.edge.sdk import async_client
+from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-def async_client(stack: Stack) -> openai.AsyncOpenAI:
-    assert stack.edge is not None
-    return openai.AsyncOpenAI(base_url=f"{stack.edge.url}/v1", api_key=DEV_KEY, max_retries=0, timeout=30)
 
 
 async def test_the_sdk_gets_openai_categories_and_scores(stack: Stack) -> None:

@@ -5,39 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
-import pytest_asyncio
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from globalplane.tiers import TenantTier
-from tests.stack import DEV_KEY, Stack, running_stack
+from tests.edge.sdk import async_client, sync_client
+from tests.stack import Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something about meshes."}]
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
-        yield running
-
-
-def base_url(stack: Stack) -> str:
-    assert stack.edge is not None
-    return f"{stack.edge.url}/v1"
-
-
-def async_client(stack: Stack, key: str = DEV_KEY) -> openai.AsyncOpenAI:
-    # No retries: each test sees the first answer.
-    return openai.AsyncOpenAI(base_url=base_url(stack), api_key=key, max_retries=0, timeout=30)
-
-
-def sync_client(stack: Stack, key: str = DEV_KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url(stack), api_key=key, max_retries=0, timeout=30)
 
 
 def check_chunks(chunks: list[ChatCompletionChunk], with_usage: bool) -> str:

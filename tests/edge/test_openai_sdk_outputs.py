@@ -15,9 +15,10 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from engine.sim.tokenizer import SimTokenizer
-from tests.edge.test_openai_sdk import async_client
+from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
@@ -33,6 +34,10 @@ PERSON = {
     },
     "required": ["name", "age", "tags", "kind"],
     "additionalProperties": False,
+}
+PERSON_FORMAT: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "schema": PERSON, "strict": True},
 }
 
 
@@ -55,19 +60,13 @@ async def test_json_object_and_json_schema_replies_are_valid(stack: Stack) -> No
         strict = await client.chat.completions.create(
             model="auto",
             messages=ASK,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON, "strict": True},
-            },
+            response_format=PERSON_FORMAT,
             max_tokens=300,
         )
         stream = await client.chat.completions.create(
             model="auto",
             messages=ASK,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON, "strict": True},
-            },
+            response_format=PERSON_FORMAT,
             max_tokens=300,
             stream=True,
         )

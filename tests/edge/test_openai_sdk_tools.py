@@ -13,22 +13,21 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
-from tests.edge.test_openai_sdk import async_client, sync_client
+from tests.edge.sdk import async_client, function_tool, object_schema, sync_client
 from tests.stack import Stack
 
 pytestmark = pytest.mark.asyncio
-CITY: dict[str, object] = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-CLOCK: dict[str, object] = {
-    "type": "object",
-    "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}},
-    "required": ["zone"],
-}
+CITY = object_schema(city={"type": "string"})
+CLOCK = object_schema(zone={"type": "string", "enum": ["utc", "cet"]})
 TOOLS: list[ChatCompletionToolParam] = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": CITY, "strict": True}},
-    {"type": "function", "function": {"name": "get_time", "parameters": CLOCK, "strict": True}},
+    function_tool("get_weather", CITY, strict=True),
+    function_tool("get_time", CLOCK, strict=True),
 ]
 SCHEMAS = {"get_weather": CITY, "get_time": CLOCK}
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is it like in Oslo?"}]
+USE_WEATHER: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Please use get_weather for Oslo."}
+]
 
 
 def check_call(name: str, arguments: str) -> dict[str, Any]:
@@ -72,11 +71,7 @@ async def test_a_named_tool_choice_calls_that_function(stack: Stack) -> None:
 async def test_auto_calls_a_tool_the_user_names_and_answers_in_text_otherwise(stack: Stack) -> None:
     async with async_client(stack) as client:
         named = await client.chat.completions.create(
-            model="auto",
-            messages=[{"role": "user", "content": "Please use get_weather for Oslo."}],
-            tools=TOOLS,
-            tool_choice="auto",
-            max_tokens=200,
+            model="auto", messages=USE_WEATHER, tools=TOOLS, tool_choice="auto", max_tokens=200
         )
         plain = await client.chat.completions.create(
             model="auto",
@@ -85,11 +80,7 @@ async def test_auto_calls_a_tool_the_user_names_and_answers_in_text_otherwise(st
             max_tokens=20,
         )
         never = await client.chat.completions.create(
-            model="auto",
-            messages=[{"role": "user", "content": "Please use get_weather for Oslo."}],
-            tools=TOOLS,
-            tool_choice="none",
-            max_tokens=20,
+            model="auto", messages=USE_WEATHER, tools=TOOLS, tool_choice="none", max_tokens=20
         )
     assert named.choices[0].finish_reason == "tool_calls"
     assert [c.function.name for c in named.choices[0].message.tool_calls or []] == ["get_weather"]  # type: ignore[union-attr]
