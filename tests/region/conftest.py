@@ -1,14 +1,24 @@
-"""Fixtures of the region tests that share one zone store between regions."""
+"""Fixtures of the region tests: a whole in-process mesh without an edge, and
+one zone store shared between regions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from llmmesh.sqlstore import create_store_engine
 from region.zone_store import ZoneStore
+from tests.stack import Stack, running_stack
+
+
+@pytest_asyncio.fixture
+async def stack() -> AsyncIterator[Stack]:
+    """A global plane, a simulator pod and a region, in process."""
+    async with running_stack() as running:
+        yield running
 
 
 @pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from decimal import Decimal
 
 import grpc
 import grpc.aio
 import pytest
-import pytest_asyncio
 import sqlalchemy as sa
 
 from llmmesh.errors import MeshError, from_rpc_error, from_stream_error
@@ -41,12 +39,6 @@ def start(text: str = "Tell me about the mesh.", **sampling: object) -> chat_ser
 
 def auth(key: str = DEV_KEY) -> tuple[tuple[str, str]]:
     return (("authorization", f"Bearer {key}"),)
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack() as running:
-        yield running
 
 
 async def run_turn(

@@ -6,13 +6,11 @@ the region's safety backends with OpenAI's category names."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 from decimal import Decimal
 
 import grpc
 import grpc.aio
 import pytest
-import pytest_asyncio
 
 from llmmesh.errors import Reason, from_rpc_error
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
@@ -21,17 +19,12 @@ from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb
 from llmmesh.v1 import moderation_service_pb2_grpc as mpb_grpc
 from region.safety import OPENAI_CATEGORIES
+from tests.region.test_chat_servicer import auth
 from tests.stack import DEV_KEY, Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
 MODEL = "llmmesh-tiny-embed"
-AUTH = (("authorization", f"Bearer {DEV_KEY}"),)
-
-
-@pytest_asyncio.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with running_stack() as running:
-        yield running
+AUTH = auth()
 
 
 async def _create(
@@ -40,7 +33,7 @@ async def _create(
     async with grpc.aio.insecure_channel(stack.region.address) as channel:
         stub = epb_grpc.RegionEmbeddingServiceStub(channel)
         response: epb.CreateEmbeddingsResponse = await stub.CreateEmbeddings(
-            request, metadata=(("authorization", f"Bearer {key}"),), timeout=10
+            request, metadata=auth(key), timeout=10
         )
         return response
 
