@@ -33,11 +33,10 @@ class VllmPod:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "llmmesh-tiny"
+def build_model(command: str, out: Path) -> Path:
+    """Build a tiny model with ``llmmesh model COMMAND --out OUT``; ``out``."""
     result = subprocess.run(
-        [sys.executable, "-m", "llmmesh", "model", "build-tiny", "--out", str(out)],
+        [sys.executable, "-m", "llmmesh", "model", command, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -45,6 +44,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model("build-tiny", tmp_path_factory.mktemp("models") / "llmmesh-tiny")
 
 
 def start_pod(model_dir: Path, run_dir: Path, *flags: str) -> VllmPod:

@@ -6,8 +6,6 @@ model's mean-pooled hidden states computed by transformers."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 
 from llmmesh.v1 import embedding_service_pb2 as pb
 from llmmesh.v1 import embedding_service_pb2_grpc as pb_grpc
-from tests.vllm.conftest import VllmPod, start_pod, stop_pod
+from tests.vllm.conftest import VllmPod, build_model, start_pod, stop_pod
 
 pytestmark = pytest.mark.vllm
 MODEL = "llmmesh-tiny-embed"
@@ -25,16 +23,7 @@ MODEL = "llmmesh-tiny-embed"
 
 @pytest.fixture(scope="module")
 def embed_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("models") / MODEL
-    result = subprocess.run(
-        [sys.executable, "-m", "llmmesh", "model", "build-tiny-embed", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return out
+    return build_model("build-tiny-embed", tmp_path_factory.mktemp("models") / MODEL)
 
 
 @pytest.fixture(scope="module")
