@@ -139,29 +139,34 @@ def check_calls(reply: Reply, names: set[str]) -> None:
 
 
 @pytest.mark.asyncio
-async def test_tool_choice_required_makes_valid_calls(stub: pb_grpc.EngineServiceStub) -> None:
-    reply = await generate(
-        stub,
-        "tools-required",
-        max_tokens=64,
-        tools=TOOLS,
-        tool_choice=common.ToolChoice(mode=common.TOOL_CHOICE_MODE_REQUIRED),
-        parallel_tool_calls=False,
-    )
-    check_calls(reply, {"get_weather", "get_time"})
-    assert len(reply.calls) == 1
-
-
-@pytest.mark.asyncio
-async def test_named_tool_choice_calls_that_tool(stub: pb_grpc.EngineServiceStub) -> None:
-    reply = await generate(
-        stub,
-        "tools-named",
-        max_tokens=48,
-        tools=TOOLS,
-        tool_choice=common.ToolChoice(mode=common.TOOL_CHOICE_MODE_NAMED, name="get_weather"),
-    )
-    check_calls(reply, {"get_weather"})
+@pytest.mark.parametrize(
+    ("request_id", "names", "sampling"),
+    [
+        (
+            "tools-required",
+            {"get_weather", "get_time"},
+            {
+                "max_tokens": 64,
+                "tool_choice": common.ToolChoice(mode=common.TOOL_CHOICE_MODE_REQUIRED),
+                "parallel_tool_calls": False,
+            },
+        ),
+        # A named choice makes one call of that tool without being told to.
+        (
+            "tools-named",
+            {"get_weather"},
+            {
+                "max_tokens": 48,
+                "tool_choice": common.ToolChoice(mode=common.TOOL_CHOICE_MODE_NAMED, name="get_weather"),
+            },
+        ),
+    ],
+)
+async def test_required_and_named_tool_choices_make_one_valid_call(
+    stub: pb_grpc.EngineServiceStub, request_id: str, names: set[str], sampling: dict[str, Any]
+) -> None:
+    reply = await generate(stub, request_id, tools=TOOLS, **sampling)
+    check_calls(reply, names)
     assert len(reply.calls) == 1
 
 
