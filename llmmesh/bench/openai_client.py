@@ -25,9 +25,16 @@ _DATA = "data:"
 _DONE = "[DONE]"
 
 
-def streamed_body(model: str, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+def streamed_body(
+    model: str, messages: list[dict[str, str]], max_tokens: int, *, continuous_usage: bool = True
+) -> dict[str, Any]:
     """A chat completion body: greedy, ``ignore_eos`` (a vLLM extension),
-    streamed with usage on every chunk."""
+    streamed with the usage at the end, and with ``continuous_usage`` on
+    every chunk (vLLM's ``continuous_usage_stats``, which the mesh's edge
+    refuses as the OpenAI API does not know it)."""
+    stream_options: dict[str, bool] = {"include_usage": True}
+    if continuous_usage:
+        stream_options["continuous_usage_stats"] = True
     return {
         "model": model,
         "messages": messages,
@@ -35,14 +42,14 @@ def streamed_body(model: str, messages: list[dict[str, str]], max_tokens: int) -
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "stream_options": stream_options,
     }
 
 
-def chat_body(model: str, request: ChatRequest) -> dict[str, Any]:
+def chat_body(model: str, request: ChatRequest, *, continuous_usage: bool = True) -> dict[str, Any]:
     """The JSON body of ``request`` (see :func:`streamed_body`)."""
     messages = [{"role": "system", "content": request.system}, {"role": "user", "content": request.user}]
-    return streamed_body(model, messages, request.max_tokens)
+    return streamed_body(model, messages, request.max_tokens, continuous_usage=continuous_usage)
 
 
 class ChunkCounter:

@@ -81,7 +81,9 @@ class SseChatClient:
     for ``model``, authenticated by ``api_key``; ``chunk_counter`` makes
     each stream's token counter. Requests are the same JSON bodies as
     :func:`llmmesh.bench.openai_client.chat_body` (greedy, ``ignore_eos``,
-    usage in the stream). Each is bounded by ``request_timeout_s``."""
+    the usage at the end of the stream: the edge refuses vLLM's per-chunk
+    usage, so ``chunk_counter`` counts the chunks). Each is bounded by
+    ``request_timeout_s``."""
 
     def __init__(
         self,
@@ -108,7 +110,7 @@ class SseChatClient:
     async def generate(self, request: ChatRequest) -> RequestRecord:
         """See :class:`llmmesh.bench.loadgen.StreamingClient`: a stream that
         ends without ``data: [DONE]`` is a failure (recorded, not raised)."""
-        body = json.dumps(chat_body(self._model, request)).encode()
+        body = json.dumps(chat_body(self._model, request, continuous_usage=False)).encode()
         record = RequestRecord(sent_at=time.perf_counter())
         connection: _Connection | None = None
         reusable = False
