@@ -14,16 +14,20 @@ one region and one edge. Two systems share that one pod:
 
 The planes talk mutual TLS, as they do by default, or plaintext
 (``--insecure``), as ``--tls`` says. By default (``both``) the first run
-starts two meshes side by side, one plaintext (``mesh``) and the same
-mesh on mTLS with certificates the benchmark issues into its run
-directory (``mesh_mtls``: edge → region, region → pod and both to the
-global plane on mTLS; the client still reaches the edge in plain HTTP),
-each with its own pod, and measures the three systems on the same
-workload in alternating rounds (direct, mesh, mesh_mtls, then the other
-way round); what mTLS adds is the mTLS mesh's time to first token minus
-the plaintext mesh's. Later runs measure the plaintext mesh only, which
-keeps the default run to one system more than without mTLS. ``--tls
-off`` measures plaintext only; ``--tls on`` one mesh on mTLS in every
+starts three meshes side by side: the plaintext one whose pod ``direct``
+shares (``mesh``), its twin on a pod of its own (``mesh_twin``), and the
+same mesh on mTLS with certificates the benchmark issues into its run
+directory, on a pod of its own too (``mesh_mtls``: edge → region, region
+→ pod and both to the global plane on mTLS; the client still reaches the
+edge in plain HTTP). It measures the four systems on the same workload in
+alternating rounds (direct, mesh, mesh_twin, mesh_mtls, then the other way
+round). What mTLS adds is the mTLS mesh's time to first token minus its
+twin's: two meshes set up alike but for TLS. What the twin adds over
+``mesh`` compares two identical meshes on different pods, so it shows the
+resolution of that comparison (a pod that also served ``direct``, or
+another process's place on the CPU, moves a median by milliseconds). Later
+runs measure the plaintext mesh only. ``--tls off`` measures plaintext
+only; ``--tls on`` one mesh on mTLS in every
 run, the direct client presenting an operator's certificate to its pod.
 
 By default the whole measurement runs twice, each time in a fresh mesh:
@@ -89,6 +93,7 @@ from llmmesh.bench.overhead_report import (
     DIRECT,
     MESH,
     MESH_MTLS,
+    MESH_TWIN,
     OverheadReport,
     OverheadRun,
     PathMetrics,
@@ -109,12 +114,11 @@ MEASURED = (
     "client-side TTFT, inter-token latency and output tokens/s on loopback, one simulator pod with fixed "
     "step costs: 'mesh' through the edge's SSE /v1/chat/completions (edge, region, pod), TTFT at the first "
     "content chunk; 'direct' on the same pod's EngineService.Generate gRPC stream, TTFT at the first "
-    "delta; 'mesh_mtls' (where run) the same through a second mesh whose planes talk mutual TLS, with its "
-    "own pod of the same timing; same requests, alternating rounds per level, each run in fresh meshes"
+    "delta; where run, 'mesh_twin' the same through a second plaintext mesh and 'mesh_mtls' through a third "
+    "whose planes talk mutual TLS, each with its own pod of the same timing; same requests, alternating "
+    "rounds per level, each run in fresh meshes"
 )
 ARRIVAL_SEED = "overhead-arrivals"
-# Each mesh's folder in its run's directory, by whether its planes talk mTLS.
-MESH_DIRS = {False: "plaintext", True: "mtls"}
 
 
 class OverheadBench:
@@ -154,8 +158,9 @@ class OverheadBench:
 
         async with contextlib.AsyncExitStack() as stack:
             meshes: list[Mesh] = []
-            for mtls in plan.meshes_of(safety):
-                run_dir = self.run_dir / name / MESH_DIRS[mtls]
+            mesh_systems = [system for system in systems_of(tls) if system != DIRECT]
+            for system, mtls in zip(mesh_systems, plan.meshes_of(safety), strict=True):
+                run_dir = self.run_dir / name / system
                 run_dir.mkdir(parents=True, exist_ok=True)
                 certs = self._certs() if mtls else None
                 mesh = await stack.enter_async_context(running_mesh(plan, safety, run_dir, progress, certs))
@@ -165,7 +170,6 @@ class OverheadBench:
                     f"{'mTLS' if mtls else 'plaintext gRPC'}"
                 )
                 meshes.append(mesh)
-            mesh_systems = [system for system in systems_of(tls) if system != DIRECT]
             clients: dict[str, StreamingClient] = {}
             for system, mesh in zip(mesh_systems, meshes, strict=True):
                 clients[system] = SseChatClient(
@@ -255,7 +259,9 @@ class OverheadBench:
             )
             for name, level_runs in runs.items()
         }
-        meshes = [system for system in (MESH, MESH_MTLS) if key(system, self.plan.levels[0]) in runs]
+        meshes = [
+            system for system in (MESH, MESH_TWIN, MESH_MTLS) if key(system, self.plan.levels[0]) in runs
+        ]
         mismatches = {
             f"c{level}": sum(
                 _length_mismatches(runs[key(DIRECT, level)], runs[key(system, level)]) for system in meshes

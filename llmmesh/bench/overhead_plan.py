@@ -22,7 +22,7 @@ SAFETY_RUNS = {"both": (False, True), "off": (False,), "on": (True,)}
 # mesh, and the same mesh on mutual TLS beside it, in the first run.
 # Each mode's meshes in a run, by whether their planes talk mTLS; the first
 # is the reference the direct client reaches the pod of.
-TLS_MESHES = {"both": (False, True), "off": (False,), "on": (True,)}
+TLS_MESHES = {"both": (False, False, True), "off": (False,), "on": (True,)}
 TLS_MODES = tuple(TLS_MESHES)
 
 
@@ -110,8 +110,8 @@ class OverheadBenchPlan:
         """How the planes talk in the run with ``safety``: ``off``
         (plaintext) or ``on`` (mTLS) in every run as :attr:`tls` says; with
         ``both``, the first run (the one the targets judge) measures a
-        plaintext mesh and an mTLS one side by side, the others plaintext
-        only, which keeps the default run's length to one more system."""
+        plaintext mesh, its twin and an mTLS one side by side (what mTLS
+        adds, against the twin), the others plaintext only."""
         if self.tls == "both" and safety != self.safety_runs[0]:
             return "off"
         return self.tls
@@ -164,9 +164,9 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls",
         choices=TLS_MODES,
         default="both",
-        help="how the planes talk: both (default: in the first run, a plaintext mesh and the same mesh on "
-        "mutual TLS, measured in alternating rounds; later runs plaintext), off (plaintext, --insecure) or "
-        "on (mTLS in every run, the direct client too)",
+        help="how the planes talk: both (default: in the first run, a plaintext mesh, its twin on a pod of "
+        "its own and the same mesh on mutual TLS, measured in alternating rounds; later runs plaintext), off "
+        "(plaintext, --insecure) or on (mTLS in every run, the direct client too)",
     )
     group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"

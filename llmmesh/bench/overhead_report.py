@@ -4,7 +4,8 @@ as a share of direct's), and whether the targets hold at their level; for
 each run made, the region's safety filters off (the transport) or on (the
 product path), and with both, what the output filter adds on its own.
 Where a run measured the mesh on mutual TLS beside the plaintext one
-(``mesh_mtls``), what mTLS adds to time to first token over plaintext.
+(``mesh_mtls``), what mTLS adds to time to first token over its plaintext
+twin (``mesh_twin``), and how far the twin is from the plaintext mesh.
 Rendered as MISSION's one JSON line, or as a table by :mod:`llmmesh.bench.overhead_table`.
 """
 
@@ -21,6 +22,10 @@ from llmmesh.bench.stats import LevelMetrics, RequestRecord, percentile, summari
 MESH = "mesh"
 DIRECT = "direct"
 MESH_MTLS = "mesh_mtls"
+# The plaintext mesh again, on a pod of its own as mesh_mtls has: what mTLS
+# adds is measured against it, and against ``mesh`` it shows how far two
+# identical meshes differ (the resolution of the comparison).
+MESH_TWIN = "mesh_twin"
 SYSTEMS = (DIRECT, MESH)
 # What mTLS adds to the mesh's median time to first token, the figure its target judges.
 MTLS_ADDED_P50 = "mtls_added_ttft_p50_ms"
@@ -28,8 +33,9 @@ MTLS_ADDED_P50 = "mtls_added_ttft_p50_ms"
 
 def systems_of(tls: str) -> tuple[str, ...]:
     """The systems a run measures: direct and the mesh, and with ``tls``
-    ``both`` the same mesh on mutual TLS beside it."""
-    return (*SYSTEMS, MESH_MTLS) if tls == "both" else SYSTEMS
+    ``both`` a twin of the mesh and the same mesh on mutual TLS, each on a
+    pod of its own."""
+    return (*SYSTEMS, MESH_TWIN, MESH_MTLS) if tls == "both" else SYSTEMS
 
 
 @dataclass(frozen=True)
@@ -154,21 +160,30 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def mtls_added(mtls: PathMetrics, plaintext: PathMetrics) -> dict[str, float | None]:
-    """What mutual TLS between the planes adds to the mesh's time to first
-    token at one level, in ms: the mTLS mesh minus the plaintext one,
-    percentile by percentile and on average, with a 95% confidence interval
-    of the median's (:func:`median_difference_ci_ms`)."""
-    m, p = mtls.metrics, plaintext.metrics
-    ci = median_difference_ci_ms(mtls.ttfts_s, plaintext.ttfts_s)
+def ttft_difference(prefix: str, a: PathMetrics, b: PathMetrics) -> dict[str, float | None]:
+    """``a``'s time to first token minus ``b``'s at one level, in ms,
+    percentile by percentile and on average, with a 95% confidence
+    interval of the median's (:func:`median_difference_ci_ms`); keys start
+    with ``prefix``."""
+    m, p = a.metrics, b.metrics
+    ci = median_difference_ci_ms(a.ttfts_s, b.ttfts_s)
     return {
-        MTLS_ADDED_P50: _added_ms(m.ttft_p50_s, p.ttft_p50_s),
-        "mtls_added_ttft_p50_ci95_low_ms": None if ci is None else ci[0],
-        "mtls_added_ttft_p50_ci95_high_ms": None if ci is None else ci[1],
-        "mtls_added_ttft_mean_ms": _added_ms(_mean(mtls.ttfts_s), _mean(plaintext.ttfts_s)),
-        "mtls_added_ttft_p90_ms": _added_ms(m.ttft_p90_s, p.ttft_p90_s),
-        "mtls_added_ttft_p99_ms": _added_ms(m.ttft_p99_s, p.ttft_p99_s),
+        f"{prefix}_ttft_p50_ms": _added_ms(m.ttft_p50_s, p.ttft_p50_s),
+        f"{prefix}_ttft_p50_ci95_low_ms": None if ci is None else ci[0],
+        f"{prefix}_ttft_p50_ci95_high_ms": None if ci is None else ci[1],
+        f"{prefix}_ttft_mean_ms": _added_ms(_mean(a.ttfts_s), _mean(b.ttfts_s)),
+        f"{prefix}_ttft_p90_ms": _added_ms(m.ttft_p90_s, p.ttft_p90_s),
+        f"{prefix}_ttft_p99_ms": _added_ms(m.ttft_p99_s, p.ttft_p99_s),
     }
+
+
+def mtls_added(mtls: PathMetrics, twin: PathMetrics, plaintext: PathMetrics) -> dict[str, float | None]:
+    """What mutual TLS between the planes adds to the mesh's time to first
+    token at one level (``mtls_added_*``): the mTLS mesh minus its plaintext
+    twin, both on pods of their own; and how far the twin is from the
+    plaintext mesh (``twin_added_*``), two identical meshes, the figure
+    that says what difference the comparison can resolve."""
+    return ttft_difference("mtls_added", mtls, twin) | ttft_difference("twin_added", twin, plaintext)
 
 
 def deltas(mesh: PathMetrics, direct: PathMetrics) -> dict[str, float | None]:
@@ -195,7 +210,8 @@ TARGETS_MEASURED_ON = {
 }
 PLANES = {
     "off": "planes on plaintext gRPC",
-    "both": "planes on plaintext gRPC, and mesh_mtls: the same mesh on mutual TLS",
+    "both": "planes on plaintext gRPC, and mesh_twin and mesh_mtls: the same mesh twice more, on plaintext "
+    "and on mutual TLS",
     "on": "planes on mutual TLS",
 }
 
@@ -217,7 +233,7 @@ class OverheadRun:
     on or off, its planes on plaintext or mTLS or both side by side
     (``tls``, as :class:`~llmmesh.bench.overhead_plan.OverheadBenchPlan`
     says): results keyed ``{system}/c{level}`` (``direct/c16``,
-    ``mesh/c16``, ``mesh_mtls/c16``), replies whose lengths differed from
+    ``mesh/c16``, ``mesh_twin/c16``, ``mesh_mtls/c16``), replies whose lengths differed from
     direct's by level, what the run's setup adds to the report's
     (``setup``), and under the same keys the request that began each round
     after its system idled (``after_idle``, kept out of ``results``)."""
@@ -249,7 +265,11 @@ class OverheadRun:
         for level in levels:
             values = deltas(self.results[key(MESH, level)], self.results[key(DIRECT, level)])
             if self.measures_mtls:
-                values |= mtls_added(self.results[key(MESH_MTLS, level)], self.results[key(MESH, level)])
+                values |= mtls_added(
+                    self.results[key(MESH_MTLS, level)],
+                    self.results[key(MESH_TWIN, level)],
+                    self.results[key(MESH, level)],
+                )
             by_level[f"c{level}"] = values
         return by_level
 
@@ -282,7 +302,7 @@ class OverheadRun:
             row: dict[str, float | int | None] = {name: _round(value, 4) for name, value in values.items()}
             row["added_ttft_after_idle_ms"] = _round(self.added_after_idle_ms(level), 4)
             if self.measures_mtls:
-                after_idle = self.added_after_idle_ms(level, MESH_MTLS, MESH)
+                after_idle = self.added_after_idle_ms(level, MESH_MTLS, MESH_TWIN)
                 row["mtls_added_ttft_after_idle_ms"] = _round(after_idle, 4)
             row["length_mismatches"] = self.length_mismatches.get(f"c{level}", 0)
             ratios[f"c{level}"] = row

@@ -71,8 +71,14 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
         f"{'ttft after idle':>16}"
     )
     lines += [
-        "what the mesh adds" + (" (mtls: what mTLS adds to the mesh's ttft over plaintext)" if mtls else ""),
-        header + (f" {'mtls p50':>10} {'mtls p99':>10} {'mtls p50 95% ci':>17}" if mtls else ""),
+        "what the mesh adds"
+        + (
+            " (mtls: what mTLS adds to the mesh's ttft over its plaintext twin; twin: the twin over the mesh)"
+            if mtls
+            else ""
+        ),
+        header
+        + (f" {'twin p50':>10} {'mtls p50':>10} {'mtls p99':>10} {'mtls p50 95% ci':>17}" if mtls else ""),
     ]
     for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
         line = (
@@ -81,6 +87,7 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
             f"{_share(values['output_tok_s_ratio'])} {_added(run.added_after_idle_ms(level)):>16}"
         )
         if mtls:
+            line += f" {_added(values['twin_added_ttft_p50_ms'])}"
             line += f" {_added(values[MTLS_ADDED_P50])} {_added(values['mtls_added_ttft_p99_ms'])}"
             low, high = values["mtls_added_ttft_p50_ci95_low_ms"], values["mtls_added_ttft_p50_ci95_high_ms"]
             line += f" {_interval(low, high)}"

@@ -55,9 +55,9 @@ def test_default_plan_measures_the_transport_then_the_product_path() -> None:
     assert plan.round_sizes(16) == [192, 192]
     assert plan.max_num_seqs == 64 and plan.warmup == 128
     assert plan.jitter_s == plan.timing.inter_token_s == 0.015
-    # A plaintext mesh and an mTLS one side by side in the transport run only.
+    # A plaintext mesh, its twin and an mTLS one side by side in the transport run only.
     assert plan.tls == "both"
-    assert (plan.meshes_of(False), plan.meshes_of(True)) == ((False, True), (False,))
+    assert (plan.meshes_of(False), plan.meshes_of(True)) == ((False, False, True), (False,))
     assert (plan.tls_of(False), plan.tls_of(True)) == ("both", "off")
 
 
@@ -101,8 +101,8 @@ def test_safety_flag_picks_the_runs(flag: str, runs: tuple[bool, ...]) -> None:
 @pytest.mark.parametrize(
     ("flags", "meshes"),
     [
-        ((), {False: (False, True), True: (False,)}),
-        (("--safety", "on"), {True: (False, True)}),
+        ((), {False: (False, False, True), True: (False,)}),
+        (("--safety", "on"), {True: (False, False, True)}),
         (("--tls", "off"), {False: (False,), True: (False,)}),
         (("--tls", "on"), {False: (True,), True: (True,)}),
         (("--tls", "on", "--safety", "on"), {True: (True,)}),
@@ -389,12 +389,16 @@ def _run(
     return OverheadRun(safety, results, {"c1": 0}, setup)
 
 
-def _mtls_run(levels: tuple[int, ...], mtls_ttft_s: float, mtls_tail_s: float | None = None) -> OverheadRun:
-    """:func:`_run` with the same mesh on mTLS beside it, its first tokens
-    at ``mtls_ttft_s`` (the last of ten at ``mtls_tail_s``)."""
+def _mtls_run(
+    levels: tuple[int, ...], mtls_ttft_s: float, mtls_tail_s: float | None = None, twin_ttft_s: float = 0.042
+) -> OverheadRun:
+    """:func:`_run` with the mesh's twin beside it, its first tokens at
+    ``twin_ttft_s``, and the same mesh on mTLS, its first tokens at
+    ``mtls_ttft_s`` (the last of ten at ``mtls_tail_s``)."""
     plain = _run(levels)
     results = dict(plain.results)
     for level in levels:
+        results[key("mesh_twin", level)] = PathMetrics.of(_mesh_records(twin_ttft_s, None), 2.5)
         results[key("mesh_mtls", level)] = PathMetrics.of(_mesh_records(mtls_ttft_s, mtls_tail_s), 2.5)
     return OverheadRun(False, results, plain.length_mismatches, plain.setup, tls="both")
 
@@ -444,15 +448,16 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     report = _report(levels, _mtls_run(levels, mtls_ttft_s=0.0426, mtls_tail_s=0.045))
     body = json.loads(report.to_json())
     assert set(body["results"]) == {
-        f"{system}/c{level}" for system in ("direct", "mesh", "mesh_mtls") for level in levels
+        f"{system}/c{level}" for system in ("direct", "mesh", "mesh_twin", "mesh_mtls") for level in levels
     }
     results, ratios = body["results"], body["ratios"]["c16"]
     for percentile in ("p50", "p90", "p99"):
-        mtls, plain = (
+        mtls, twin = (
             results["mesh_mtls/c16"][f"ttft_{percentile}_s"],
-            results["mesh/c16"][f"ttft_{percentile}_s"],
+            results["mesh_twin/c16"][f"ttft_{percentile}_s"],
         )
-        assert ratios[f"mtls_added_ttft_{percentile}_ms"] == pytest.approx((mtls - plain) * 1000, abs=1e-4)
+        assert ratios[f"mtls_added_ttft_{percentile}_ms"] == pytest.approx((mtls - twin) * 1000, abs=1e-4)
+    assert ratios["twin_added_ttft_p50_ms"] == pytest.approx(0.0)
     assert ratios["mtls_added_ttft_p50_ms"] == pytest.approx(0.6)
     assert ratios["mtls_added_ttft_p99_ms"] > 0.6
     # What the mesh adds over direct is still the plaintext mesh's.
@@ -467,7 +472,7 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     assert "mesh_mtls/c16" in table
     header = next(line for line in table.splitlines() if line.startswith("level") and "mtls p50" in line)
     row = table.splitlines()[table.splitlines().index(header) + 2]
-    assert row.split()[0] == "c16" and row.split()[-3] == "+0.6ms"
+    assert row.split()[0] == "c16" and row.split()[-3] == "+0.6ms" and row.split()[-4] == "+0.0ms"
     # Every plaintext sample at 42 ms, nine in ten mTLS ones at 42.6 ms:
     # each resampled median differs by 0.6 ms.
     assert ratios["mtls_added_ttft_p50_ci95_low_ms"] == pytest.approx(0.6)
@@ -475,6 +480,12 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     assert ratios["mtls_added_ttft_mean_ms"] == pytest.approx(0.6 + 2.4 / 10)
     assert row.split()[-1] == "[+0.6,+0.6]ms"
     assert "mtls_ttft_p50 met" in table
+
+    # What mTLS adds is measured against the twin, not the mesh whose pod direct shares.
+    shifted = json.loads(_report(levels, _mtls_run(levels, mtls_ttft_s=0.0435, twin_ttft_s=0.043)).to_json())
+    assert shifted["ratios"]["c16"]["mtls_added_ttft_p50_ms"] == pytest.approx(0.5)
+    assert shifted["ratios"]["c16"]["twin_added_ttft_p50_ms"] == pytest.approx(1.0)
+    assert shifted["targets_met"]["mtls_ttft_p50"] is True
 
     # 1.5 ms more at the median misses the target, and with it ``all``.
     slow = json.loads(_report(levels, _mtls_run(levels, mtls_ttft_s=0.0435)).to_json())
@@ -489,7 +500,8 @@ def test_mtls_after_idle_and_a_missing_mtls_result() -> None:
     starts = {
         key("direct", 16): _records(0.040, 0.015, 4, 2),
         key("mesh", 16): _records(0.046, 0.016, 4, 2),
-        key("mesh_mtls", 16): _records(0.049, 0.016, 4, 2),
+        key("mesh_twin", 16): _records(0.047, 0.016, 4, 2),
+        key("mesh_mtls", 16): _records(0.050, 0.016, 4, 2),
     }
     idle = OverheadRun(False, run.results, {}, {}, starts, tls="both")
     ratios = json.loads(_report(levels, idle).to_json())["ratios"]["c16"]
@@ -661,13 +673,13 @@ def test_quick_overhead_run_measures_the_transport_mtls_and_the_filter_through_t
     assert (runs["transport"]["tls"], runs["with_output_filter"]["tls"]) == ("both", "off")
     # Each run had its own meshes, their logs in a folder of their own; the
     # mTLS planes were given the certificates the benchmark issued.
-    for folder in ("transport/plaintext", "transport/mtls", "with_output_filter/plaintext"):
+    for folder in ("transport/mesh", "transport/mesh_twin", "transport/mesh_mtls", "with_output_filter/mesh"):
         assert list((tmp_path / folder).glob("*-region.log")), folder
-    assert not (tmp_path / "with_output_filter" / "mtls").exists()
+    assert not (tmp_path / "with_output_filter" / "mesh_mtls").exists()
     assert (tmp_path / "certs" / "ca.pem").is_file()
     filtered = report["with_output_filter"]
     for results, all_ratios, systems in (
-        (report["results"], report["ratios"], ("direct", "mesh", "mesh_mtls")),
+        (report["results"], report["ratios"], ("direct", "mesh", "mesh_twin", "mesh_mtls")),
         (filtered["results"], filtered["ratios"], ("direct", "mesh")),
     ):
         assert set(results) == {f"{system}/c{level}" for system in systems for level in (1, 2)}
@@ -685,14 +697,19 @@ def test_quick_overhead_run_measures_the_transport_mtls_and_the_filter_through_t
             assert ratios["output_tok_s_ratio"] == pytest.approx(share, abs=0.001)
             assert isinstance(ratios["added_ttft_after_idle_ms"], float)
     for level in ("c1", "c2"):
-        mtls, plain, ratios = (
+        mtls, twin, plain, ratios = (
             report["results"][f"mesh_mtls/{level}"],
+            report["results"][f"mesh_twin/{level}"],
             report["results"][f"mesh/{level}"],
             report["ratios"][level],
         )
-        assert mtls["output_tokens"] == plain["output_tokens"]
-        added = (mtls["ttft_p50_s"] - plain["ttft_p50_s"]) * 1000
+        assert mtls["output_tokens"] == twin["output_tokens"] == plain["output_tokens"]
+        added = (mtls["ttft_p50_s"] - twin["ttft_p50_s"]) * 1000
         assert ratios["mtls_added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+        twin_added = (twin["ttft_p50_s"] - plain["ttft_p50_s"]) * 1000
+        assert ratios["twin_added_ttft_p50_ms"] == pytest.approx(twin_added, abs=0.01)
+        low, high = ratios["mtls_added_ttft_p50_ci95_low_ms"], ratios["mtls_added_ttft_p50_ci95_high_ms"]
+        assert low <= high
         assert isinstance(ratios["mtls_added_ttft_p99_ms"], float)
         assert isinstance(ratios["mtls_added_ttft_after_idle_ms"], float)
         assert not any(name.startswith("mtls") for name in filtered["ratios"][level])
