@@ -171,7 +171,10 @@ async def test_a_region_serves_turns_to_the_edge_and_clients_only(stack: SecureS
         assert events[-1].HasField("finished"), events[-1]
     for holder in (POD, US_WEST, EU_WEST):
         async with stack.pki.channel(stack.region.address, holder, REGION_NAME) as ch:
-            call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(iter([_start()]), metadata=AUTH, timeout=15)
+            # Refused on arrival, before any message is read; sending none
+            # keeps grpc's client from reporting a write that raced the
+            # refusal as INTERNAL (grpc/grpc#36066).
+            call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(metadata=AUTH, timeout=15)
             await _denied(call.read())
 
 
@@ -433,7 +436,10 @@ async def test_only_the_edge_may_continue_a_turn(stack: SecureStack) -> None:
         )
     )
     async with stack.pki.channel(stack.region.address, CLIENT, REGION_NAME) as ch:
-        call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(iter([start]), metadata=AUTH, timeout=15)
+        # Written, not half-closed: the refusal comes after the region read
+        # the start, so no write races it (grpc/grpc#36066).
+        call = chat_service_pb2_grpc.ChatServiceStub(ch).Chat(metadata=AUTH, timeout=15)
+        await call.write(start)
         error = await _denied(call.read())
     assert "continue" in error.message
     async with stack.pki.channel(stack.region.address, EDGE, REGION_NAME) as ch:
