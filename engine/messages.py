@@ -91,6 +91,13 @@ def sampling_options(params: common_pb2.SamplingParams) -> SamplingOptions:
 def _tool_choice(params: common_pb2.SamplingParams) -> ToolChoiceSpec:
     choice = params.tool_choice
     if choice.mode == common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED:
+        if choice.name:
+            # A name says which tool to call only with TOOL_CHOICE_MODE_NAMED.
+            raise InvalidArgument(
+                Reason.INVALID_SAMPLING,
+                f"tool_choice names {choice.name!r} but sets no mode; a named choice sets mode NAMED",
+                metadata={"param": "tool_choice"},
+            )
         return ToolChoiceSpec(ToolChoiceMode.AUTO if params.tools else ToolChoiceMode.NONE)
     mode = _TOOL_CHOICE_MODES.get(choice.mode)
     if mode is None:

@@ -42,6 +42,7 @@ BAD_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "string"
             "tool_choice",
         ),
         ({"tool_choice": REQUIRED}, "tool_choice"),
+        ({"tools": [CLOCK], "tool_choice": c.ToolChoice(name="get_time")}, "tool_choice"),
         ({"tools": [CLOCK], "tool_choice": c.ToolChoice(mode=c.ToolChoiceMode.ValueType(7))}, "tool_choice"),
         (
             {"tools": [CLOCK], "tool_choice": c.ToolChoice(mode=c.TOOL_CHOICE_MODE_AUTO, name="get_time")},
