@@ -227,6 +227,9 @@ class ChatStart(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     CONTINUATION_FIELD_NUMBER: _builtins.int
     USER_FIELD_NUMBER: _builtins.int
+    PARENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    EDIT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REGENERATE_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique id of the turn, chosen by the caller; the idempotency key of its
     usage record. Empty: the region picks one.
@@ -237,6 +240,18 @@ class ChatStart(_message.Message):
     """Continue this conversation; empty for a stateless turn."""
     user: _builtins.str
     """An end-user id for abuse tracking, as in the OpenAI API."""
+    parent_message_id: _builtins.str
+    """Continue after this stored message of the conversation, whichever
+    branch it is on.
+    """
+    edit_message_id: _builtins.str
+    """A new version of this stored user message: the turn's user message
+    becomes its sibling, starting a new branch.
+    """
+    regenerate_message_id: _builtins.str
+    """A new reply in place of this stored assistant message (a sibling of
+    it), or to this stored user message; the turn brings no messages.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """The messages of the turn. With conversation_id set, only the new
@@ -261,12 +276,17 @@ class ChatStart(_message.Message):
         conversation_id: _builtins.str = ...,
         continuation: Global___Continuation | None = ...,
         user: _builtins.str = ...,
+        parent_message_id: _builtins.str = ...,
+        edit_message_id: _builtins.str = ...,
+        regenerate_message_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["continuation", b"continuation", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "edit_message_id", b"edit_message_id", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["continuation", b"continuation", "conversation_id", b"conversation_id", "messages", b"messages", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "conversation_id", b"conversation_id", "edit_message_id", b"edit_message_id", "messages", b"messages", "model", b"model", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "request_id", b"request_id", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_branch_point: _TypeAlias = _typing.Literal["parent_message_id", "edit_message_id", "regenerate_message_id"]  # noqa: Y015
+    _WhichOneofArgType_branch_point: _TypeAlias = _typing.Literal["branch_point", b"branch_point"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_branch_point) -> _WhichOneofReturnType_branch_point | None: ...
 
 Global___ChatStart: _TypeAlias = ChatStart  # noqa: Y015
 
@@ -416,6 +436,8 @@ class ChatStarted(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     RATE_LIMIT_FIELD_NUMBER: _builtins.int
+    PARENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's id."""
     region: _builtins.str
@@ -428,6 +450,10 @@ class ChatStarted(_message.Message):
     """The resolved model."""
     conversation_id: _builtins.str
     """The conversation, when the turn belongs to one."""
+    parent_message_id: _builtins.str
+    """Of a conversation turn: the stored message its messages follow ("" when
+    they start the conversation).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the turn was accepted."""
@@ -435,6 +461,10 @@ class ChatStarted(_message.Message):
     @_builtins.property
     def rate_limit(self) -> Global___RateLimitStatus:
         """The caller's API key's rate limits as its admission left them."""
+
+    @_builtins.property
+    def context(self) -> Global___ContextReport:
+        """Of a conversation turn: how its history was fitted into the window."""
 
     def __init__(
         self,
@@ -447,14 +477,42 @@ class ChatStarted(_message.Message):
         conversation_id: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         rate_limit: Global___RateLimitStatus | None = ...,
+        parent_message_id: _builtins.str = ...,
+        context: Global___ContextReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "rate_limit", b"rate_limit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "create_time", b"create_time", "rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "parent_message_id", b"parent_message_id", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatStarted: _TypeAlias = ChatStarted  # noqa: Y015
+
+@_typing.final
+class ContextReport(_message.Message):
+    """How a conversation turn's history was fitted into the model's window."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARISED_TURNS_FIELD_NUMBER: _builtins.int
+    DROPPED_MESSAGES_FIELD_NUMBER: _builtins.int
+    summarised_turns: _builtins.int
+    """Oldest turns of the branch replaced by the conversation's stored summary."""
+    dropped_messages: _builtins.int
+    """History messages left out without a summary (none was ready)."""
+    def __init__(
+        self,
+        *,
+        summarised_turns: _builtins.int = ...,
+        dropped_messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_messages", b"dropped_messages", "summarised_turns", b"summarised_turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextReport: _TypeAlias = ContextReport  # noqa: Y015
 
 @_typing.final
 class RateLimitStatus(_message.Message):
@@ -725,6 +783,7 @@ class StoredMessage(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    PARENT_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The message id."""
     conversation_id: _builtins.str
@@ -747,6 +806,8 @@ class StoredMessage(_message.Message):
     """Why the turn ended (assistant messages)."""
     tool_call_id: _builtins.str
     """Of a tool message: the id of the call it answers."""
+    parent_id: _builtins.str
+    """The message it follows in the conversation's tree; "" for a first message."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was stored."""
@@ -771,10 +832,11 @@ class StoredMessage(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         tool_calls: _abc.Iterable[_common_pb2.ToolCall] | None = ...,
         tool_call_id: _builtins.str = ...,
+        parent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "cost_usd", b"cost_usd", "create_time", b"create_time", "finish_reason", b"finish_reason", "id", b"id", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "request_id", b"request_id", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "cost_usd", b"cost_usd", "create_time", b"create_time", "finish_reason", b"finish_reason", "id", b"id", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "parent_id", b"parent_id", "request_id", b"request_id", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -996,6 +1058,8 @@ class ListMessagesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     AFTER_ID_FIELD_NUMBER: _builtins.int
+    LEAF_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation."""
     page_size: _builtins.int
@@ -1006,6 +1070,14 @@ class ListMessagesRequest(_message.Message):
     """Start after this message of the conversation (an id from an earlier
     page) instead of at page_token, for clients that page by ids.
     """
+    leaf_id: _builtins.str
+    """List the branch ending at this message: it and the messages it follows.
+    Empty: the current branch (the one ending at the newest message).
+    """
+    request_id: _builtins.str
+    """List only the messages this request id stored (any branch); the other
+    filters then do not apply.
+    """
     def __init__(
         self,
         *,
@@ -1013,10 +1085,12 @@ class ListMessagesRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         after_id: _builtins.str = ...,
+        leaf_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "conversation_id", b"conversation_id", "leaf_id", b"leaf_id", "page_size", b"page_size", "page_token", b"page_token", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1049,6 +1123,108 @@ class ListMessagesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListMessagesResponse: _TypeAlias = ListMessagesResponse  # noqa: Y015
+
+@_typing.final
+class ListBranchesRequest(_message.Message):
+    """Asks for a page of a conversation's branches."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation."""
+    page_size: _builtins.int
+    """Most items to return; 0 means 20, at most 100."""
+    page_token: _builtins.str
+    """From a previous response; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBranchesRequest: _TypeAlias = ListBranchesRequest  # noqa: Y015
+
+@_typing.final
+class ListBranchesResponse(_message.Message):
+    """A page of branches, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BRANCHES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty on the last."""
+    @_builtins.property
+    def branches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Branch]:
+        """The branches."""
+
+    def __init__(
+        self,
+        *,
+        branches: _abc.Iterable[Global___Branch] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branches", b"branches", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBranchesResponse: _TypeAlias = ListBranchesResponse  # noqa: Y015
+
+@_typing.final
+class Branch(_message.Message):
+    """One branch of a conversation's tree: the path from its first message to a
+    message nothing follows yet.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEAF_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
+    FORK_ID_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    leaf_id: _builtins.str
+    """Its last message; a turn with this as parent_message_id continues it."""
+    message_count: _builtins.int
+    """Messages from the first to the leaf."""
+    fork_id: _builtins.str
+    """Where it leaves the branch it forked from: the last message it shares
+    with an older branch ("" when it shares none, or is the oldest).
+    """
+    current: _builtins.bool
+    """Whether it is the current branch, which a turn with no branch point continues."""
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When its leaf was stored."""
+
+    def __init__(
+        self,
+        *,
+        leaf_id: _builtins.str = ...,
+        message_count: _builtins.int = ...,
+        fork_id: _builtins.str = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+        current: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "fork_id", b"fork_id", "leaf_id", b"leaf_id", "message_count", b"message_count", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Branch: _TypeAlias = Branch  # noqa: Y015
 
 @_typing.final
 class GetRegionInfoRequest(_message.Message):

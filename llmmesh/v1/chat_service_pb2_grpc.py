@@ -72,6 +72,11 @@ class ChatServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.ListBranches = channel.unary_unary(
+                '/llmmesh.v1.ChatService/ListBranches',
+                request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesResponse.FromString,
+                _registered_method=True)
         self.GetRegionInfo = channel.unary_unary(
                 '/llmmesh.v1.ChatService/GetRegionInfo',
                 request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoRequest.SerializeToString,
@@ -143,6 +148,13 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBranches(self, request, context):
+        """Lists the branches of a conversation's tree, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetRegionInfo(self, request, context):
         """Describes the region: zone, models, health.
         """
@@ -187,6 +199,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'ListBranches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBranches,
+                    request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesResponse.SerializeToString,
             ),
             'GetRegionInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRegionInfo,
@@ -386,6 +403,33 @@ class ChatService:
             '/llmmesh.v1.ChatService/ListMessages',
             llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesRequest.SerializeToString,
             llmmesh_dot_v1_dot_chat__service__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBranches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.ChatService/ListBranches',
+            llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesRequest.SerializeToString,
+            llmmesh_dot_v1_dot_chat__service__pb2.ListBranchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

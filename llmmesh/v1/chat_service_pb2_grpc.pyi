@@ -61,6 +61,8 @@ class ChatServiceStub:
     """Soft-deletes a conversation."""
     ListMessages: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListMessagesRequest, _chat_service_pb2.ListMessagesResponse]
     """Lists the messages of a conversation, oldest first."""
+    ListBranches: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.ListBranchesRequest, _chat_service_pb2.ListBranchesResponse]
+    """Lists the branches of a conversation's tree, newest first."""
     GetRegionInfo: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetRegionInfoRequest, _chat_service_pb2.GetRegionInfoResponse]
     """Describes the region: zone, models, health."""
 
@@ -97,6 +99,8 @@ class ChatServiceAsyncStub(ChatServiceStub):
     """Soft-deletes a conversation."""
     ListMessages: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListMessagesRequest, _chat_service_pb2.ListMessagesResponse]  # type: ignore[assignment]
     """Lists the messages of a conversation, oldest first."""
+    ListBranches: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.ListBranchesRequest, _chat_service_pb2.ListBranchesResponse]  # type: ignore[assignment]
+    """Lists the branches of a conversation's tree, newest first."""
     GetRegionInfo: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetRegionInfoRequest, _chat_service_pb2.GetRegionInfoResponse]  # type: ignore[assignment]
     """Describes the region: zone, models, health."""
 
@@ -172,6 +176,14 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_chat_service_pb2.ListMessagesResponse, _abc.Awaitable[_chat_service_pb2.ListMessagesResponse]]:
         """Lists the messages of a conversation, oldest first."""
+
+    @_abc_1.abstractmethod
+    def ListBranches(
+        self,
+        request: _chat_service_pb2.ListBranchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.ListBranchesResponse, _abc.Awaitable[_chat_service_pb2.ListBranchesResponse]]:
+        """Lists the branches of a conversation's tree, newest first."""
 
     @_abc_1.abstractmethod
     def GetRegionInfo(

@@ -35,6 +35,7 @@ class Tenant(_message.Message):
     MONTHLY_TOKEN_QUOTA_FIELD_NUMBER: _builtins.int
     ALLOWED_MODELS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    CONVERSATION_RETENTION_DAYS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Opaque id, "ten_<random>"."""
     name: _builtins.str
@@ -49,6 +50,10 @@ class Tenant(_message.Message):
     """Tokens per minute per key; 0 means unlimited."""
     monthly_token_quota: _builtins.int
     """Tokens per calendar month; 0 means unlimited."""
+    conversation_retention_days: _builtins.int
+    """Days a soft-deleted conversation's content stays in its zone store
+    before it is purged; 0 means the region's default.
+    """
     @_builtins.property
     def allowed_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Models it may use; empty means all models of its tier."""
@@ -69,10 +74,11 @@ class Tenant(_message.Message):
         monthly_token_quota: _builtins.int = ...,
         allowed_models: _abc.Iterable[_builtins.str] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        conversation_retention_days: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "create_time", b"create_time", "id", b"id", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "conversation_retention_days", b"conversation_retention_days", "create_time", b"create_time", "id", b"id", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
