@@ -729,3 +729,32 @@ class StreamError(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamError: _TypeAlias = StreamError  # noqa: Y015
+
+@_typing.final
+class TraceContext(_message.Message):
+    """W3C trace context (https://www.w3.org/TR/trace-context/) of the span a
+    request on a session stream belongs to. A session stream carries many
+    requests, so their context cannot ride in the call's metadata.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
+    traceparent: _builtins.str
+    """The `traceparent` header's value; empty when the request is not traced."""
+    tracestate: _builtins.str
+    """The `tracestate` header's value, if any."""
+    def __init__(
+        self,
+        *,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceContext: _TypeAlias = TraceContext  # noqa: Y015

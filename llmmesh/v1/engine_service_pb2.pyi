@@ -175,6 +175,7 @@ class GenerateStart(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     RESUME_OUTPUT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique id of the generation; used to abort it and to key its events."""
     model: _builtins.str
@@ -200,6 +201,10 @@ class GenerateStart(_message.Message):
         assistant's reply and count against max_tokens.
         """
 
+    @_builtins.property
+    def trace_context(self) -> _common_pb2.TraceContext:
+        """The trace the generation belongs to (the region's span for the turn)."""
+
     def __init__(
         self,
         *,
@@ -210,10 +215,11 @@ class GenerateStart(_message.Message):
         sampling: _common_pb2.SamplingParams | None = ...,
         priority: _builtins.int = ...,
         resume_output_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        trace_context: _common_pb2.TraceContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_output_token_ids", b"resume_output_token_ids", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_output_token_ids", b"resume_output_token_ids", "sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
