@@ -22,11 +22,12 @@ from sqlalchemy.engine import Connection
 
 from globalplane import schema
 from globalplane.clock import Clock, utc_now
+from globalplane.model_fleet_rules import require_consistent, require_fleet_fields
 from globalplane.paging import Page, page_of, page_window
 from globalplane.settings import GlobalSettings
 from globalplane.store import GlobalStore
 from globalplane.tiers import TenantTier
-from llmmesh.errors import InvalidArgument, NotFound, PermissionDenied, Reason
+from llmmesh.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
 
 R = TypeVar("R")
 
@@ -89,6 +90,14 @@ class Model:
     allowed_tiers: frozenset[TenantTier] = frozenset()
     """Tenant tiers that may use it; empty means all."""
     deployments: tuple[ModelDeployment, ...] = ()
+    retired: bool = False
+    """Listed but no longer served; no tier's default."""
+    canary_of: str = ""
+    """The model this one is a canary of (a new version taking a share of its turns)."""
+    canary_percent: int = 0
+    """Percent of ``canary_of``'s turns this canary takes, 0 to 100."""
+    canaries: tuple[tuple[str, int], ...] = ()
+    """Live canaries of this model and their percents, filled when the catalog hands it out."""
 
     def allows(self, tier: TenantTier) -> bool:
         """Whether tenants of ``tier`` may use this model."""
@@ -154,7 +163,22 @@ def _model_of(row: sa.Row[Any]) -> Model:
         chat_template_family=row.chat_template_family,
         default_for_tiers=frozenset(TenantTier(t) for t in row.default_for_tiers),
         allowed_tiers=frozenset(TenantTier(t) for t in row.allowed_tiers),
+        retired=bool(row.retired),
+        canary_of=row.canary_of or "",
+        canary_percent=row.canary_percent or 0,
     )
+
+
+def _with_canaries(conn: Connection, model: Model) -> Model:
+    """``model`` with its live canaries, by name."""
+    m = schema.models
+    rows = conn.execute(
+        sa.select(m.c.name, m.c.canary_percent, m.c.retired)
+        .where(m.c.canary_of == model.name)
+        .order_by(m.c.name)
+    ).all()
+    canaries = tuple((r.name, r.canary_percent or 0) for r in rows if not r.retired and r.canary_percent)
+    return dataclasses.replace(model, canaries=canaries)
 
 
 def _tiers(tiers: frozenset[TenantTier]) -> list[str]:
@@ -166,7 +190,7 @@ def find_model(conn: Connection, name: str) -> Model:
     row = conn.execute(_priced_models().where(schema.models.c.name == name)).first()
     if row is None:
         raise NotFound(Reason.UNKNOWN_MODEL, f"unknown model {_shown(name)}", metadata={"model": name[:128]})
-    return _model_of(row)
+    return _with_canaries(conn, _model_of(row))
 
 
 def _store_model(conn: Connection, model: Model, now: datetime) -> None:
@@ -190,6 +214,9 @@ def _store_model(conn: Connection, model: Model, now: datetime) -> None:
         "chat_template_family": model.chat_template_family,
         "default_for_tiers": _tiers(model.default_for_tiers),
         "allowed_tiers": _tiers(model.allowed_tiers),
+        "retired": model.retired,
+        "canary_of": model.canary_of or None,
+        "canary_percent": model.canary_percent or None,
     }
     current = conn.execute(_priced_models().where(m.c.name == model.name)).first()
     if current is None:
@@ -245,8 +272,11 @@ class ModelCatalog:
         query = _priced_models().order_by(schema.models.c.name).limit(size + 1)
         if after is not None:
             query = query.where(schema.models.c.name > after)
-        rows = await self._store.transaction(lambda conn: conn.execute(query).all())
-        page = page_of([_model_of(r) for r in rows], lambda m: m.name, size)
+
+        def read(conn: Connection) -> list[Model]:
+            return [_with_canaries(conn, _model_of(r)) for r in conn.execute(query).all()]
+
+        page = page_of(await self._store.transaction(read), lambda m: m.name, size)
         return Page([self._deployed(m) for m in page.items], page.next_page_token)
 
     async def get_model(self, name: str) -> Model:
@@ -266,6 +296,7 @@ class ModelCatalog:
         now = self._clock()
 
         def upsert(conn: Connection) -> Model:
+            require_consistent(conn, model)
             _store_model(conn, model, now)
             return find_model(conn, model.name)
 
@@ -282,15 +313,25 @@ class ModelCatalog:
         if name in ("", AUTO):
             # Catalogs are small; JSON containment differs per database, so filter here.
             rows = await self._store.transaction(lambda conn: conn.execute(_priced_models()).all())
-            chosen = next((m for m in map(_model_of, rows) if tenant_tier in m.default_for_tiers), None)
+            chosen = next(
+                (m for m in map(_model_of, rows) if tenant_tier in m.default_for_tiers and not m.retired),
+                None,
+            )
             if chosen is None:
                 raise NotFound(
                     Reason.UNKNOWN_MODEL,
                     f"no default model for tier {tenant_tier.value!r}",
                     metadata={"model": AUTO, "tier": tenant_tier.value},
                 )
-            return self._deployed(chosen)
+            default = chosen
+            return self._deployed(await self._store.transaction(lambda conn: _with_canaries(conn, default)))
         model = await self.get_model(name)
+        if model.retired:
+            raise FailedPrecondition(
+                Reason.MODEL_RETIRED,
+                f"model {name!r} is retired",
+                metadata={"model": name, "param": "model"},
+            )
         if not model.allows(tenant_tier):
             raise PermissionDenied(
                 Reason.MODEL_NOT_ALLOWED,
@@ -324,6 +365,7 @@ class ModelCatalog:
             ("pricing.output_per_1k_usd", model.output_per_1k_usd),
         ):
             parse_price(str(price), param)
+        require_fleet_fields(model)
         if model.allowed_tiers and not model.default_for_tiers <= model.allowed_tiers:
             raise InvalidArgument(
                 Reason.INVALID_REQUEST,

@@ -47,11 +47,16 @@ def model_to_proto(model: Model) -> mpb.Model:
         ],
         default_for_tiers=_tiers_to_proto(model.default_for_tiers),
         allowed_tiers=_tiers_to_proto(model.allowed_tiers),
+        retired=model.retired,
+        canary_of=model.canary_of,
+        canary_percent=model.canary_percent,
+        canaries=[mpb.ModelCanary(name=name, percent=percent) for name, percent in model.canaries],
     )
 
 
 def model_from_proto(model: mpb.Model) -> Model:
-    """The model to upsert; deployments are ignored (they come from region heartbeats)."""
+    """The model to upsert; deployments and canaries are ignored (they come
+    from region heartbeats and from the canaries' own ``canary_of``)."""
     tier = _MODEL_TIER_FROM_PROTO.get(model.tier)
     if tier is None:
         raise InvalidArgument(Reason.INVALID_REQUEST, "model tier must be set", metadata={"param": "tier"})
@@ -65,6 +70,9 @@ def model_from_proto(model: mpb.Model) -> Model:
         chat_template_family=model.chat_template_family,
         default_for_tiers=_tiers_from_proto(model.default_for_tiers, "default_for_tiers"),
         allowed_tiers=_tiers_from_proto(model.allowed_tiers, "allowed_tiers"),
+        retired=model.retired,
+        canary_of=model.canary_of,
+        canary_percent=model.canary_percent,
     )
 
 

@@ -57,6 +57,10 @@ models = sa.Table(
     sa.Column("chat_template_family", sa.String(64), nullable=False),
     sa.Column("default_for_tiers", sa.JSON, nullable=False),
     sa.Column("allowed_tiers", sa.JSON, nullable=False),
+    # Added later, so nullable: a model of an older store is live and no canary.
+    sa.Column("retired", sa.Boolean, nullable=True),
+    sa.Column("canary_of", sa.String(128), nullable=True),
+    sa.Column("canary_percent", sa.Integer, nullable=True),
 )
 
 model_prices = sa.Table(

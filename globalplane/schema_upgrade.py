@@ -69,3 +69,20 @@ def _rebuild(conn: Connection) -> None:
     names = ", ".join(kept)
     conn.exec_driver_sql(f'INSERT INTO {_TABLE} ({names}) SELECT {names} FROM "{old}"')
     conn.exec_driver_sql(f'DROP TABLE "{old}"')
+
+
+# Columns of ``models`` added since the first version: retirement and canaries.
+_MODEL_COLUMNS_ADDED = ("retired", "canary_of", "canary_percent")
+
+
+def upgrade_models(conn: Connection) -> None:
+    """Give an older ``models`` table the columns it lacks (empty: live, no canary)."""
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(schema.models.name):
+        return
+    columns = {c["name"] for c in inspector.get_columns(schema.models.name)}
+    for added in _MODEL_COLUMNS_ADDED:
+        if added not in columns:
+            log.warning("adding column %s to %s", added, schema.models.name)
+            kind = schema.models.c[added].type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {schema.models.name} ADD COLUMN {added} {kind}")

@@ -81,6 +81,10 @@ class Model(_message.Message):
     DEPLOYMENTS_FIELD_NUMBER: _builtins.int
     DEFAULT_FOR_TIERS_FIELD_NUMBER: _builtins.int
     ALLOWED_TIERS_FIELD_NUMBER: _builtins.int
+    RETIRED_FIELD_NUMBER: _builtins.int
+    CANARY_OF_FIELD_NUMBER: _builtins.int
+    CANARY_PERCENT_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name clients ask for."""
     tier: Global___ModelTier.ValueType
@@ -91,6 +95,16 @@ class Model(_message.Message):
     """Tokenizer family; engines of one family tokenize identically."""
     chat_template_family: _builtins.str
     """Chat template family."""
+    retired: _builtins.bool
+    """A retired model is listed but no longer served: resolving it fails with
+    FAILED_PRECONDITION MODEL_RETIRED, and it is no tier's default.
+    """
+    canary_of: _builtins.str
+    """When set, this model is a canary of the named model: that share of the
+    turns resolving to the named model runs on this one.
+    """
+    canary_percent: _builtins.int
+    """Percent (0 to 100) of the named model's turns this canary takes."""
     @_builtins.property
     def pricing(self) -> Global___ModelPricing:
         """Prices."""
@@ -107,6 +121,12 @@ class Model(_message.Message):
     def allowed_tiers(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.Tier.ValueType]:
         """Tenant tiers allowed to use it; empty means all."""
 
+    @_builtins.property
+    def canaries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelCanary]:
+        """Canaries of this model with their shares, filled when the registry
+        hands the model out (ignored on upsert).
+        """
+
     def __init__(
         self,
         *,
@@ -119,14 +139,44 @@ class Model(_message.Message):
         deployments: _abc.Iterable[Global___ModelDeployment] | None = ...,
         default_for_tiers: _abc.Iterable[_common_pb2.Tier.ValueType] | None = ...,
         allowed_tiers: _abc.Iterable[_common_pb2.Tier.ValueType] | None = ...,
+        retired: _builtins.bool = ...,
+        canary_of: _builtins.str = ...,
+        canary_percent: _builtins.int = ...,
+        canaries: _abc.Iterable[Global___ModelCanary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pricing", b"pricing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tiers", b"allowed_tiers", "chat_template_family", b"chat_template_family", "context_window", b"context_window", "default_for_tiers", b"default_for_tiers", "deployments", b"deployments", "name", b"name", "pricing", b"pricing", "tier", b"tier", "tokenizer_family", b"tokenizer_family"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tiers", b"allowed_tiers", "canaries", b"canaries", "canary_of", b"canary_of", "canary_percent", b"canary_percent", "chat_template_family", b"chat_template_family", "context_window", b"context_window", "default_for_tiers", b"default_for_tiers", "deployments", b"deployments", "name", b"name", "pricing", b"pricing", "retired", b"retired", "tier", b"tier", "tokenizer_family", b"tokenizer_family"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Model: _TypeAlias = Model  # noqa: Y015
+
+@_typing.final
+class ModelCanary(_message.Message):
+    """A canary of a model: a new version taking a share of its turns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PERCENT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The canary model's name."""
+    percent: _builtins.int
+    """Percent (0 to 100) of the turns it takes."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        percent: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "percent", b"percent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelCanary: _TypeAlias = ModelCanary  # noqa: Y015
 
 @_typing.final
 class ModelDeployment(_message.Message):
