@@ -29,6 +29,7 @@ from typing import Any
 
 from engine.sim.vocabulary import PUNCTUATION, WORDS
 from llmmesh.home import mesh_home
+from llmmesh.model_family import family_model
 
 MODEL_NAME = "llmmesh-tiny"
 SEED = 20261121
@@ -132,9 +133,26 @@ def llama_config(spec: TinyModelSpec, hf_tokenizer: Any, *, tie_word_embeddings:
     )
 
 
-def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
+def family_spec(name: str) -> TinyModelSpec:
+    """The shape of the family member ``name`` (:mod:`llmmesh.model_family`):
+    its layers and width, over the tokenizer every member shares (the
+    tokenizer depends only on the vocabulary size and corpus, which stay
+    the defaults). ValueError for a name outside the family."""
+    member = family_model(name)
+    return TinyModelSpec(
+        hidden_size=member.hidden_size,
+        intermediate_size=member.intermediate_size,
+        num_layers=member.num_layers,
+        num_heads=member.num_heads,
+        num_kv_heads=member.num_kv_heads,
+        context_window=member.context_window,
+    )
+
+
+def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, name: str = MODEL_NAME) -> Path:
     """Write the model and tokenizer into ``out_dir`` (created if missing)
-    and return it. Takes a few seconds."""
+    and return it. Takes a few seconds (a minute for ``llmmesh-large``).
+    ``name`` is recorded in the marker file: which family member it is."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -148,7 +166,7 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None) -> Path:
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir)
     hf_tokenizer.save_pretrained(out_dir)
-    marker = {"name": MODEL_NAME, "seed": SEED, "spec": spec.__dict__}
+    marker = {"name": name, "seed": SEED, "spec": spec.__dict__}
     (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return out_dir
 

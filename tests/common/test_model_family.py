@@ -1,0 +1,66 @@
+"""The model family: sizes that differ, one tokenizer, per-size simulator costs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.tiny_model import TinyModelSpec, build_tokenizer, family_spec
+from llmmesh.model_family import FAMILY, LARGE, SMALL, TINY, family_model
+
+
+def test_members_grow_in_parameters_and_simulated_cost() -> None:
+    sizes = [TINY, SMALL, LARGE]
+    params = [m.parameters for m in sizes]
+    assert params == sorted(params) and len(set(params)) == 3
+    decode = [m.sim_timing()["sim_inter_token_s"] for m in sizes]
+    prefill = [m.sim_timing()["sim_prefill_per_token_s"] for m in sizes]
+    assert decode == sorted(decode) and prefill == sorted(prefill)
+    # llmmesh-tiny keeps the calibrated engine defaults.
+    assert TINY.sim_timing() == pytest.approx(
+        {"sim_inter_token_s": 0.005, "sim_prefill_per_token_s": 0.00012}
+    )
+
+
+def test_an_unknown_member_is_named_in_the_error() -> None:
+    with pytest.raises(ValueError, match="llmmesh-large"):
+        family_model("llmmesh-huge")
+
+
+def test_every_member_shares_the_tokenizer() -> None:
+    reference = build_tokenizer(TinyModelSpec()).to_str()  # type: ignore[attr-defined]
+    for name in FAMILY:
+        spec = family_spec(name)
+        assert (spec.vocab_size, spec.corpus_sentences) == (TinyModelSpec().vocab_size, 4000)
+    assert build_tokenizer(family_spec("llmmesh-large")).to_str() == reference  # type: ignore[attr-defined]
+
+
+def test_model_build_writes_the_member(tmp_path: Path) -> None:
+    out = tmp_path / "small"
+    done = subprocess.run(
+        [sys.executable, "-m", "llmmesh", "model", "build", "--name", "llmmesh-small", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["name"] == "llmmesh-small"
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (SMALL.num_layers, SMALL.hidden_size)
+    assert json.loads((out / "llmmesh-tiny.json").read_text())["name"] == "llmmesh-small"
+
+
+def test_model_build_refuses_a_name_outside_the_family(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "llmmesh", "model", "build", "--name", "gpt-9", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "llmmesh-small" in done.stderr
