@@ -41,18 +41,28 @@ def append_message(
     now: datetime,
     reply: AssistantMessage | None = None,
     tool_call_id: str = "",
+    parent_id: str | None = None,
 ) -> MessageRow:
-    """Add a message after the conversation's last one (a tool message
-    names the call it answers in ``tool_call_id``).
+    """Add a message numbered after the conversation's last one (a tool
+    message names the call it answers in ``tool_call_id``), following
+    ``parent_id`` in the conversation's tree ("" for a first message; None:
+    the newest message, which continues the current branch).
 
     The caller holds the conversation's row lock (or SQLite's single write
     lock), so no other transaction can take the same ``seq`` meanwhile.
     """
-    last = conn.execute(sa.select(sa.func.max(_M.c.seq)).where(_M.c.conversation_id == conversation.id))
+    last = conn.execute(
+        sa.select(_M.c.seq, _M.c.id)
+        .where(_M.c.conversation_id == conversation.id)
+        .order_by(_M.c.seq.desc())
+        .limit(1)
+    ).first()
+    if parent_id is None:
+        parent_id = "" if last is None else str(last.id)
     message = MessageRow(
         id=new_id("msg"),
         conversation_id=conversation.id,
-        seq=(last.scalar() or 0) + 1,
+        seq=(0 if last is None else int(last.seq)) + 1,
         role=role,
         content=content,
         request_id=request_id,
@@ -65,6 +75,7 @@ def append_message(
         created_at=now,
         tool_calls=reply.tool_calls if reply else (),
         tool_call_id=tool_call_id,
+        parent_id=parent_id,
     )
     values = asdict(message) | {
         "role": str(role),
@@ -81,10 +92,13 @@ def append_tool_results(
     request_id: str,
     results: Sequence[ToolResult],
     now: datetime,
+    parent_id: str | None = None,
 ) -> list[MessageRow]:
     """The turn's tool messages, each stored once under ``request_id`` (one
-    stored before, by an earlier attempt of the turn, is kept); ALREADY_EXISTS
-    when the request stored them in another conversation."""
+    stored before, by an earlier attempt of the turn, is kept), the first
+    following ``parent_id`` (as :func:`append_message` takes it) and each
+    other the one before; ALREADY_EXISTS when the request stored them in
+    another conversation."""
     stored: list[MessageRow] = []
     for result in results:
         existing = message_of_request(
@@ -95,9 +109,18 @@ def append_tool_results(
         stored.append(
             existing
             or append_message(
-                conn, conversation, Role.TOOL, result.content, request_id, now, None, result.tool_call_id
+                conn,
+                conversation,
+                Role.TOOL,
+                result.content,
+                request_id,
+                now,
+                None,
+                result.tool_call_id,
+                parent_id,
             )
         )
+        parent_id = stored[-1].id
     return stored
 
 
@@ -193,6 +216,7 @@ def message_of(row: sa.Row[Any]) -> MessageRow:
         created_at=row.created_at,
         tool_calls=tool_calls_of(row.tool_calls),
         tool_call_id=row.tool_call_id,
+        parent_id=row.parent_id,
     )
 
 

@@ -51,6 +51,19 @@ class ConversationRow:
 
 
 @dataclass(frozen=True)
+class SummaryRow:
+    """A stored summary of a branch's first ``turns`` whole turns, through
+    message ``through_message_id`` (every branch through it can use it)."""
+
+    conversation_id: str
+    through_message_id: str
+    turns: int
+    content: str
+    model: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
 class ConversationPage:
     """One page of a tenant's conversations, newest first; the token is empty on the last page."""
 
@@ -79,6 +92,8 @@ class MessageRow:
     created_at: datetime
     tool_calls: tuple[ToolCallRow, ...] = ()
     tool_call_id: str = ""
+    # The message it follows in the conversation's tree; "" for a first message.
+    parent_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,12 @@ conversations = sa.Table(
     sa.Column("system_prompt", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
-    # Soft delete: the row hides from every read; purging content is a later job's.
+    # Soft delete: the row hides from every read; the purge removes its content later.
     sa.Column("deleted_at", UtcDateTime, nullable=True),
     # Listing is newest first per tenant.
     sa.Index("ix_conversations_tenant_created", "tenant_id", "created_at", "id"),
+    # The purge finds soft-deleted conversations past their retention.
+    sa.Index("ix_conversations_deleted", "deleted_at"),
 )
 
 messages = sa.Table(
@@ -58,6 +60,9 @@ messages = sa.Table(
     sa.Column("tool_calls", sa.Text, nullable=False, server_default=""),
     # A tool message's: the call it answers; empty on other roles.
     sa.Column("tool_call_id", sa.String(64), nullable=False, server_default=""),
+    # The message it follows: a conversation is a tree (edits and
+    # regenerations branch it); empty for a first message.
+    sa.Column("parent_id", sa.String(64), nullable=False, server_default=""),
     sa.UniqueConstraint("conversation_id", "seq", name="uq_messages_conversation_seq"),
     # One message per role and request id of a tenant (tool messages: per
     # call answered) makes a repeated turn a no-op (request ids are per tenant).
@@ -113,5 +118,21 @@ turn_starts = sa.Table(
     sa.Index("ix_turn_starts_tenant_continues", "tenant_id", "continues"),
 )
 
-ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts)
+summaries = sa.Table(
+    "conversation_summaries",
+    metadata,
+    # One summary per branch point summarised: the last message it covers.
+    sa.Column("conversation_id", sa.String(96), sa.ForeignKey("conversations.id"), primary_key=True),
+    sa.Column("through_message_id", sa.String(64), primary_key=True),
+    sa.Column("tenant_id", sa.String(64), nullable=False),
+    sa.Column("home_region", sa.String(64), nullable=False),
+    # How many whole turns of the branch, from its first message, it replaces.
+    sa.Column("turns", sa.Integer, nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    # The model that wrote it.
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+)
+
+ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts, summaries)
 """Homed row by row: ``REGIONAL BY ROW`` in a multi-region CockroachDB."""

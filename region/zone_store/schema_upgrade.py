@@ -12,6 +12,11 @@ place, keeping every row: PostgreSQL and CockroachDB alter the keys; SQLite,
 which cannot, copies each outdated table's rows into a new one, all in one
 transaction.
 
+Conversations were lists in ``seq`` order before they were trees: when the
+messages' ``parent_id`` column is added, each message is linked to the one
+before it (:func:`link_linear_history`), so every old conversation is one
+branch.
+
 Several regions may open one zone store at once: on PostgreSQL the first to
 find it outdated locks the tables and the others find it current once they
 get them.
@@ -112,3 +117,25 @@ def _rebuild(conn: Connection, table: sa.Table) -> None:
     names = ", ".join(f'"{name}"' for name in kept)
     conn.exec_driver_sql(f'INSERT INTO {table.name} ({names}) SELECT {names} FROM "{old}"')
     conn.exec_driver_sql(f'DROP TABLE "{old}"')
+
+
+def link_linear_history(conn: Connection) -> None:
+    """Make each message without a parent follow the conversation's message
+    numbered before it: a list become a one-branch tree. Run once, when the
+    ``parent_id`` column is added (afterwards an empty parent is a first message)."""
+    before = _M.alias("before")
+    previous = (
+        sa.select(before.c.id)
+        .where(before.c.conversation_id == _M.c.conversation_id, before.c.seq < _M.c.seq)
+        .order_by(before.c.seq.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    conn.execute(sa.update(_M).where(_M.c.parent_id == "").values(parent_id=sa.func.coalesce(previous, "")))
+
+
+def create_missing_indexes(conn: Connection) -> None:
+    """Create the zone tables' indexes an older store lacks."""
+    for table in schema.ZONE_TABLES:
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)

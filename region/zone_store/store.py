@@ -70,7 +70,11 @@ from region.zone_store.rows import (
     TurnStart,
     UsageKey,
 )
-from region.zone_store.schema_upgrade import upgrade_request_keys
+from region.zone_store.schema_upgrade import (
+    create_missing_indexes,
+    link_linear_history,
+    upgrade_request_keys,
+)
 from region.zone_store.turn_starts import accept_turn, duplicate_request, mark_started
 
 log = logging.getLogger(__name__)
@@ -118,11 +122,14 @@ class ZoneStore(SqlStore):
 
     def create_schema(self) -> None:
         """Create missing tables, add the columns a store created by an
-        earlier version lacks (each has a server default), and key its rows
-        by tenant and request id (:mod:`region.zone_store.schema_upgrade`)."""
+        earlier version lacks (each has a server default; a conversation's
+        messages, once a list, become a chain of parents), key its rows by
+        tenant and request id, and create missing indexes
+        (:mod:`region.zone_store.schema_upgrade`)."""
         self.create_tables(schema.metadata)
         self._add_missing_columns()
         self.run_transaction(upgrade_request_keys)
+        self.run_transaction(create_missing_indexes)
 
     def _add_missing_columns(self) -> None:
         inspector = sa.inspect(self.engine)
@@ -142,6 +149,9 @@ class ZoneStore(SqlStore):
                             f"NOT NULL DEFAULT '{default}'"
                         )
                     )
+                    if column is _M.c.parent_id:
+                        # In the same transaction: a store never has the column without the links.
+                        link_linear_history(conn)
 
     # ------------------------------------------------------------ conversations
 
@@ -252,9 +262,14 @@ class ZoneStore(SqlStore):
         return await self.transaction(read)
 
     async def append_user_message(
-        self, tenant_id: str, conversation_id: str, content: str, request_id: str | None = None
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        content: str,
+        request_id: str | None = None,
+        parent_id: str | None = None,
     ) -> MessageRow:
-        """Add a user message at the end of the conversation.
+        """Add a user message after ``parent_id`` (None: the newest message).
 
         With a ``request_id`` it is idempotent: the message that request
         already added is returned instead of a second one.
@@ -269,7 +284,9 @@ class ZoneStore(SqlStore):
                     if existing.conversation_id != conversation.id:
                         raise duplicate_request(request_id)
                     return existing
-            message = append_message(conn, conversation, Role.USER, content, request_id, now)
+            message = append_message(
+                conn, conversation, Role.USER, content, request_id, now, parent_id=parent_id
+            )
             touch(conn, conversation.id, now)
             return message
 
@@ -306,6 +323,7 @@ class ZoneStore(SqlStore):
         usage: bytes,
         tokens: int = 0,
         tool_results: Sequence[ToolResult] = (),
+        parent_id: str | None = None,
     ) -> TurnRecord:
         """Record a finished turn in one transaction: its messages and its usage row.
 
@@ -320,7 +338,9 @@ class ZoneStore(SqlStore):
         ``user_message`` already added by :meth:`append_user_message` under
         the same request id is not added again. The turn's ``tool_results``
         (tool messages answering the calls of an earlier reply) are stored
-        before its user message, one message each.
+        before its user message, one message each. The turn's first new
+        message follows ``parent_id`` in the conversation's tree (None: the
+        newest message), each other the one before it.
         """
         _require_tenant(tenant_id)
         _require_request_id(request_id)
@@ -345,20 +365,28 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored = append_tool_results(conn, conversation, request_id, tool_results, now)
+            stored = append_tool_results(conn, conversation, request_id, tool_results, now, parent_id)
+            parent = stored[-1].id if stored else parent_id
             if user_message is not None:
                 existing = message_of_request(conn, tenant_id, request_id, Role.USER)
                 if existing is None:
-                    stored.append(
-                        append_message(conn, conversation, Role.USER, user_message, request_id, now)
+                    existing = append_message(
+                        conn, conversation, Role.USER, user_message, request_id, now, parent_id=parent
                     )
-                elif existing.conversation_id == conversation.id:
-                    stored.append(existing)
-                else:
+                elif existing.conversation_id != conversation.id:
                     raise duplicate_request(request_id)
+                stored.append(existing)
+                parent = existing.id
             stored.append(
                 append_message(
-                    conn, conversation, Role.ASSISTANT, assistant.content, request_id, now, assistant
+                    conn,
+                    conversation,
+                    Role.ASSISTANT,
+                    assistant.content,
+                    request_id,
+                    now,
+                    assistant,
+                    parent_id=parent,
                 )
             )
             touch(conn, conversation.id, now)
@@ -377,6 +405,7 @@ class ZoneStore(SqlStore):
         output_tokens: int,
         encode_usage: UsageEncoder,
         tool_results: Sequence[ToolResult] = (),
+        parent_id: str | None = None,
     ) -> TurnRecord:
         """Record a continuation (request ``request_id``, which generated
         ``output_tokens``) of turn ``continued.request_id`` in one transaction.
@@ -397,7 +426,8 @@ class ZoneStore(SqlStore):
         once, and one assistant message under the original request id holding ``reply``,
         the whole reply (the original region's partial message, if it wrote
         one, is completed in place). A request id recorded before makes this
-        a no-op (``duplicate``). Every request id here is the tenant's.
+        a no-op (``duplicate``). Every request id here is the tenant's. New
+        messages hang in the tree as :meth:`record_turn` hangs them.
         """
         _require_tenant(tenant_id)
         _require_request_id(request_id)
@@ -440,18 +470,31 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored = append_tool_results(conn, conversation, original, tool_results, now)
+            stored = append_tool_results(conn, conversation, original, tool_results, now, parent_id)
+            parent = stored[-1].id if stored else parent_id
             asked = message_of_request(conn, tenant_id, original, Role.USER)
             if asked is not None and asked.conversation_id != conversation.id:
                 raise duplicate_request(original)
             if asked is None and user_message is not None:
-                asked = append_message(conn, conversation, Role.USER, user_message, original, now)
+                asked = append_message(
+                    conn, conversation, Role.USER, user_message, original, now, parent_id=parent
+                )
             if asked is not None:
                 stored.append(asked)
+                parent = asked.id
             partial = message_of_request(conn, tenant_id, original, Role.ASSISTANT)
             if partial is None:
                 stored.append(
-                    append_message(conn, conversation, Role.ASSISTANT, reply.content, original, now, reply)
+                    append_message(
+                        conn,
+                        conversation,
+                        Role.ASSISTANT,
+                        reply.content,
+                        original,
+                        now,
+                        reply,
+                        parent_id=parent,
+                    )
                 )
             elif partial.conversation_id != conversation.id:
                 raise duplicate_request(original)

@@ -26,7 +26,12 @@ def flat(statement: str) -> str:
 def test_tables_compile_for_cockroachdb_with_exact_costs_and_idempotency_keys() -> None:
     statements = [flat(s) for s in create_table_statements(COCKROACH)]
     creates = {s.split()[2]: s for s in statements if s.startswith("CREATE TABLE")}
-    assert set(creates) == {"conversations", "messages", "usage_outbox", "turn_starts"}
+    tables = {"conversations", "messages", "usage_outbox", "turn_starts", "conversation_summaries"}
+    assert tables <= set(creates)
+    # A conversation is a tree of messages; its summaries are content of its zone too.
+    assert "parent_id VARCHAR(64) DEFAULT '' NOT NULL" in creates["messages"]
+    assert "PRIMARY KEY (conversation_id, through_message_id)" in creates["conversation_summaries"]
+    assert "CREATE INDEX ix_conversations_deleted ON conversations (deleted_at)" in statements
     # Request ids are each tenant's own.
     assert "PRIMARY KEY (tenant_id, request_id)" in creates["turn_starts"]
     messages = creates["messages"]
