@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import redis.exceptions
 
+from llmmesh.errors import MeshError
+from region import metrics as region_metrics
 from region.fair_queue import FairQueue, Ticket, tier_name
 from region.policy_cache import Caller
 from region.quota import QuotaHold, QuotaLedger
@@ -86,6 +88,13 @@ class Admission:
         having given back whatever it took. RATE_LIMITED carries the key's
         ``x-ratelimit-*`` figures as ErrorInfo metadata, named in
         :meth:`RateLimiter.reserve`."""
+        try:
+            return await self._admit(caller, tokens, deadline_s)
+        except MeshError as refused:
+            region_metrics.admission_refused(refused)
+            raise
+
+    async def _admit(self, caller: Caller, tokens: int, deadline_s: float | None) -> Admitted:
         limits = RateLimits(rpm=max(0, caller.tenant.rpm_limit), tpm=max(0, caller.tenant.tpm_limit))
         limiter = self.limiter if self._clock() >= self._shared_down_until else self._fallback
         try:
@@ -100,8 +109,10 @@ class Admission:
         except BaseException:
             await _settle(limiter, reservation, 0)
             raise
+        queued_at = self._clock()
         try:
             ticket = await self.queue.acquire(tier_name(caller.tier), deadline_s)
+            region_metrics.admission_waited(tier_name(caller.tier), self._clock() - queued_at)
         except BaseException:
             self.quota.release(hold)
             await _settle(limiter, reservation, 0)

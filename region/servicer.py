@@ -15,6 +15,7 @@ from llmmesh import apikeys
 from llmmesh.errors import InvalidArgument, MeshError, Reason
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from region import metrics as region_metrics
 from region.chat_session import ChatSessions
 from region.conversations import ConversationService
 from region.gateway import ChatGateway
@@ -76,6 +77,7 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         except MeshError as raised:
             # However the stopped turn ended, the caller hears why it was stopped.
             err = _SECOND_START if second_start.is_set() else raised
+            region_metrics.turn_failed(err)
             if emitted:
                 yield chat_service_pb2.ChatResponse(error=err.to_stream_error())
             else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 from region.admission import Admitted
 from region.filtered_output import Release
+from region.metrics import TurnLatency
 from region.policy_cache import Caller
 from region.tool_calls import ToolCallLog
 from region.zone_store.rows import AcceptedTurn, ToolCallRow, ToolResult
@@ -38,6 +39,8 @@ class TurnMeter:
     carried_text: str = ""
     # The reply's tool calls, the carried ones (a continuation's) included.
     tool_calls: ToolCallLog = field(default_factory=ToolCallLog)
+    # Times the delivered tokens for the region's TTFT and ITL histograms.
+    latency: TurnLatency | None = None
 
     def prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
         """Take the engine's prompt counts; a pod prefills a continuation's
@@ -67,6 +70,8 @@ class TurnMeter:
         self.output_tokens += len(release.token_ids)
         self.text_parts.append(release.text)
         self.tool_calls.add(release.tool_calls)
+        if self.latency is not None:
+            self.latency.delivered(len(release.token_ids))
         return chat_service_pb2.ChatResponse(
             delta=chat_service_pb2.ChatDelta(
                 sequence=base_sequence + self.sequence,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmmesh.errors import PermissionDenied, Reason, Unavailable
+from region import metrics as region_metrics
 from region.safety.backend import SafetyBackend
 from region.safety.verdict import CheckKind, Verdict
 
@@ -83,6 +84,7 @@ class InputFilter:
             self._backends, text, kind="input", timeout_s=self._timeout_s, retry_after_s=self._retry_after_s
         )
         if verdict is not None:
+            region_metrics.safety_blocked("input", verdict.categories)
             categories = ",".join(verdict.categories)
             raise PermissionDenied(
                 Reason.CONTENT_FILTERED,
