@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from globalplane import metrics as global_metrics
+from globalplane.clock import utc_now
 from globalplane.protoconv import datetime_of
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
@@ -66,6 +68,7 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
             if region is not None:
                 await self._check_reporter(region, request.records)
             outcome = await self._ledger.record([usage_record_from_proto(r) for r in request.records])
+            global_metrics.usage_recorded(request.records, outcome.accepted, outcome.duplicates, utc_now())
             return bpb.RecordUsageResponse(accepted=outcome.accepted, duplicates=outcome.duplicates)
 
     async def GetUsage(self, request: bpb.GetUsageRequest, context: ServicerContext) -> bpb.GetUsageResponse:

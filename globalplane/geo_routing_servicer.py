@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from globalplane import metrics as global_metrics
 from globalplane.protoconv import health_from_proto, health_to_proto, timestamp
 from globalplane.region_directory import GeoPoint, RegionDirectory, RegionReport, RegionStatus
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
@@ -66,7 +67,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         self._tenants = tenants
 
     async def Route(self, request: gpb.RouteRequest, context: ServicerContext) -> gpb.RouteResponse:
-        async with abort_on_mesh_error(context):
+        async with abort_on_mesh_error(context), global_metrics.routing_refusals():
             # From memory, never the database: the edge asks before every turn.
             zone = await self._tenants.zone_of(request.tenant_id)
             regions = self._directory.route(
@@ -75,6 +76,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
                 location_hint=request.client_location_hint,
                 preferred_region=request.preferred_region,
             )
+            global_metrics.routed(zone, regions)
             return gpb.RouteResponse(zone=zone, regions=[status_to_proto(s) for s in regions])
 
     async def Heartbeat(

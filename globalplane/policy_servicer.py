@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from globalplane import metrics as global_metrics
 from globalplane.audit import AuditLog
 from globalplane.paging import page_of, page_window
 from globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, TenantUpdate
@@ -200,16 +201,17 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     async def AuthenticateKey(
         self, request: ppb.AuthenticateKeyRequest, context: ServicerContext
     ) -> ppb.AuthenticateKeyResponse:
-        async with abort_on_mesh_error(context):
+        async with abort_on_mesh_error(context), global_metrics.policy_lookup("AuthenticateKey"):
             tenant, key_id = await self._book.authenticate(request.secret)
             return ppb.AuthenticateKeyResponse(tenant=tenant_to_proto(tenant), key_id=key_id)
 
     async def GetPolicySnapshot(
         self, request: ppb.GetPolicySnapshotRequest, context: ServicerContext
     ) -> ppb.GetPolicySnapshotResponse:
-        async with abort_on_mesh_error(context):
+        async with abort_on_mesh_error(context), global_metrics.policy_lookup("GetPolicySnapshot") as outcome:
             require_caller((Role.REGION,), f"read the policy of zone {request.zone!r}", zone=request.zone)
             snapshot = await self._book.snapshot(request.zone)
             if request.known_version and request.known_version == snapshot.version:
+                outcome("not_modified")
                 return ppb.GetPolicySnapshotResponse(not_modified=True)
             return ppb.GetPolicySnapshotResponse(snapshot=snapshot_to_proto(snapshot))

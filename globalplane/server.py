@@ -10,6 +10,7 @@ import grpc.aio
 
 from globalplane import access as global_access
 from globalplane import billing_servicer, geo_routing_servicer, policy_servicer, registry_servicer
+from globalplane import metrics as global_metrics
 from globalplane.audit import AuditLog
 from globalplane.billing_servicer import BillingServicer
 from globalplane.clock import Clock, utc_now
@@ -29,6 +30,7 @@ from llmmesh.access import AccessPolicy
 from llmmesh.errors import AlreadyExists, Reason, Unauthenticated
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import Role
+from llmmesh.metrics_http import MetricsEndpoint
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
     geo_routing_service_pb2_grpc,
@@ -58,11 +60,15 @@ class GlobalPlane:
     ledger: UsageLedger
     directory: RegionDirectory
     server: GrpcServer
+    metrics: MetricsEndpoint | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain: refuse new calls and give running ones ``grace_s`` to finish; then close the store."""
         await self.server.stop(grace_s)
         self.store.dispose()
+        global_metrics.DIRECTORIES.remove(self.directory)
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 async def ensure_dev_tenant(tenants: TenantBook, settings: GlobalSettings) -> None:
@@ -142,7 +148,11 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
     except BaseException:
         store.dispose()
         raise
-    return GlobalPlane(address, settings, store, tenants, catalog, ledger, directory, server)
+    plane = GlobalPlane(address, settings, store, tenants, catalog, ledger, directory, server)
+    global_metrics.DIRECTORIES.add(directory, clock)
+    if settings.metrics_port >= 0:
+        plane.metrics = MetricsEndpoint(global_metrics.REGISTRY, settings.host, settings.metrics_port)
+    return plane
 
 
 async def serve(settings: GlobalSettings) -> None:
@@ -150,7 +160,8 @@ async def serve(settings: GlobalSettings) -> None:
     stop = lifecycle.stop_event()
     plane = await start_global_plane(settings)
     lifecycle.settle_heap()
-    lifecycle.write_ready_file(settings.ready_file, {"address": plane.address})
+    metrics_url = plane.metrics.url if plane.metrics else ""
+    lifecycle.write_ready_file(settings.ready_file, {"address": plane.address, "metrics_url": metrics_url})
     log.info("global plane serving on %s", plane.address)
     try:
         await stop.wait()

@@ -14,6 +14,9 @@ class GlobalSettings(MeshTlsSettings):
 
     host: str = setting("127.0.0.1", "Interface the gRPC server binds.")
     port: int = setting(0, "Port the gRPC server binds; 0 picks a free one.")
+    metrics_port: int = setting(
+        0, "Port of the HTTP /metrics endpoint (llmmesh_global_* series); 0 picks one, -1 serves none."
+    )
     ready_file: str = setting("", "Path of a JSON file written with the address once serving.")
     database_url: str = setting(
         "", "SQLAlchemy URL of the global store; empty means sqlite:///$LLMMESH_HOME/global.db."
