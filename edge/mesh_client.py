@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edge.region_session import RegionSession, region_session
 from edge.route_cache import RouteCache
 from llmmesh.errors import MeshError, Reason, Unavailable, from_rpc_error
+from llmmesh.grpc_tracing import client_interceptors
 from llmmesh.grpcserver import CHANNEL_OPTIONS, open_channel
 from llmmesh.identity import Role, role_name
 from llmmesh.model_resolver import ModelResolver
@@ -305,7 +306,9 @@ class MeshClient:
             channel = self._regions[address] = (
                 open_secure_channel(address, self._security, role_name(Role.REGION), self._region_options)
                 if self._security is not None
-                else grpc.aio.insecure_channel(address, options=self._region_options)
+                else grpc.aio.insecure_channel(
+                    address, options=self._region_options, interceptors=client_interceptors() or None
+                )
             )
         return channel
 

@@ -16,9 +16,14 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from opentelemetry.trace import Span, SpanKind
+
 from engine import messages
 from engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
+from llmmesh import tracing
 from llmmesh.errors import Internal, MeshError, Reason
+from llmmesh.genai_spans import chat_attributes, record_finish, record_usage
+from llmmesh.json_logs import bind_request_id
 from llmmesh.session_server import SessionServer
 from llmmesh.v1 import engine_service_pb2 as pb
 
@@ -55,6 +60,15 @@ class GenerationSession(SessionServer[pb.GenerateStart, pb.GenerationEvent, pb.G
         await self._backend.abort(request_id)
 
     async def run(self, request_id: str, start: pb.GenerateStart) -> None:
+        bind_request_id(request_id)
+        parent = tracing.context_of_message(start.trace_context) if tracing.enabled() else None
+        attributes = chat_attributes(start.model, plane="engine", pod_id=self._pod_id, request_id=request_id)
+        with tracing.span(
+            f"generate {start.model}", kind=SpanKind.SERVER, parent=parent, attributes=attributes
+        ) as span:
+            await self._generate(request_id, start, span)
+
+    async def _generate(self, request_id: str, start: pb.GenerateStart, span: Span) -> None:
         deltas = 0
         try:
             request = await self._prepare(start)
@@ -69,6 +83,9 @@ class GenerationSession(SessionServer[pb.GenerateStart, pb.GenerationEvent, pb.G
                         self.outbox.put(pb.GenerationEvent(request_id=request_id, delta=delta))
                     else:
                         finished = messages.finished(request_id, event)
+                        if span.is_recording():
+                            record_usage(span, finished.usage)
+                            record_finish(span, finished.reason)
                         self.outbox.put(pb.GenerationEvent(request_id=request_id, finished=finished))
         except asyncio.CancelledError:
             # The session ended under it: free the slot and the blocks now.

@@ -15,8 +15,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from llmmesh import tracing
 from llmmesh.access import AccessPolicy, Caller, set_caller
 from llmmesh.errors import InvalidArgument, MeshError, Reason
+from llmmesh.grpc_tracing import client_interceptors, traced_stream, traced_unary
 from llmmesh.mtls import MeshSecurity, open_secure_channel, peer_identity
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,9 @@ def open_channel(
     to answer to ``server_name`` (:func:`llmmesh.identity.role_name`), or
     plaintext when ``security`` is None or insecure."""
     if security is None or not security.enabled:
-        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(
+            address, options=CHANNEL_OPTIONS, interceptors=client_interceptors() or None
+        )
     if not server_name:
         raise ValueError("a secure channel needs the name its server answers to")
     return open_secure_channel(address, security, server_name, list(CHANNEL_OPTIONS))
@@ -156,6 +160,9 @@ def _checking(handler: Any, method: str, gate: _Gate) -> Any:
             return await inner(_checked(requests, context), context)
 
         behavior = stream_unary
+    if tracing.enabled():
+        # Traced outermost, so a refused or undecodable call is in its span too.
+        behavior = (traced_stream if kind.endswith("stream") else traced_unary)(method, behavior)
     return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: behavior})
 
 

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 
 from llmmesh.certs import CertFiles, identity_of_pem
 from llmmesh.config import setting
+from llmmesh.grpc_tracing import client_interceptors
 from llmmesh.home import mesh_home
 from llmmesh.identity import IdentityError, PlaneIdentity, Role
 from llmmesh.renewing_channel import RenewingChannel
@@ -194,11 +195,14 @@ def open_secure_channel(
     ``server_name`` (see :func:`llmmesh.identity.role_name`), presenting
     this plane's certificate as it is when each call starts
     (:class:`~llmmesh.renewing_channel.RenewingChannel`)."""
+    interceptors = client_interceptors() or None
     if not security.enabled:
-        return grpc.aio.insecure_channel(address, options=list(options))
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
     named = [*options, ("grpc.ssl_target_name_override", server_name)]
     return RenewingChannel(
-        lambda: grpc.aio.secure_channel(address, security.channel_credentials(), options=named),
+        lambda: grpc.aio.secure_channel(
+            address, security.channel_credentials(), options=named, interceptors=interceptors
+        ),
         security.current_stamp,
     )
 

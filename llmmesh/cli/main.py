@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from llmmesh import config
 from llmmesh.errors import MeshError
+from llmmesh.json_logs import LogSettings, configure_logging
 from llmmesh.lifecycle import run_event_loop
+from llmmesh.tracing import TracingSettings, configure_tracing
 
 
-def _setup_logging(name: str, level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(name: str, args: argparse.Namespace) -> None:
+    """Logs (text or JSON lines) and traces (when a collector is configured) of this process."""
+    configure_logging(name, args.log_level, config.load(LogSettings, args).log_format)
+    configure_tracing(f"llmmesh-{name}", config.load(TracingSettings, args))
 
 
 def _run_plane(name: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> int:
@@ -120,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="llmmesh", description="A gRPC-native, multi-region LLM serving mesh."
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    config.add_arguments(parser, LogSettings)
+    config.add_arguments(parser, TracingSettings)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser(
@@ -178,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.command, args.log_level)
     try:
+        _setup_logging(args.command, args)
         result: int = args.func(args)
     except ValueError as err:  # a malformed LLMMESH_* variable
         print(f"llmmesh {args.command}: {err}", file=sys.stderr)
