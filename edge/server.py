@@ -18,6 +18,7 @@ from edge.mesh_client import MeshClient
 from edge.request_id import RequestIdMiddleware
 from edge.settings import EdgeSettings
 from llmmesh import lifecycle
+from llmmesh.addresses import advertised_address, check_advertisable, join_host_port
 from llmmesh.identity import Role
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 async def start_edge(settings: EdgeSettings) -> EdgeServer:
     """Start an edge in this process and return it serving."""
+    check_advertisable(settings.host, settings.advertise_address, "the edge")
     security = settings.mesh_security("edge")
     security.expect_role(Role.EDGE)
     sock = listening_socket(settings.host, settings.port)
@@ -111,8 +113,8 @@ async def start_edge(settings: EdgeSettings) -> EdgeServer:
             task.result()
             raise RuntimeError("the edge HTTP server stopped during startup")
         await asyncio.sleep(0.02)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    url = f"{'https' if settings.https else 'http'}://{host}:{port}"
+    where = advertised_address(join_host_port(settings.host, port), settings.advertise_address, "the edge")
+    url = f"{'https' if settings.https else 'http'}://{where}"
     log.info("edge serving on %s", url)
     return EdgeServer(url=url, server=server, task=task)
 

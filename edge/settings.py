@@ -15,6 +15,9 @@ class EdgeSettings(MeshTlsSettings):
 
     host: str = setting("127.0.0.1", "address the HTTP server listens on")
     port: int = setting(8080, "HTTP port; 0 picks a free one")
+    advertise_address: str = setting(
+        "", "host:port clients reach the edge at; empty: the bound host:port (a 0.0.0.0 bind needs one)"
+    )
     global_address: str = setting("127.0.0.1:50051", "host:port of the global control plane")
     ready_file: str = setting("", "file to write the bound URL to once serving")
     auth_cache_ms: int = setting(5000, "milliseconds an authenticated key is trusted without asking again")

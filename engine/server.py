@@ -20,6 +20,7 @@ from engine.sim.faults import exit_process
 from engine.tiny_model import resolve_model_dir
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
+from llmmesh.addresses import advertised_address, check_advertisable
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import Role
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -114,6 +115,7 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     ``on_crash`` stands in for the process exit of an injected crash, so an
     in-process pod (tests, the embedded mesh) never kills its host process;
     only :func:`serve` exits."""
+    check_advertisable(settings.host, settings.advertise_address, f"engine pod {settings.pod_id}")
     security = settings.mesh_security(f"engine-{settings.pod_id}")
     own = security.expect_role(Role.ENGINE)
     access = AccessPolicy(ENGINE_ACCESS, zone=own.zone, region=own.region) if own else None
@@ -144,7 +146,8 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
         await close_backends()
         raise
     try:
-        address = await server.start()
+        bound = await server.start()
+        address = advertised_address(bound, settings.advertise_address, f"engine pod {settings.pod_id}")
     except BaseException:
         metrics.stop()
         await close_backends()

@@ -58,6 +58,9 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
 
     host: str = setting("127.0.0.1", "interface the gRPC server binds")
     port: int = setting(0, "port the gRPC server binds; 0 picks a free one")
+    advertise_address: str = setting(
+        "", "host:port its region dials; empty: the bound host:port (a 0.0.0.0 bind needs one)"
+    )
     pod_id: str = setting("pod-0", "stable name of this pod, reported in every event")
     backend: str = setting("sim", "engine backend: 'sim' (simulator) or 'vllm' (vLLM's AsyncLLM)")
     model: str = setting("llmmesh-tiny", "name of the model this pod serves")

@@ -27,6 +27,7 @@ from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
+from llmmesh.addresses import advertised_address, check_advertisable
 from llmmesh.errors import AlreadyExists, Reason, Unauthenticated
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import Role
@@ -103,6 +104,7 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
     is non-empty, tenant ``settings.dev_tenant`` (zone ``dev_zone``, tier
     ``dev_tier``) exists with an API key whose secret is ``dev_key``.
     """
+    check_advertisable(settings.host, settings.advertise_address, "the global plane")
     security = settings.mesh_security("global")
     security.expect_role(Role.GLOBAL)
     store = await GlobalStore.open(settings.database_url or default_database_url())
@@ -144,7 +146,8 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
             security=security,
             access=AccessPolicy(global_access.GLOBAL_ACCESS),
         )
-        address = await server.start()
+        bound = await server.start()
+        address = advertised_address(bound, settings.advertise_address, "the global plane")
     except BaseException:
         store.dispose()
         raise

@@ -14,6 +14,9 @@ class GlobalSettings(MeshTlsSettings):
 
     host: str = setting("127.0.0.1", "Interface the gRPC server binds.")
     port: int = setting(0, "Port the gRPC server binds; 0 picks a free one.")
+    advertise_address: str = setting(
+        "", "host:port the regions and the edge dial; empty: the bound host:port (a 0.0.0.0 bind needs one)."
+    )
     metrics_port: int = setting(
         0, "Port of the HTTP /metrics endpoint (llmmesh_global_* series); 0 picks one, -1 serves none."
     )

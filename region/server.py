@@ -14,6 +14,7 @@ from redis.backoff import NoBackoff
 
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
+from llmmesh.addresses import advertised_address, check_advertisable
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.identity import Role, role_name
@@ -181,6 +182,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             Reason.INVALID_REQUEST,
             f"unknown routing policy {settings.routing_policy!r}; use one of {choices}",
         )
+    plane_name = f"region {settings.region}"
+    check_advertisable(settings.host, settings.advertise_address, plane_name)
     security = settings.mesh_security(f"region-{settings.region}")
     own = security.expect_role(Role.REGION)
     if own is not None and (own.zone, own.region) != (settings.zone, settings.region):
@@ -282,7 +285,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     await pool.check()
     await embedding_pods.refresh()
     await policy.refresh()
-    address = await server.start()
+    # What the region registers as its chat_address: the edge dials it from another host.
+    address = advertised_address(await server.start(), settings.advertise_address, plane_name)
     heartbeat = Heartbeater(
         geo_routing_service_pb2_grpc.GeoRoutingServiceStub(global_channel),
         lambda: plane.report() if plane else geo_routing_service_pb2.RegionReport(),

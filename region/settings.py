@@ -16,6 +16,9 @@ class RegionSettings(SafetySettings, MeshTlsSettings):
 
     host: str = setting("127.0.0.1", "address the ChatService listens on")
     port: int = setting(0, "port the ChatService listens on; 0 picks a free one")
+    advertise_address: str = setting(
+        "", "host:port the region registers for the edge to dial; empty: the bound one (0.0.0.0 needs one)"
+    )
     region: str = setting("us-east", "this region's name")
     zone: str = setting("us", "the zone (jurisdiction) this region belongs to")
     location: str = setting("39.0,-77.5", "'lat,lon' of the region, for proximity routing")

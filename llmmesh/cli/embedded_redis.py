@@ -95,6 +95,9 @@ def start_embedded_redis(sup: Supervisor, host: str, data_dir: Path) -> tuple[Pl
     port = free_port(host)
     argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no"]
     argv += ["--dir", str(data_dir), "--loglevel", "warning"]
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        # Bound to a private bridge of llmmesh up --netns: protected mode would answer DENIED to every host.
+        argv += ["--protected-mode", "no"]
     plane = sup.launch_program("redis", "redis", argv, redis_probe(host, port))
     sup.wait_ready([plane])
     return plane, f"redis://{host}:{port}/0"

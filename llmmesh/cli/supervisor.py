@@ -170,14 +170,23 @@ class Supervisor:
         self.planes: list[Plane] = []
         self.stopping = False
 
-    def launch(self, name: str, kind: str, *flags: str, env: Mapping[str, str] | None = None) -> Plane:
+    def launch(
+        self,
+        name: str,
+        kind: str,
+        *flags: str,
+        env: Mapping[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> Plane:
         """Start ``llmmesh KIND FLAGS --ready-file …`` without waiting for it.
 
         ``env`` adds to this process's environment: the place for settings
         that may hold a password (URLs), which flags would show to ``ps``.
+        ``prefix`` runs it through another command that execs it (``ip netns
+        exec NS``: on a host of :mod:`llmmesh.netns`); restarts keep it.
         """
         ready = self.run_dir / f"{name.replace(' ', '-')}.ready.json"
-        argv = [sys.executable, "-m", "llmmesh", kind, *flags, "--ready-file", str(ready)]
+        argv = [*prefix, sys.executable, "-m", "llmmesh", kind, *flags, "--ready-file", str(ready)]
         return self._add(Plane(name, kind, argv, _spawn(argv, env or {}), ready, dict(env or {})))
 
     def launch_program(self, name: str, kind: str, argv: Sequence[str], probe: Probe) -> Plane:
@@ -209,9 +218,16 @@ class Supervisor:
             if pending:
                 time.sleep(0.05)
 
-    def start(self, name: str, kind: str, *flags: str, env: Mapping[str, str] | None = None) -> Plane:
+    def start(
+        self,
+        name: str,
+        kind: str,
+        *flags: str,
+        env: Mapping[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> Plane:
         """:meth:`launch` and wait until ready."""
-        plane = self.launch(name, kind, *flags, env=env)
+        plane = self.launch(name, kind, *flags, env=env, prefix=prefix)
         self.wait_ready([plane])
         return plane
 

@@ -78,6 +78,7 @@ from llmmesh.mesh_config import (
     load_mesh_config,
 )
 from llmmesh.mtls import MeshSecurity, holder_security
+from llmmesh.netns import HostNetwork, NetHost, NetnsError
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -128,6 +129,13 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "$LLMMESH_HOME/certs, created on first start",
     )
     parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="run the global plane, the edge and each region with its pods on a host of its own: a Linux "
+        "network namespace linked to a bridge by a veth pair, with its own address (needs root and "
+        "iproute2; removed on exit); mesh.json's netns entry names each host's namespace and link",
+    )
+    parser.add_argument(
         "--redis",
         choices=REDIS_MODES,
         default="auto",
@@ -161,8 +169,11 @@ class MeshLauncher:
         embedded_redis: bool,
         *,
         insecure: bool = False,
+        network: HostNetwork | None = None,
     ) -> None:
         self.sup = sup
+        self.network = network
+        self.hosts: dict[str, NetHost] = {}
         self.config = config
         self.embedded_redis = embedded_redis
         self.redis: Plane | None = None
@@ -200,18 +211,37 @@ class MeshLauncher:
     def progress(self, text: str) -> None:
         print(f"llmmesh up: [{time.monotonic() - self.began:5.1f} s] {text}", file=sys.stderr, flush=True)
 
+    def _host(self, plane: str) -> tuple[str, list[str]]:
+        """Where ``plane`` (``global``, ``edge`` or a region) binds, and the prefix that runs it there."""
+        if self.network is None:
+            return self.config.host, []
+        host = self.hosts[plane]
+        return host.address, host.exec_prefix()
+
+    def _make_hosts(self) -> None:
+        """A host of its own for the global plane, the edge and each region (with its pods)."""
+        if self.network is None:
+            return
+        named = {"global": "mesh-global", "edge": "mesh-edge"}
+        named |= {r.name: r.name for r in self.config.regions()}
+        for plane, name in named.items():
+            self.hosts[plane] = self.network.add_host(name)
+        self.progress(f"{len(self.hosts)} hosts (network namespaces) on {self.network.subnet}")
+
     def start(self) -> None:
-        config, host = self.config, self.config.host
+        config = self.config
+        self._make_hosts()
         self.start_redis()
         if not self.insecure:
             self.certs = ensure_mesh_certs(certs_dir(), self._identities())
             self.progress(f"mesh certificates in {certs_dir()} ({len(self.certs)} holders)")
         self.progress("starting the global plane")
+        host, prefix = self._host("global")
         flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
         flags += self._tls_flags("global")
         flags += ["--dev-zone", self.primary_zone]
         env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
-        glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env)
+        glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env, prefix=prefix)
         self.progress(f"global plane serving on {glob.address()}")
         if self.tenants:
             self.tenant_ids = asyncio.run(
@@ -221,9 +251,10 @@ class MeshLauncher:
         self._start_pods()
         self._start_regions()
         self.progress("starting the edge")
+        host, prefix = self._host("edge")
         flags = ["--host", host, "--port", str(config.edge_port), "--global-address", glob.address()]
         flags += self._tls_flags("edge")
-        self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env())
+        self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env(), prefix=prefix)
         self.progress(f"edge serving on {self.edge.info['url']}")
         names = [r.name for r in config.regions()]
         asyncio.run(
@@ -237,7 +268,9 @@ class MeshLauncher:
         """Start the mesh's own redis-server, when it runs one."""
         if self.embedded_redis:
             self.progress("starting redis-server")
-            self.redis, self.redis_url = start_embedded_redis(self.sup, self.config.host, self.sup.run_dir)
+            # On separate hosts it runs in the root namespace, which every host reaches by the bridge.
+            host = self.network.gateway if self.network is not None else self.config.host
+            self.redis, self.redis_url = start_embedded_redis(self.sup, host, self.sup.run_dir)
             self.progress(f"redis-server serving on {self.redis.address()}")
 
     def _check(self) -> None:
@@ -251,9 +284,12 @@ class MeshLauncher:
         self.progress(f"starting {len(pods)} engine pods")
         for region, pod_id in pods:
             backend = self.config.backend_of(region)
-            flags = ["--host", self.config.host, "--port", "0", "--metrics-port", "0"]
+            host, prefix = self._host(region.name)
+            flags = ["--host", host, "--port", "0", "--metrics-port", "0"]
             flags += ["--backend", backend, "--pod-id", pod_id, *self._tls_flags(f"engine-{pod_id}")]
-            plane = self.pods[pod_id] = self.sup.launch(f"engine pod {pod_id}", "engine", *flags)
+            plane = self.pods[pod_id] = self.sup.launch(
+                f"engine pod {pod_id}", "engine", *flags, prefix=prefix
+            )
             # vLLM pods start one at a time: each takes both cores for a while,
             # and the first builds the model the others load.
             if backend == "vllm":
@@ -279,14 +315,15 @@ class MeshLauncher:
         assert self.global_plane is not None
         store = self.config.zone(region.zone).store_database_url(mesh_home())
         engines = ",".join(self.pods[pod_id].address() for pod_id in region.pod_ids())
-        flags = ["--host", self.config.host, "--port", str(region.port), "--region", region.name]
+        host, prefix = self._host(region.name)
+        flags = ["--host", host, "--port", str(region.port), "--region", region.name]
         flags += ["--zone", region.zone, "--global-address", self.global_plane.address()]
         flags += ["--engine-addresses", engines, *self._tls_flags(f"region-{region.name}")]
         if region.location:
             flags += ["--location", region.location]
         env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env()}
         plane = self.regions[region.name] = self.sup.launch(
-            f"region {region.name}", "region", *flags, env=env
+            f"region {region.name}", "region", *flags, env=env, prefix=prefix
         )
         return plane
 
@@ -309,6 +346,8 @@ class MeshLauncher:
         if self.redis is not None:
             pids["redis"] = self.redis.ready_pid
             extra["redis_url"] = self.redis_url
+        if self.network is not None:
+            extra["netns"] = self._netns_entry()
         return {
             "pid": os.getpid(),
             "edge_url": self.edge.info["url"],
@@ -333,6 +372,14 @@ class MeshLauncher:
             "tls": self._tls_entry(),
             **extra,
         }
+
+    def _netns_entry(self) -> dict[str, object]:
+        """The hosts: by plane (``global``, ``edge``, each region), its namespace, address and link."""
+        assert self.network is not None
+        hosts = {
+            plane: {"netns": h.netns, "address": h.address, "link": h.link} for plane, h in self.hosts.items()
+        }
+        return {"bridge": self.network.bridge, "subnet": str(self.network.subnet), "hosts": hosts}
 
     def _tls_entry(self) -> dict[str, object]:
         """How tools reach the planes: plaintext, or mTLS with the admin and client certificates."""
@@ -394,17 +441,26 @@ def run_up(args: argparse.Namespace) -> int:
         config, redis = choose_redis(args.redis, config)
         if redis.warning:
             print(f"llmmesh up: warning: {redis.warning}", file=sys.stderr, flush=True)
+        network = HostNetwork() if getattr(args, "netns", False) else None
         launcher = MeshLauncher(
-            sup, config, zone, args.dev_key, embedded_redis=redis.embedded, insecure=args.insecure
+            sup,
+            config,
+            zone,
+            args.dev_key,
+            embedded_redis=redis.embedded,
+            insecure=args.insecure,
+            network=network,
         )
         status = 0
         try:
+            if network is not None:
+                network.create()
             launcher.start()
             mesh = launcher.mesh_file()
             write_mesh_file(mesh_file, mesh)
             _print_summary(launcher, mesh, mesh_file)
             status = _supervise(sup, lambda plane: write_mesh_file(mesh_file, launcher.mesh_file()))
-        except MeshStartError as err:
+        except (MeshStartError, NetnsError) as err:
             if not sup.stopping:
                 print(f"llmmesh up: {err}", file=sys.stderr)
                 status = 1
@@ -412,6 +468,9 @@ def run_up(args: argparse.Namespace) -> int:
             print("llmmesh up: stopping", file=sys.stderr, flush=True)
             sup.stop_all()
             _remove_if_ours(mesh_file)
+            left = network.remove() if network is not None else []
+            if left:
+                print(f"llmmesh up: could not remove {', '.join(left)}", file=sys.stderr, flush=True)
     return status
 
 

@@ -1,0 +1,98 @@
+"""Bind and advertised addresses of a plane.
+
+A plane binds ``host:port`` and tells others where to dial it: the
+advertised address. By default that is the bound address, but a wildcard
+bind (``0.0.0.0``, ``::``) names no host another machine can dial, so a
+plane bound to one refuses to start unless it is given an advertised
+address (``--advertise-address HOST:PORT``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+"""Hosts that bind every interface and are no address to dial."""
+
+
+class AddressError(ValueError):
+    """An address that is not ``host:port``, or a wildcard that would be advertised."""
+
+
+def split_host_port(text: str, what: str = "address") -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) as its parts; AddressError otherwise.
+
+    ``what`` names the setting in the error message.
+    """
+    raw = text.strip()
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not host:
+        raise AddressError(f"{what} must be host:port, got {text!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise AddressError(f"{what} must be host:port or [ipv6]:port, got {text!r}")
+        _check_ipv6(host[1:-1], what, text)
+        host = host[1:-1]
+    elif ":" in host:
+        raise AddressError(f"{what}: write an IPv6 host in brackets, [{host}]:{port_text}, got {text!r}")
+    elif not _valid_host_name(host):
+        raise AddressError(f"{what} has an invalid host {host!r}, in {text!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise AddressError(f"{what} must end in a port from 1 to 65535, got {text!r}")
+    return host, int(port_text)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` binds every interface (and so names none to dial)."""
+    return host.strip() in WILDCARD_HOSTS
+
+
+def check_advertisable(host: str, advertise_address: str, plane: str) -> None:
+    """Refuse, before binding, what :func:`advertised_address` would refuse after."""
+    if advertise_address:
+        split_host_port(advertise_address, f"{plane}'s advertise_address")
+    elif is_wildcard(host):
+        raise AddressError(
+            f"{plane} binds {host or 'every interface'!r}, which no other host can dial: "
+            "give the address others reach it at with --advertise-address HOST:PORT "
+            "(env LLMMESH_ADVERTISE_ADDRESS)"
+        )
+
+
+def advertised_address(bound: str, advertise_address: str, plane: str) -> str:
+    """What ``plane`` tells others to dial: ``advertise_address`` when set, else ``bound``.
+
+    AddressError for a malformed address, and for a wildcard bound host
+    without an advertised address.
+    """
+    if advertise_address:
+        host, port = split_host_port(advertise_address, f"{plane}'s advertise_address")
+        return join_host_port(host, port)
+    host, port = split_host_port(bound, f"{plane}'s bound address")
+    check_advertisable(host, "", plane)
+    return join_host_port(host, port)
+
+
+def _check_ipv6(host: str, what: str, text: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise AddressError(f"{what} has an invalid IPv6 host {host!r}, in {text!r}") from None
+
+
+def _valid_host_name(host: str) -> bool:
+    if host in WILDCARD_HOSTS:
+        return True
+    labels = host.rstrip(".").split(".")
+    return len(host) <= 253 and all(
+        0 < len(label) <= 63
+        and label[0] != "-"
+        and label[-1] != "-"
+        and all(c.isalnum() or c == "-" for c in label)
+        for label in labels
+    )

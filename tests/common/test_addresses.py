@@ -1,0 +1,91 @@
+"""Bind and advertised addresses: their shape, and the refusal to advertise a wildcard."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from globalplane.server import start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.addresses import (
+    AddressError,
+    advertised_address,
+    check_advertisable,
+    join_host_port,
+    split_host_port,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("127.0.0.1:50051", ("127.0.0.1", 50051)),
+        ("region-a.mesh.svc:443", ("region-a.mesh.svc", 443)),
+        ("[::1]:8080", ("::1", 8080)),
+        (" 10.0.0.2:1 ", ("10.0.0.2", 1)),
+    ],
+)
+def test_host_port_is_split(text: str, parts: tuple[str, int]) -> None:
+    assert split_host_port(text) == parts
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "127.0.0.1",
+        ":80",
+        "host:",
+        "host:0",
+        "host:65536",
+        "host:http",
+        "::1:80",
+        "[::1:80",
+        "a_b:1",
+        "-a:1",
+    ],
+)
+def test_malformed_addresses_are_refused_naming_the_setting(text: str) -> None:
+    with pytest.raises(AddressError, match="advertise_address"):
+        split_host_port(text, "advertise_address")
+
+
+@given(st.ip_addresses(), st.integers(min_value=1, max_value=65535))
+def test_join_and_split_round_trip(ip: object, port: int) -> None:
+    host = str(ip)
+    assert split_host_port(join_host_port(host, port)) == (host, port)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", ""])
+def test_a_wildcard_bind_is_never_advertised(host: str) -> None:
+    with pytest.raises(AddressError, match="--advertise-address"):
+        check_advertisable(host, "", "region eu-west")
+    with pytest.raises(AddressError, match="region eu-west binds"):
+        advertised_address(join_host_port(host or "0.0.0.0", 7000), "", "region eu-west")
+
+
+def test_the_advertised_address_wins_over_the_bound_one() -> None:
+    assert advertised_address("0.0.0.0:7000", "region-a.example:443", "r") == "region-a.example:443"
+    assert advertised_address("10.1.2.3:7000", "", "r") == "10.1.2.3:7000"
+    with pytest.raises(AddressError, match="port"):
+        advertised_address("0.0.0.0:7000", "region-a.example", "r")
+
+
+@pytest.mark.asyncio
+async def test_a_global_plane_bound_to_every_interface_refuses_to_start_unadvertised() -> None:
+    settings = GlobalSettings(host="0.0.0.0", port=0, insecure=True, database_url="sqlite://")
+    with pytest.raises(AddressError, match="--advertise-address"):
+        await start_global_plane(settings)
+
+
+@pytest.mark.asyncio
+async def test_a_global_plane_bound_to_every_interface_serves_its_advertised_address() -> None:
+    settings = GlobalSettings(
+        host="0.0.0.0", port=0, insecure=True, database_url="sqlite://", advertise_address="mesh-global:50051"
+    )
+    plane = await start_global_plane(settings)
+    try:
+        assert plane.address == "mesh-global:50051"
+    finally:
+        await plane.stop()
