@@ -31,6 +31,7 @@ import grpc
 
 from edge import metrics
 from edge.mesh_client import MeshClient, Principal
+from edge.turn_spans import TurnSpans
 from edge.turns import OpenTurn, RegionLost, open_turn
 from llmmesh.errors import MeshError, Reason, Unavailable
 from llmmesh.tool_calls import ToolCallMerger
@@ -71,6 +72,7 @@ class FailoverTurn:
         model: str,
         first: OpenTurn,
         policy: FailoverPolicy,
+        spans: TurnSpans | None = None,
     ) -> None:
         self._mesh = mesh
         self._principal = principal
@@ -91,6 +93,7 @@ class FailoverTurn:
         # Once the turn is being cancelled or closed, a break ends it.
         self._cancelled: str | None = None
         self._closed = False
+        self._spans = spans if spans is not None else TurnSpans(model, start.request_id)
 
     @property
     def region(self) -> str:
@@ -112,21 +115,29 @@ class FailoverTurn:
     async def deltas(self) -> AsyncIterator[chat_service_pb2.ChatDelta]:
         """Every delta of the turn, once, whichever region produced it.
         Raises MeshError when the turn ends in an error."""
-        while True:
-            try:
-                async for delta in self._turn.deltas():
-                    self._token_ids.extend(delta.token_ids)
-                    self._text.append(delta.text)
-                    self._calls.add(delta.tool_calls)
-                    self._last_sequence = max(self._last_sequence, delta.sequence)
-                    yield delta
-                return
-            except RegionLost as lost:
-                if self._cancelled is not None or self._closed:
-                    raise
-                self._turn.close()
-                self._turn = await self._fail_over(lost)
-                await self._stop_if_asked()
+        try:
+            while True:
+                try:
+                    async for delta in self._turn.deltas():
+                        self._token_ids.extend(delta.token_ids)
+                        self._text.append(delta.text)
+                        self._calls.add(delta.tool_calls)
+                        self._last_sequence = max(self._last_sequence, delta.sequence)
+                        yield delta
+                    break
+                except RegionLost as lost:
+                    if self._cancelled is not None or self._closed:
+                        raise
+                    self._turn.close()
+                    self._spans.failed_over(lost.region, lost.message)
+                    with self._spans.current():
+                        self._turn = await self._fail_over(lost)
+                    self._spans.opened(self._turn.started)
+                    await self._stop_if_asked()
+        except BaseException as err:
+            self._spans.fail(err)
+            raise
+        self._spans.finish(self.usage, self.reason)
 
     async def cancel(self, reason: str) -> None:
         """Ask the serving region to stop the turn; its usage is still metered."""
@@ -136,6 +147,7 @@ class FailoverTurn:
     def close(self) -> None:
         self._closed = True
         self._turn.close()
+        self._spans.fail("the edge stopped reading the turn")
 
     async def _stop_if_asked(self) -> None:
         """Stop a continuation opened while the turn was being cancelled or closed."""

@@ -27,7 +27,8 @@ class TurnSpans:
     """The spans of turn ``stream_id`` on ``model`` (see the module docstring)."""
 
     def __init__(self, model: str, stream_id: str) -> None:
-        self._model = model
+        # Empty while the region is still to choose the model ("auto").
+        self._model = model or "auto"
         self._stream_id = stream_id
         self._parent = otel_context.get_current()
         self._attempt = 1
