@@ -24,6 +24,7 @@ import logging
 from llmmesh.errors import Internal, MeshError, Reason, Unavailable
 from llmmesh.session_server import SessionServer
 from llmmesh.v1 import chat_service_pb2 as pb
+from region import metrics as region_metrics
 from region.gateway import ChatGateway
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
         return start.start.request_id
 
     def error_event(self, request_id: str, error: MeshError) -> pb.TurnEvent:
+        region_metrics.turn_failed(error)
         response = pb.ChatResponse(error=error.to_stream_error())
         return pb.TurnEvent(request_id=request_id, response=response)
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
 
 import grpc
@@ -77,6 +78,7 @@ from llmmesh.v1 import (
     engine_service_pb2,
     model_registry_service_pb2,
 )
+from region import metrics as region_metrics
 from region.admission import Admission
 from region.context_builder import fit_context
 from region.engine_pool import EnginePodHandle, EnginePool
@@ -194,6 +196,7 @@ class ChatGateway:
         ``allow_continuation`` says whether the caller may continue a turn
         at all (see :meth:`_accept`).
         """
+        arrived_s = time.monotonic()
         caller = self._policy.authenticate(secret)
         validate_start(start, self._settings.max_messages, self._settings.max_message_chars)
         require_continuation_allowed(start, allow_continuation)
@@ -215,7 +218,9 @@ class ChatGateway:
             admitted.release_quota()
             raise
         turn = Turn(caller, prepared, admitted, holder, accepted)
+        turn.meter.latency = region_metrics.TurnLatency(prepared.model.name, arrived_s)
         if start.HasField("continuation"):
+            region_metrics.continuation_accepted()
             turn.meter.carried_tokens = len(start.continuation.emitted_token_ids)
             turn.meter.carried_text = start.continuation.emitted_text
             turn.meter.tool_calls.carry(
@@ -380,6 +385,13 @@ class ChatGateway:
                 prepared.model.name, [*prepared.token_ids, *resume], exclude=tried
             )
             pod = decision.pod
+            region_metrics.routed(
+                prepared.model.name,
+                decision.policy.value,
+                pod.pod_id,
+                len(prepared.token_ids),
+                decision.resident_tokens,
+            )
             try:
                 async for event in self._run_on_pod(pod, start, turn, cancel):
                     yield event
@@ -504,6 +516,7 @@ class ChatGateway:
         verdict = output.stopped
         assert verdict is not None
         turn.meter.reason = common_pb2.FINISH_REASON_CONTENT_FILTER
+        region_metrics.safety_blocked("output", verdict.categories)
         log.info(
             "turn %s (user %r) stopped by the output filter (%s); %d held tokens withheld",
             turn.prepared.request_id,
@@ -571,6 +584,14 @@ class ChatGateway:
             # A continuation's prompt was counted, as far as the original's went, where the turn began.
             prompt = max(0, meter.input_tokens - turn.accepted.counted_prompt_tokens)
             await admitted.settle(prompt + meter.output_tokens)
+            region_metrics.turn_ended(
+                prepared.model.name,
+                caller.tenant_id,
+                meter.reason,
+                prompt,
+                meter.output_tokens,
+                meter.cached_input_tokens,
+            )
             admitted.release_quota()
         return message_id
 

@@ -37,6 +37,8 @@ import grpc.aio
 
 from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
+from region import metrics as region_metrics
+from region.metrics import OutboxReading
 from region.zone_store import PendingUsage, ZoneStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ class UsageShipper:
         self._task: asyncio.Task[None] | None = None
         self.delivered = 0
         """Records billing accepted (or already had) through this shipper."""
+        self.outbox = OutboxReading()
+        """The outbox as the last batch found it, for the region's gauges."""
 
     def start(self) -> None:
         """Start shipping in the background, beginning with whatever an earlier process left."""
@@ -119,6 +123,8 @@ class UsageShipper:
         async with self._shipping:
             rows = await self._store.pending_usage(self._batch_size)
             self._last_batch = len(rows)
+            pending = await self._store.pending_usage_count() if len(rows) >= self._batch_size else len(rows)
+            self.outbox.saw([row.usage for row in rows], pending)
             if not rows:
                 return Shipment.IDLE
             code = await self._send(rows)
@@ -167,11 +173,13 @@ class UsageShipper:
         except grpc.aio.AioRpcError as err:
             code: grpc.StatusCode = err.code()
             log.warning("usage shipment of %d records failed: %s %s", len(rows), code.name, err.details())
+            region_metrics.usage_ship_failed()
             return code
         return None
 
     async def _delivered(self, rows: Sequence[PendingUsage]) -> None:
         await self._store.mark_shipped([row.key for row in rows])
+        self.outbox.shipped([row.usage for row in rows])
         self.delivered += len(rows)
 
     async def _run(self) -> None:
