@@ -19,6 +19,7 @@ from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.identity import Role, role_name
 from llmmesh.ids import is_valid_name
+from llmmesh.metrics_http import MetricsEndpoint
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -45,6 +46,7 @@ from region.heartbeat import Heartbeater
 from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
+from region.metrics_gauges import GAUGES, RegionReadings, serve_region_metrics
 from region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
 from region.policy_cache import PolicyCache
 from region.quota import QuotaLedger
@@ -112,6 +114,7 @@ class RegionPlane:
     models: ModelResolver
     sessions: ChatSessions
     embedding_pods: EmbeddingPods | None = None
+    metrics: MetricsEndpoint | None = None
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -149,6 +152,7 @@ class RegionPlane:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain streams, stop reporting, deliver pending usage."""
+        GAUGES.remove(self.settings.region)
         self.sessions.drain()
         await self.server.stop(grace_s)
         await self.heartbeat.close()
@@ -166,6 +170,8 @@ class RegionPlane:
         if self.redis is not None:
             await self.redis.aclose()
         await self.global_channel.close()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 async def start_region(settings: RegionSettings) -> RegionPlane:
@@ -310,6 +316,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         sessions,
         embedding_pods,
     )
+    readings = RegionReadings(settings.region, queue, pool, loads, shipper.outbox)
+    plane.metrics = serve_region_metrics(readings, settings.host, settings.metrics_port)
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)
     policy.start()
@@ -343,7 +351,13 @@ async def serve(settings: RegionSettings) -> None:
     plane = await start_region(settings)
     lifecycle.settle_heap()
     lifecycle.write_ready_file(
-        settings.ready_file, {"address": plane.address, "region": settings.region, "zone": settings.zone}
+        settings.ready_file,
+        {
+            "address": plane.address,
+            "region": settings.region,
+            "zone": settings.zone,
+            "metrics_url": plane.metrics.url if plane.metrics else "",
+        },
     )
     await stop.wait()
     log.info("region %s draining", settings.region)

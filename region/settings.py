@@ -19,6 +19,9 @@ class RegionSettings(SafetySettings, MeshTlsSettings):
     advertise_address: str = setting(
         "", "host:port the region registers for the edge to dial; empty: the bound one (0.0.0.0 needs one)"
     )
+    metrics_port: int = setting(
+        0, "port of the HTTP /metrics endpoint (llmmesh_region_* series) on host; 0 picks one, -1 serves none"
+    )
     region: str = setting("us-east", "this region's name")
     zone: str = setting("us", "the zone (jurisdiction) this region belongs to")
     location: str = setting("39.0,-77.5", "'lat,lon' of the region, for proximity routing")
