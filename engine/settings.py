@@ -39,6 +39,14 @@ The simulator (``sim_*``; :mod:`engine.sim.scheduler` describes the model):
   :mod:`engine.sim.scheduler`): no CUDA graphs or batch padding, step time
   independent of context length, no speculative decoding, priority
   scheduling only, and block hashes that are its own chained SHA-256.
+
+The vLLM engine's features (speculative decoding, KV-cache dtype and
+offload, GPU parallelism) carry vLLM's own names, so a deployment (Helm,
+the image) sets ``LLMMESH_TENSOR_PARALLEL_SIZE`` and reads it as vLLM's
+``tensor_parallel_size``. Defaults are vLLM's (one GPU, 0.9 of its memory,
+KV cache in the model's dtype, no speculation, no offload).
+:mod:`engine.vllm_engine.features` checks them against the target device
+and refuses what vLLM cannot do there.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ from llmmesh.config import setting
 from llmmesh.mtls import MeshTlsSettings
 
 SUPPORTED_BACKENDS = ("sim", "vllm")
+SPECULATIVE_METHODS = ("", "ngram", "draft_model")
+VLLM_DEVICES = ("auto", "cpu", "cuda")
+POD_ROLES = ("both", "prefill", "decode")
+DEFAULT_CONTEXT_WINDOW = 4096
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     pod_id: str = setting("pod-0", "stable name of this pod, reported in every event")
     backend: str = setting("sim", "engine backend: 'sim' (simulator) or 'vllm' (vLLM's AsyncLLM)")
     model: str = setting("llmmesh-tiny", "name of the model this pod serves")
-    context_window: int = setting(4096, "most tokens in prompt plus output")
+    context_window: int = setting(DEFAULT_CONTEXT_WINDOW, "most tokens in prompt plus output")
     block_size: int = setting(16, "tokens per KV-cache block")
     max_num_seqs: int = setting(32, "most generations batched at once")
     kv_blocks: int = setting(2048, "KV-cache blocks in the pool")
@@ -81,6 +93,43 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     )
     max_num_batched_tokens: int = setting(
         2048, "most tokens one engine step computes, decodes and prefill chunks (vLLM's budget)"
+    )
+    max_model_len: int = setting(
+        0, "vLLM's name for context_window; when set it is the pod's context window (0: context_window)"
+    )
+    vllm_device: str = setting(
+        "auto", "vllm backend: device the engine config is for: cpu, cuda, or auto (vLLM's platform)"
+    )
+    tensor_parallel_size: int = setting(1, "vllm backend: GPUs each layer is split across")
+    pipeline_parallel_size: int = setting(1, "vllm backend: pipeline stages (groups of layers) across GPUs")
+    gpu_memory_utilization: float = setting(
+        0.9, "vllm backend: share of GPU memory vLLM may use (on CPU vllm_kv_cache_gib sizes the cache)"
+    )
+    kv_cache_dtype: str = setting(
+        "auto", "vllm backend: KV-cache dtype: auto (the model's), fp8, fp8_e4m3, fp8_e5m2"
+    )
+    kv_offloading_gib: float = setting(
+        0.0, "vllm backend on GPUs: CPU memory for offloaded KV blocks, GiB; 0 off"
+    )
+    cpu_offload_gib: float = setting(
+        0.0, "vllm backend on GPUs: model weights kept in CPU memory, GiB; 0 off"
+    )
+    speculative_method: str = setting(
+        "", "vllm backend: speculative decoding: '' off, 'ngram' (prompt lookup) or 'draft_model'"
+    )
+    num_speculative_tokens: int = setting(4, "vllm backend: tokens proposed per step when speculating")
+    prompt_lookup_max: int = setting(
+        4, "vllm backend, ngram speculation: longest n-gram looked up in the prompt"
+    )
+    prompt_lookup_min: int = setting(2, "vllm backend, ngram speculation: shortest n-gram looked up")
+    speculative_model: str = setting(
+        "", "vllm backend, draft_model speculation: the draft model's directory (same tokenizer)"
+    )
+    pod_role: str = setting(
+        "both", "disaggregated serving: 'prefill' (prompts only), 'decode' (generation only) or 'both'"
+    )
+    kv_connector: str = setting(
+        "", "vllm backend on GPUs: vLLM KV connector moving KV blocks between prefill and decode pods"
     )
     sim_prefill_overhead_s: float = setting(0.002, "simulator: fixed cost of a step that prefills, seconds")
     sim_prefill_per_token_s: float = setting(0.00012, "simulator: cost of each prompt token computed, s")
@@ -99,6 +148,15 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     )
 
     def __post_init__(self) -> None:
+        if self.max_model_len:
+            if self.context_window not in (self.max_model_len, DEFAULT_CONTEXT_WINDOW):
+                raise ValueError(
+                    f"max_model_len ({self.max_model_len}) and context_window ({self.context_window}) "
+                    "name one limit: set one of them"
+                )
+            # Both names read the same value from here on.
+            object.__setattr__(self, "context_window", self.max_model_len)
+        object.__setattr__(self, "max_model_len", self.context_window)
         if self.backend not in SUPPORTED_BACKENDS:
             raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {self.backend!r}")
         for name in (
@@ -132,3 +190,32 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
         for name in ("sim_stall_after_tokens", "sim_crash_after_generations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative (0 turns the fault off)")
+        self._check_vllm_features()
+
+    def _check_vllm_features(self) -> None:
+        """The vLLM feature settings that are wrong on any device; what a
+        device cannot do is :mod:`engine.vllm_engine.features`' to refuse."""
+        if self.vllm_device not in VLLM_DEVICES:
+            raise ValueError(f"vllm_device must be one of {VLLM_DEVICES}, got {self.vllm_device!r}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("kv_offloading_gib", "cpu_offload_gib"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"{name} must not be negative (0 turns it off)")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_method must be one of {SPECULATIVE_METHODS}, got {self.speculative_method!r}"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.speculative_method == "draft_model" and not self.speculative_model:
+            raise ValueError("speculative_method draft_model needs speculative_model (the draft's directory)")
+        if self.pod_role not in POD_ROLES:
+            raise ValueError(f"pod_role must be one of {POD_ROLES}, got {self.pod_role!r}")
+        if self.speculative_model and self.speculative_method != "draft_model":
+            raise ValueError("speculative_model is used only with speculative_method draft_model")

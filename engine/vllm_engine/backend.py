@@ -34,6 +34,7 @@ import vllm
 from prometheus_client import REGISTRY, CollectorRegistry
 from vllm import SamplingParams
 from vllm.config.kv_events import KVEventsConfig
+from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
@@ -57,7 +58,7 @@ from engine.backend import (
 from engine.gpu import NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
-from engine.vllm_engine import resumed_grammar
+from engine.vllm_engine import features, resumed_grammar
 from engine.vllm_engine.auto_tools import AutoToolCalls, refuse_auto, tool_parser_for_template
 from engine.vllm_engine.config import VllmEngineConfig
 from engine.vllm_engine.kv_relay import KvEventRelay
@@ -111,9 +112,14 @@ class VllmBackend(EngineBackend):
         kwargs = self.config.engine_kwargs()
         # AsyncEngineArgs, unlike LLM, takes this config only as its class.
         kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+        if "kv_transfer_config" in kwargs:
+            kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+        # vLLM loads no custom logits processor when speculating; the
+        # requests that need it are refused (features.refuse_when_speculating).
+        processors = [] if self.config.speculating else [resumed_grammar.QUALIFIED_NAME]
         args = AsyncEngineArgs(
             **kwargs,
-            logits_processors=[resumed_grammar.QUALIFIED_NAME],
+            logits_processors=processors,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True,
                 publisher="zmq",
@@ -230,6 +236,9 @@ class VllmBackend(EngineBackend):
         """vLLM's parameters for ``request`` and the stream that reads its
         output; raises ``InvalidArgument`` for what this engine cannot do."""
         sampling = request.sampling
+        if self.config.speculating:
+            continued = bool(request.resume_output_token_ids)
+            features.refuse_when_speculating(sampling, guided_param(sampling), continued)
         auto: AutoToolCalls | None = None
         if sampling.tools and sampling.tool_choice.mode == ToolChoiceMode.AUTO:
             if self._tool_parser is None:
