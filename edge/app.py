@@ -22,13 +22,16 @@ from edge.conversations import ConversationsHandler
 from edge.docs_page import docs_page
 from edge.embeddings import EmbeddingsHandler
 from edge.errors import OpenAIError, from_mesh_error
+from edge.files import FileRoutes
 from edge.health import path_health
 from edge.mesh_client import MeshClient
 from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
+from edge.retrieval_calls import RetrievalCalls
 from edge.settings import EdgeSettings
 from edge.stream_routes import StreamRoutes
+from edge.vector_stores import VectorStoreRoutes
 from llmmesh.errors import MeshError
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     completions = CompletionsHandler(settings, mesh)
     conversations = ConversationsHandler(settings, mesh, completions)
     streams = StreamRoutes(mesh, completions.streams)
+    retrieval = RetrievalCalls(mesh)
 
     async def usage(request: Request) -> Response:
         principal = await authenticate(request, mesh)
@@ -119,6 +123,8 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/docs", docs, methods=["GET"]),
             *conversations.routes(),
+            *FileRoutes(settings, retrieval).routes(),
+            *VectorStoreRoutes(settings, retrieval).routes(),
         ],
         exception_handlers={
             OpenAIError: on_openai_error,

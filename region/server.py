@@ -32,6 +32,7 @@ from llmmesh.v1 import (
     model_registry_service_pb2_grpc,
     moderation_service_pb2_grpc,
     policy_service_pb2_grpc,
+    retrieval_service_pb2_grpc,
 )
 from region.admission import Admission
 from region.chat_session import ChatSessions
@@ -52,12 +53,15 @@ from region.policy_cache import PolicyCache
 from region.quota import QuotaLedger
 from region.ratelimit import LocalRateLimiter, RateLimiter
 from region.ratelimit_redis import RedisRateLimiter
+from region.retrieval import RetrievalGateway
+from region.retrieval_servicer import RETRIEVAL_METHODS, RETRIEVAL_SERVICE_NAME, RetrievalServicer
 from region.router import KvAffinityRouter, LoadBoard, RoutingPolicy
 from region.safety import SafetyFilters, build_filters
 from region.servicer import ChatServicer, region_health
 from region.settings import RegionSettings
 from region.tokenizer_client import TokenizerClient
 from region.usage_shipper import UsageShipper
+from region.vector_store import VectorStoreDb
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,8 @@ REGION_ACCESS = {
     "CreateEmbeddings": _SPEAKERS,
     "Moderate": _SPEAKERS,
     "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),
+    # Files, vector stores and search: tenant content, reached as turns are.
+    **dict.fromkeys(RETRIEVAL_METHODS, _SPEAKERS),
 }
 
 
@@ -114,6 +120,7 @@ class RegionPlane:
     models: ModelResolver
     sessions: ChatSessions
     embedding_pods: EmbeddingPods | None = None
+    retrieval: RetrievalGateway | None = None
     metrics: MetricsEndpoint | None = None
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
@@ -161,6 +168,8 @@ class RegionPlane:
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
+        if self.retrieval is not None:
+            await asyncio.to_thread(self.retrieval.db.dispose)
         if self.feeds is not None:
             await self.feeds.close()
         await self.router.loads.close()
@@ -260,6 +269,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     pool.on_checked(pods_checked)
     pool.on_checked(embedding_pods.refresh_soon)
     embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
+    vector_db = await VectorStoreDb.open(settings.zone_store_database_url(), settings.region)
+    retrieval = RetrievalGateway(settings, settings.zone, policy, vector_db, embeddings)
     moderation = ModerationGateway(settings, policy, admission, safety)
     conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
@@ -279,10 +290,13 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         moderation_service_pb2_grpc.add_ModerationServiceServicer_to_server(
             ModerationServicer(moderation), server
         )
+        retrieval_service_pb2_grpc.add_RetrievalServiceServicer_to_server(
+            RetrievalServicer(retrieval), server
+        )
 
     server = GrpcServer(
         register,
-        [SERVICE_NAME, EMBEDDINGS_SERVICE_NAME, MODERATION_SERVICE_NAME],
+        [SERVICE_NAME, EMBEDDINGS_SERVICE_NAME, MODERATION_SERVICE_NAME, RETRIEVAL_SERVICE_NAME],
         settings.host,
         settings.port,
         security=security,
@@ -315,6 +329,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         models,
         sessions,
         embedding_pods,
+        retrieval,
     )
     readings = RegionReadings(settings.region, queue, pool, loads, shipper.outbox)
     plane.metrics = serve_region_metrics(readings, settings.host, settings.metrics_port)

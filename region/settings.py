@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from llmmesh.config import setting
 from llmmesh.home import mesh_home
 from llmmesh.mtls import MeshTlsSettings
+from region.retrieval_settings import RetrievalSettings
 from region.safety.config import SafetySettings
 
 
 @dataclass(frozen=True)
-class RegionSettings(SafetySettings, MeshTlsSettings):
+class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
     """Where the region listens, what it is, and whom it talks to."""
 
     host: str = setting("127.0.0.1", "address the ChatService listens on")
