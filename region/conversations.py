@@ -28,6 +28,7 @@ from region.settings import RegionSettings
 from region.zone_store.paging import encode_position
 from region.zone_store.rows import ConversationRow, MessageRow, Role
 from region.zone_store.store import ZoneStore, utc_now
+from region.zone_store.tree import BranchRow, branches, current_branch, path_to
 
 AUTO_MODEL = "auto"
 """The model of a conversation created without one: each turn takes the tier's default."""
@@ -137,17 +138,19 @@ class ConversationService:
     async def list_messages(
         self, request: chat_service_pb2.ListMessagesRequest, secret: str | None
     ) -> chat_service_pb2.ListMessagesResponse:
-        """A page of a conversation's messages, oldest first."""
+        """A page of one branch of a conversation's messages, oldest first:
+        the branch ending at ``leaf_id``, or the current one; or, with
+        ``request_id``, the messages that request stored."""
         caller = self._policy.authenticate(secret)
         conversation_id = self._conversation_id(request.conversation_id)
         size = page_size(request.page_size, MESSAGES_PAGE)
         after = decode_message_position(request.page_token, conversation_id) if request.page_token else 0
+        stored = await self._store.messages(caller.tenant_id, conversation_id)
+        branch = _listed(stored, request, conversation_id)
         if request.after_id:
             _one_cursor(request.page_token)
-            after = await self._message_seq(caller.tenant_id, conversation_id, request.after_id)
-        rows = await self._store.message_page(
-            caller.tenant_id, conversation_id, after_seq=after, limit=size + 1
-        )
+            after = _message_seq(branch, conversation_id, request.after_id)
+        rows = [row for row in branch if row.seq > after][: size + 1]
         page = rows[:size]
         token = encode_message_position(conversation_id, page[-1].seq) if len(rows) > size else ""
         return chat_service_pb2.ListMessagesResponse(
@@ -166,19 +169,30 @@ class ConversationService:
                 metadata={"param": "after_id"},
             ) from err
 
-    async def _message_seq(self, tenant_id: str, conversation_id: str, after_id: str) -> int:
-        """The position of message ``after_id`` in the conversation; INVALID_ARGUMENT (``after_id``)
-        when it is not one of its messages."""
-        # The whole conversation is what each turn reads too; a page by id costs no more.
-        rows = await self._store.messages(tenant_id, conversation_id)
-        seq = next((row.seq for row in rows if row.id == after_id), None)
-        if seq is None:
-            raise InvalidArgument(
-                Reason.INVALID_REQUEST,
-                f"after_id {after_id!r} is not a message of conversation {conversation_id!r}",
-                metadata={"param": "after_id"},
+    async def list_branches(
+        self, request: chat_service_pb2.ListBranchesRequest, secret: str | None
+    ) -> chat_service_pb2.ListBranchesResponse:
+        """A page of a conversation's branches, the newest leaf first."""
+        caller = self._policy.authenticate(secret)
+        conversation_id = self._conversation_id(request.conversation_id)
+        size = page_size(request.page_size, CONVERSATIONS_PAGE)
+        stored = await self._store.messages(caller.tenant_id, conversation_id)
+        found = branches(stored)
+        start = 0
+        if request.page_token:
+            # Branches are listed by their leaves' seq, newest first: the token is the last one served.
+            last = decode_message_position(request.page_token, conversation_id)
+            seqs = {row.id: row.seq for row in stored}
+            start = next((i for i, b in enumerate(found) if seqs[b.leaf_id] < last), len(found))
+        page = found[start : start + size]
+        token = ""
+        if start + size < len(found):
+            token = encode_message_position(
+                conversation_id, next(r.seq for r in stored if r.id == page[-1].leaf_id)
             )
-        return seq
+        return chat_service_pb2.ListBranchesResponse(
+            branches=[branch_proto(b) for b in page], next_page_token=token
+        )
 
     def _conversation_id(self, text: str) -> str:
         """``text`` when it is a conversation id of this zone; INVALID_ARGUMENT otherwise.
@@ -205,6 +219,43 @@ class ConversationService:
                 metadata={"param": "conversation_id", "zone": parsed.zone},
             )
         return text
+
+
+def _listed(
+    stored: list[MessageRow], request: chat_service_pb2.ListMessagesRequest, conversation_id: str
+) -> list[MessageRow]:
+    """The messages a listing covers, in order: one request's, or one branch's."""
+    if request.request_id:
+        if request.leaf_id:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                "give leaf_id or request_id, not both",
+                metadata={"param": "leaf_id"},
+            )
+        return [row for row in stored if row.request_id == request.request_id]
+    if not request.leaf_id:
+        return current_branch(stored)
+    try:
+        return path_to(stored, request.leaf_id)
+    except KeyError:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"leaf_id {request.leaf_id!r} is not a message of conversation {conversation_id!r}",
+            metadata={"param": "leaf_id"},
+        ) from None
+
+
+def _message_seq(branch: list[MessageRow], conversation_id: str, after_id: str) -> int:
+    """The position of message ``after_id`` in the listed branch; INVALID_ARGUMENT (``after_id``)
+    when it is not one of its messages."""
+    seq = next((row.seq for row in branch if row.id == after_id), None)
+    if seq is None:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"after_id {after_id!r} is not a message of conversation {conversation_id!r} listed here",
+            metadata={"param": "after_id"},
+        )
+    return seq
 
 
 def _one_cursor(page_token: str) -> None:
@@ -282,4 +333,15 @@ def message_proto(row: MessageRow) -> chat_service_pb2.StoredMessage:
         create_time=timestamp(row.created_at),
         tool_calls=[common_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in row.tool_calls],
         tool_call_id=row.tool_call_id,
+        parent_id=row.parent_id,
+    )
+
+
+def branch_proto(branch: BranchRow) -> chat_service_pb2.Branch:
+    return chat_service_pb2.Branch(
+        leaf_id=branch.leaf_id,
+        message_count=branch.message_count,
+        fork_id=branch.fork_id,
+        update_time=timestamp(branch.updated_at),
+        current=branch.current,
     )

@@ -80,7 +80,7 @@ from llmmesh.v1 import (
 )
 from region import metrics as region_metrics
 from region.admission import Admission
-from region.context_builder import fit_context
+from region.conversation_turns import ConversationContext, check_branch_point, conversation_context
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
@@ -91,14 +91,14 @@ from region.ratelimit import Reservation
 from region.router import KvAffinityRouter
 from region.safety import SafetyFilters
 from region.settings import RegionSettings
+from region.summaries import Summaries
 from region.tokenizer_client import TokenizerClient
 from region.tool_calls import rewrite_ids
-from region.tool_validation import require_answered_calls
 from region.turn import PreparedTurn, Turn, TurnMeter
-from region.turn_history import history_messages, input_texts, tool_results
+from region.turn_history import input_texts
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, ToolResult, TurnStart
+from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnStart
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,10 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 class ChatGateway:
     """Authenticates, validates, admits, places and meters chat turns."""
+
+    summaries: Summaries | None = None
+    """Keeps long conversations' summaries; set by the region's server (None:
+    history that does not fit is cut, not summarised)."""
 
     def __init__(
         self,
@@ -249,52 +253,26 @@ class ChatGateway:
         tools = tuple(sampling.tools)
         requested = sampling.max_tokens if sampling.HasField("max_tokens") else None
         messages: Sequence[common_pb2.ChatMessage] = start.messages
-        conversation_id: str | None = None
-        user_text: str | None = None
-        results: tuple[ToolResult, ...] = ()
+        context: ConversationContext | None = None
         continues = start.continuation.original_request_id if start.HasField("continuation") else ""
+        check_branch_point(start)
         if start.conversation_id:
-            conversation = await self._store.get_conversation(caller.tenant_id, start.conversation_id)
-            conversation_id = conversation.id
-            stored = await self._store.messages(caller.tenant_id, conversation.id)
-            system = [m for m in start.messages if m.role == common_pb2.CHAT_ROLE_SYSTEM]
-            if not system and conversation.system_prompt:
-                system = [
-                    common_pb2.ChatMessage(
-                        role=common_pb2.CHAT_ROLE_SYSTEM, content=conversation.system_prompt
-                    )
-                ]
-            new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
-            # A continuation's prompt is its original turn's, without what that turn stored.
-            history = history_messages(stored, continues)
-            require_answered_calls(history, start.messages)
-            asked = [m.content for m in new if m.role == common_pb2.CHAT_ROLE_USER]
-            user_text = "\n\n".join(asked) if asked else None
-            results = tool_results(new)
-            if window:
 
-                async def count(candidate: Sequence[common_pb2.ChatMessage]) -> int:
-                    return len(await self._tokenizer.tokenize(model.name, candidate, tools=tools))
+            async def count(candidate: Sequence[common_pb2.ChatMessage]) -> int:
+                return len(await self._tokenizer.tokenize(model.name, candidate, tools=tools))
 
-                fitted = await fit_context(
-                    system,
-                    history,
-                    new,
-                    window_tokens=window,
-                    # Without max_tokens, history leaves a reply room to be useful.
-                    reserve_output_tokens=requested or min(self._settings.default_output_tokens, window // 4),
-                    count_tokens=count,
-                )
-                messages = fitted.messages
-                if fitted.dropped_messages:
-                    log.debug(
-                        "turn %s: %d oldest messages of %s left out to fit the window",
-                        request_id,
-                        fitted.dropped_messages,
-                        conversation.id,
-                    )
-            else:
-                messages = [*system, *history, *new]
+            context = await conversation_context(
+                self._store,
+                caller.tenant_id,
+                start,
+                continues=continues,
+                window_tokens=window,
+                # Without max_tokens, history leaves a reply room to be useful.
+                reserve_output_tokens=requested or min(self._settings.default_output_tokens, window // 4),
+                count_tokens=count,
+                summaries=self.summaries,
+            )
+            messages = context.messages
         token_ids = await self._tokenizer.tokenize(model.name, messages, tools=tools)
         if window and len(token_ids) + (requested or 1) > window:
             raise InvalidArgument(
@@ -311,11 +289,12 @@ class ChatGateway:
             tuple(messages),
             token_ids,
             max_output,
-            conversation_id,
-            user_text,
+            context.conversation_id if context else None,
+            context.user_text if context else None,
             continues or None,
-            results,
+            context.tool_results if context else (),
             start.user,
+            context,
         )
 
     async def _accept(
@@ -454,6 +433,8 @@ class ChatGateway:
                             conversation_id=prepared.conversation_id or "",
                             create_time=self._now(),
                             rate_limit=rate_limit_status(turn.admitted.reservation),
+                            parent_message_id=prepared.context.follows if prepared.context else "",
+                            context=prepared.context.report if prepared.context else None,
                         )
                     )
                 elif kind == "delta":
@@ -641,6 +622,7 @@ class ChatGateway:
                     encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
                     tokens=meter.input_tokens + meter.output_tokens,
                     tool_results=prepared.tool_results,
+                    parent_id=prepared.parent_id,
                 )
             else:
                 record = await self._store.record_continuation(
@@ -655,6 +637,7 @@ class ChatGateway:
                     meter.output_tokens,
                     encode,
                     prepared.tool_results,
+                    prepared.parent_id,
                 )
         except Exception:
             # The stream is over; all that is left is to say so loudly.

@@ -162,6 +162,14 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         except MeshError as err:
             await err.abort(context)
 
+    async def ListBranches(
+        self, request: chat_service_pb2.ListBranchesRequest, context: Context
+    ) -> chat_service_pb2.ListBranchesResponse:
+        try:
+            return await self._conversations.list_branches(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
+
 
 def region_health(healthy_pods: int, total_pods: int) -> common_pb2.HealthState.ValueType:
     """A region serves while any pod does; it is degraded while some do not."""

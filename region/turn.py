@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 from region.admission import Admitted
+from region.conversation_turns import ConversationContext
 from region.filtered_output import Release
 from region.metrics import TurnLatency
 from region.policy_cache import Caller
@@ -102,6 +103,13 @@ class PreparedTurn:
     tool_results: tuple[ToolResult, ...] = ()
     # The end user the tenant named (OpenAI's `user`), logged and billed with the turn; "" if none.
     end_user: str = ""
+    # A conversation turn's place in the conversation's tree and how its history was fitted.
+    context: ConversationContext | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        """The message a conversation turn's first new message follows (None: the newest one)."""
+        return self.context.parent_id if self.context else None
 
     @property
     def original_request_id(self) -> str:

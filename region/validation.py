@@ -100,6 +100,9 @@ def _validate_continuation(continuation: chat_service_pb2.Continuation) -> None:
 
 
 def _validate_messages(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
+    if start.WhichOneof("branch_point") == "regenerate_message_id":
+        # A regeneration answers stored messages and brings none (region.conversation_turns checks).
+        return
     if not start.messages:
         raise InvalidArgument(
             Reason.EMPTY_PROMPT, "messages must not be empty", metadata={"param": "messages"}

@@ -45,6 +45,7 @@ from llmmesh.ids import ConversationId
 from llmmesh.sqlstore import SqlStore, create_store_engine, insert_new_rows
 from region.zone_store import schema
 from region.zone_store.paging import decode_position, encode_position
+from region.zone_store.purge import DeletedConversation, deleted_page, purge
 from region.zone_store.queries import (
     append_message,
     append_tool_results,
@@ -65,6 +66,7 @@ from region.zone_store.rows import (
     MessageRow,
     PendingUsage,
     Role,
+    SummaryRow,
     ToolResult,
     TurnRecord,
     TurnStart,
@@ -75,6 +77,7 @@ from region.zone_store.schema_upgrade import (
     link_linear_history,
     upgrade_request_keys,
 )
+from region.zone_store.summaries import latest_summary, save_summary
 from region.zone_store.turn_starts import accept_turn, duplicate_request, mark_started
 
 log = logging.getLogger(__name__)
@@ -574,6 +577,44 @@ class ZoneStore(SqlStore):
             return changed
 
         return await self.transaction(update) if by_tenant else 0
+
+    # ------------------------------------------------------------ summaries
+
+    async def branch_summary(
+        self, tenant_id: str, conversation_id: str, path_ids: Sequence[str]
+    ) -> SummaryRow | None:
+        """The stored summary covering the most of a branch, given its message
+        ids in order; NOT_FOUND as for :meth:`get_conversation`."""
+
+        def read(conn: Connection) -> SummaryRow | None:
+            self._live(conn, tenant_id, conversation_id)
+            return latest_summary(conn, conversation_id, path_ids)
+
+        return await self.transaction(read)
+
+    async def save_summary(self, tenant_id: str, summary: SummaryRow) -> bool:
+        """Store a branch summary of the tenant's live conversation; False when
+        the conversation is gone or a summary through the same message exists."""
+
+        def save(conn: Connection) -> bool:
+            conversation = self._find_live(conn, tenant_id, summary.conversation_id)
+            return conversation is not None and save_summary(conn, conversation, summary)
+
+        return await self.transaction(save)
+
+    # ------------------------------------------------------------ purge
+
+    async def deleted_conversations(
+        self, before: datetime, after: tuple[datetime, str] | None = None, limit: int = 100
+    ) -> list[DeletedConversation]:
+        """Conversations this region homes, soft-deleted before ``before``,
+        oldest deletion first, after keyset position ``after`` (deleted_at, id)."""
+        return await self.transaction(lambda conn: deleted_page(conn, self.region, before, after, limit))
+
+    async def purge_conversation(self, conversation_id: str, deleted_before: datetime) -> bool:
+        """Remove a conversation soft-deleted before ``deleted_before`` with its
+        messages and summaries (usage rows stay); False when there is none such."""
+        return await self.transaction(lambda conn: purge(conn, conversation_id, deleted_before))
 
     # ------------------------------------------------------------ helpers
 
