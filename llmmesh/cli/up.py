@@ -9,7 +9,7 @@ geo-routing lists every region as serving, and removed on exit. It holds:
 
 - ``edge_url``, ``global_address``, ``api_key`` (the dev key of the dev
   tenant's zone), ``engine_backend`` and ``regions``, a list of
-  ``{region, zone, address, engines: [{pod_id, backend, address,
+  ``{region, zone, address, metrics_url, engines: [{pod_id, backend, address,
   metrics_url}]}`` whose first entry is the first region of that zone: what
   single-region readers (``llmmesh chat``, ``llmmesh admin``) use;
 - ``tls``: ``{insecure: true}`` for a plaintext mesh (``--insecure``),
@@ -19,7 +19,9 @@ geo-routing lists every region as serving, and removed on exit. It holds:
 - ``zone`` (the dev tenant's), ``zones`` ``{zone: {store_url, regions:
   {region: {chat_address, pods}}}}``, ``tenants`` ``{zone: {name, id}}``
   and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
-  (``global``, ``edge``, each region and pod by name).
+  (``global``, ``edge``, each region and pod by name);
+- ``metrics`` ``{plane: url}``: the Prometheus ``/metrics`` URL of every
+  plane, named as in ``pids`` (what a scrape configuration lists).
 
 Redis (``--redis``, :func:`~llmmesh.cli.embedded_redis.choose_redis`):
 by default the config's ``redis_url``, else a ``redis-server`` child the
@@ -239,7 +241,7 @@ class MeshLauncher:
         host, prefix = self._host("global")
         flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
         flags += self._tls_flags("global")
-        flags += ["--dev-zone", self.primary_zone]
+        flags += ["--dev-zone", self.primary_zone, "--metrics-port", "0"]
         env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
         glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env, prefix=prefix)
         self.progress(f"global plane serving on {glob.address()}")
@@ -319,6 +321,7 @@ class MeshLauncher:
         flags = ["--host", host, "--port", str(region.port), "--region", region.name]
         flags += ["--zone", region.zone, "--global-address", self.global_plane.address()]
         flags += ["--engine-addresses", engines, *self._tls_flags(f"region-{region.name}")]
+        flags += ["--metrics-port", "0"]
         if region.location:
             flags += ["--location", region.location]
         env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env()}
@@ -370,6 +373,7 @@ class MeshLauncher:
             "keys": keys,
             "pids": pids,
             "tls": self._tls_entry(),
+            "metrics": self._metrics_entry(),
             **extra,
         }
 
@@ -387,6 +391,14 @@ class MeshLauncher:
             return {"insecure": True}
         return {"insecure": False, "certs_dir": str(certs_dir()), "ca": str(self.certs["admin"].ca)}
 
+    def _metrics_entry(self) -> dict[str, str]:
+        """The /metrics URL of every plane, by plane name."""
+        assert self.global_plane is not None and self.edge is not None
+        urls = {"global": str(self.global_plane.info["metrics_url"])}
+        urls["edge"] = f"{self.edge.info['url']}/metrics"
+        urls |= {name: str(plane.info["metrics_url"]) for name, plane in self.regions.items()}
+        return urls | {name: str(pod.info["metrics_url"]) for name, pod in self.pods.items()}
+
     def _region_entry(self, region: RegionConfig) -> dict[str, object]:
         engines = [
             {
@@ -397,8 +409,14 @@ class MeshLauncher:
             }
             for pod_id in region.pod_ids()
         ]
-        address = self.regions[region.name].address()
-        return {"region": region.name, "zone": region.zone, "address": address, "engines": engines}
+        plane = self.regions[region.name]
+        return {
+            "region": region.name,
+            "zone": region.zone,
+            "address": plane.address(),
+            "metrics_url": plane.info["metrics_url"],
+            "engines": engines,
+        }
 
 
 def _shown_url(url: str) -> str:
@@ -503,9 +521,11 @@ def _remove_if_ours(mesh_file: Path) -> None:
 
 def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path) -> None:
     lines = ["llmmesh is up", f"  global plane   {mesh['global_address']}"]
+    lines.append(f"  global metrics {mesh['metrics']['global']}")
     zones: dict[str, Any] = mesh["zones"]
     for region in mesh["regions"]:
         lines.append(f"  region         {region['region']} (zone {region['zone']})  {region['address']}")
+        lines.append(f"  region metrics {region['metrics_url']}")
         for pod in region["engines"]:
             lines.append(f"  engine pod     {pod['pod_id']} ({pod['backend']})  {pod['address']}")
             lines.append(f"  pod metrics    {pod['metrics_url']}")
