@@ -216,6 +216,7 @@ class GrpcServer:
         self._service_names = list(service_names)
         self._host = host
         self._port = port
+        self._probe: grpc.aio.Server | None = None
         self.address = ""
         register(_DecodeCheckingServer(self._server, _Gate(self._security.enabled, access)))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -233,9 +234,25 @@ class GrpcServer:
         if bound == 0:
             raise OSError(f"cannot bind {self._host}:{self._port}")
         await self._server.start()
+        if self._security.probe_port:
+            try:
+                self._probe = await self._start_probe(self._security.probe_port)
+            except BaseException:
+                await self._server.stop(None)
+                raise
         self.address = f"{self._host}:{bound}"
         await self.set_serving(True)
         return self.address
+
+    async def _start_probe(self, port: int) -> grpc.aio.Server:
+        """grpc.health.v1 alone, plaintext, on ``port``: kubelet's gRPC probe
+        speaks no TLS. It shares this server's health, so a drain shows there too."""
+        probe = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, probe)
+        if probe.add_insecure_port(f"{self._host}:{port}") == 0:
+            raise OSError(f"cannot bind the probe port {self._host}:{port}")
+        await probe.start()
+        return probe
 
     async def set_serving(self, serving: bool) -> None:
         """Report every service (and the server as a whole) up or down."""
@@ -249,6 +266,8 @@ class GrpcServer:
         """Drain: refuse new calls, give running ones ``grace_s`` to end."""
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace_s)
+        if self._probe is not None:
+            await self._probe.stop(None)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()

@@ -50,17 +50,27 @@ class MeshTlsSettings:
     insecure: bool = setting(
         False, "serve and dial plaintext, with no peer identities (development only; never the default)"
     )
+    probe_port: int = setting(
+        0,
+        "gRPC planes: a plaintext port answering grpc.health.v1 alone, for kubelet's gRPC probes "
+        "(which speak no TLS); 0 for none",
+    )
 
     def mesh_security(self, stem: str) -> MeshSecurity:
         """The plane's security: plaintext if ``insecure``, else mTLS with
         its files (``$LLMMESH_HOME/certs/STEM.pem`` unless set)."""
+        if not 0 <= self.probe_port <= 65535:
+            raise TlsSetupError(f"probe_port must be a port (1 to 65535) or 0 for none: {self.probe_port}")
         if self.insecure:
             log.warning("plaintext gRPC: no certificates, every caller is trusted (--insecure)")
-            return MeshSecurity.insecure()
-        cert = Path(self.tls_cert) if self.tls_cert else mesh_home() / "certs" / f"{stem}.pem"
-        key = Path(self.tls_key) if self.tls_key else cert.with_suffix(".key")
-        ca = Path(self.tls_ca) if self.tls_ca else cert.with_name("ca.pem")
-        return MeshSecurity.mtls(CertFiles(cert, key, ca))
+            security = MeshSecurity.insecure()
+        else:
+            cert = Path(self.tls_cert) if self.tls_cert else mesh_home() / "certs" / f"{stem}.pem"
+            key = Path(self.tls_key) if self.tls_key else cert.with_suffix(".key")
+            ca = Path(self.tls_ca) if self.tls_ca else cert.with_name("ca.pem")
+            security = MeshSecurity.mtls(CertFiles(cert, key, ca))
+        security.probe_port = self.probe_port
+        return security
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,9 @@ class MeshSecurity:
     files: CertFiles | None
     identity: PlaneIdentity | None = None
     _loaded: _Loaded | None = field(default=None, repr=False)
+    # A plaintext port that answers grpc.health.v1 alone (0: none), since
+    # kubelet's gRPC probe cannot speak TLS; it tells nothing but up or down.
+    probe_port: int = 0
 
     @classmethod
     def insecure(cls) -> MeshSecurity:
