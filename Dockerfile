@@ -89,6 +89,7 @@ COPY --from=build-cuda /opt/llmmesh /opt/llmmesh
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     LLMMESH_BACKEND=vllm \
+    LLMMESH_VLLM_DEVICE=cuda \
     LLMMESH_VLLM_DTYPE=auto
 USER 10001:10001
 

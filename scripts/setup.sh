@@ -20,3 +20,10 @@ else
   .venv/bin/python -c "import transformers, vllm" >/dev/null 2>&1 \
     || { echo "setup: vLLM does not import; see: .venv/bin/python -c 'import vllm'" >&2; exit 1; }
 fi
+# checkov (the Helm chart's policy check in tests/deploy) pins dependencies
+# that clash with the project's, so it lives in a venv of its own.
+CHECKOV_VERSION=3.3.30
+if ! .venv-checkov/bin/checkov --version 2>/dev/null | grep -qx "$CHECKOV_VERSION"; then
+  "$PYTHON" -m venv .venv-checkov
+  .venv-checkov/bin/python -m pip --disable-pip-version-check install --quiet "checkov==$CHECKOV_VERSION"
+fi

@@ -1,0 +1,157 @@
+{{/* Names, labels and the pieces every plane's pod shares. */}}
+
+{{- define "llmmesh.fullname" -}}
+{{- printf "%s" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llmmesh.labels" -}}
+app.kubernetes.io/name: llmmesh
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "llmmesh.selector" -}}
+app.kubernetes.io/name: llmmesh
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference: repository@digest when a digest is set, else :tag. */}}
+{{- define "llmmesh.image" -}}
+{{- if .digest -}}
+{{ .repository }}@{{ .digest }}
+{{- else -}}
+{{ .repository }}:{{ .tag }}
+{{- end -}}
+{{- end -}}
+
+{{- define "llmmesh.secretName" -}}
+{{- if .Values.secrets.create -}}
+{{ include "llmmesh.fullname" . }}-secrets
+{{- else -}}
+{{ required "secrets.existingSecret names the Secret with the connection strings" .Values.secrets.existingSecret }}
+{{- end -}}
+{{- end -}}
+
+{{- define "llmmesh.globalAddress" -}}
+{{- if .Values.globalPlane.address -}}
+{{ .Values.globalPlane.address }}
+{{- else -}}
+{{ include "llmmesh.fullname" . }}-global.{{ .Release.Namespace }}.svc.cluster.local:{{ .Values.globalPlane.port }}
+{{- end -}}
+{{- end -}}
+
+{{/* LLMMESH_* variables for mTLS (or plaintext) and the plaintext probe port. */}}
+{{- define "llmmesh.tlsEnv" -}}
+{{- if .root.Values.mtls.enabled }}
+- name: LLMMESH_TLS_CERT
+  value: /etc/llmmesh/tls/tls.crt
+- name: LLMMESH_TLS_KEY
+  value: /etc/llmmesh/tls/tls.key
+- name: LLMMESH_TLS_CA
+  value: /etc/llmmesh/tls/ca.crt
+{{- if .probe }}
+- name: LLMMESH_PROBE_PORT
+  value: {{ .root.Values.probes.port | quote }}
+{{- end }}
+{{- else }}
+- name: LLMMESH_INSECURE
+  value: "true"
+{{- end }}
+{{- end -}}
+
+{{/* The port kubelet's gRPC probe asks: the plaintext probe port under mTLS. */}}
+{{- define "llmmesh.probePort" -}}
+{{- if .root.Values.mtls.enabled -}}
+{{ .root.Values.probes.port }}
+{{- else -}}
+{{ .port }}
+{{- end -}}
+{{- end -}}
+
+{{/* Extra LLMMESH_* settings from a component's `env` map, in a stable order. */}}
+{{- define "llmmesh.extraEnv" -}}
+{{- range $name := keys . | sortAlpha }}
+- name: {{ $name }}
+  value: {{ index $ $name | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "llmmesh.podSecurity" -}}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Scheduling of one component: node selector, tolerations, affinity. */}}
+{{- define "llmmesh.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes every mesh plane mounts: its home (writable) and its mTLS secret. */}}
+{{- define "llmmesh.volumes" -}}
+- name: home
+  emptyDir: {}
+- name: tmp
+  emptyDir: {}
+{{- if .root.Values.mtls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ index .root.Values.mtls.secrets .plane }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "llmmesh.volumeMounts" -}}
+- name: home
+  mountPath: /var/lib/llmmesh
+- name: tmp
+  mountPath: /tmp
+{{- if .root.Values.mtls.enabled }}
+- name: tls
+  mountPath: /etc/llmmesh/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Readiness and liveness on grpc.health.v1 (kubelet's native gRPC probe). */}}
+{{- define "llmmesh.grpcProbes" -}}
+readinessProbe:
+  grpc:
+    port: {{ include "llmmesh.probePort" . }}
+  periodSeconds: {{ .root.Values.probes.periodSeconds }}
+  failureThreshold: {{ .root.Values.probes.failureThreshold }}
+livenessProbe:
+  grpc:
+    port: {{ include "llmmesh.probePort" . }}
+  initialDelaySeconds: {{ .initialDelaySeconds | default 10 }}
+  periodSeconds: {{ .root.Values.probes.periodSeconds }}
+  failureThreshold: {{ .root.Values.probes.failureThreshold }}
+{{- end -}}
+
+{{/* The plane drains on SIGTERM (server.stop(grace)); preStop first lets
+endpoints and routers stop sending it new work. */}}
+{{- define "llmmesh.drain" -}}
+lifecycle:
+  preStop:
+    sleep:
+      seconds: {{ .preStopSeconds }}
+{{- end -}}
