@@ -67,6 +67,11 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def set_link(link: str, *, up: bool) -> None:
+    """Set the interface ``link`` of the root namespace up or down."""
+    _ip("link", "set", link, "up" if up else "down")
+
+
 def netns_available() -> str | None:
     """None when this process can make namespaces; else why it cannot."""
     if shutil.which("ip") is None:
@@ -156,10 +161,10 @@ class HostNetwork:
 
     def link_down(self, host: NetHost) -> None:
         """Cut ``host`` off: its link goes down; its connections stay open, unanswered."""
-        _ip("link", "set", host.link, "down")
+        set_link(host.link, up=False)
 
     def link_up(self, host: NetHost) -> None:
-        _ip("link", "set", host.link, "up")
+        set_link(host.link, up=True)
 
     def link_is_up(self, host: NetHost) -> bool:
         flags = _ip("-o", "link", "show", host.link).stdout.partition("<")[2].partition(">")[0]

@@ -58,7 +58,8 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         choices=MODES,
         default=None,
         help="kill: SIGKILL, restored by llmmesh up's restart; partition: SIGSTOP, then SIGCONT; "
-        "rotate: the only mode of --kind cert-rotation "
+        "rotate: the only mode of --kind cert-rotation; link-down: the host's network link down, then "
+        "up (kinds region and global-plane of a mesh of llmmesh up --netns) "
         "(default: kill, partition for --kind global-plane so --outage-s holds)",
     )
     parser.add_argument(

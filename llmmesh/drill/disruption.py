@@ -14,6 +14,12 @@ anything else.
   cut: peers see silence, not a reset. Whatever happens to the drill, a
   stopped process is continued before it exits.
 
+- ``link-down``: the link of the part's host (``llmmesh up --netns``,
+  ``mesh.json``'s ``netns`` entry) goes down, then up again after the
+  partition period: packets to and from the host are dropped, connections
+  stay open, as when a cable is pulled. Whatever happens to the drill, the
+  link is brought back up before it exits.
+
 A deployed mesh is disrupted by the operator's commands (``sh -c``):
 ``--disrupt-command`` (kubectl, iptables…) and ``--restore-command``.
 """
@@ -26,6 +32,8 @@ import os
 import signal
 import time
 from pathlib import Path
+
+from llmmesh.netns import NetHost, NetnsError, set_link
 
 COMMAND_TIMEOUT_S = 120.0
 
@@ -127,6 +135,51 @@ class ProcessDisruption(Disruption):
                 os.kill(self._pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def mesh_host(mesh_file: Path, plane: str) -> NetHost:
+    """The host of ``plane`` (``global``, ``edge`` or a region) in ``mesh_file``'s ``netns`` entry."""
+    try:
+        data = json.loads(mesh_file.read_text())
+    except (OSError, ValueError) as err:
+        raise DisruptionError(f"cannot read {mesh_file}: {err}") from None
+    netns = data.get("netns") if isinstance(data, dict) else None
+    if not isinstance(netns, dict):
+        raise DisruptionError(
+            "this mesh runs on one host: take a link down in a mesh of `llmmesh up --netns`"
+        )
+    try:
+        host = netns["hosts"][plane]
+        return NetHost(plane, str(host["netns"]), str(host["address"]), str(host["link"]))
+    except (KeyError, TypeError):
+        raise DisruptionError(f"{mesh_file} names no host of {plane!r}") from None
+
+
+class LinkDisruption(Disruption):
+    """Takes the link of one host of the mesh down, then up again."""
+
+    def __init__(self, mesh_file: Path, plane: str) -> None:
+        self.host = mesh_host(mesh_file, plane)
+        self._down = False
+        self.description = f"{plane} (host {self.host.address}, link {self.host.link})"
+
+    async def disrupt(self) -> None:
+        await self._set(up=False)
+
+    async def restore(self, timeout_s: float) -> float | None:
+        await self.release()
+        return time.monotonic()
+
+    async def release(self) -> None:
+        if self._down:
+            await self._set(up=True)
+
+    async def _set(self, *, up: bool) -> None:
+        try:
+            await asyncio.to_thread(set_link, self.host.link, up=up)
+        except NetnsError as err:
+            raise DisruptionError(str(err)) from None
+        self._down = not up
 
 
 class CommandDisruption(Disruption):

@@ -6,10 +6,14 @@ from dataclasses import dataclass
 
 KINDS = ("region", "engine-pod", "global-plane", "redis", "cert-rotation")
 """What a drill disrupts; ``cert-rotation`` re-issues every certificate of the mesh."""
-MODES = ("kill", "partition", "rotate")
+MODES = ("kill", "partition", "rotate", "link-down")
 """How: SIGKILL (the mesh's supervisor restarts the process), or SIGSTOP then
 SIGCONT (the process stops answering while its connections stay open, as in
-a network cut); ``rotate`` is the only mode of ``cert-rotation``, and only it."""
+a network cut); ``rotate`` is the only mode of ``cert-rotation``, and only it;
+``link-down`` takes the network link of the part's host down, then up again
+(a mesh of ``llmmesh up --netns``; kinds region and global-plane)."""
+LINK_KINDS = ("region", "global-plane")
+"""The kinds whose part has a host of its own, and so a link to take down."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class DrillPlan:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if (self.kind == "cert-rotation") != (self.mode == "rotate"):
             raise ValueError("kind cert-rotation goes with mode rotate, and mode rotate only with it")
+        if self.mode == "link-down" and self.kind not in LINK_KINDS:
+            raise ValueError(f"mode link-down takes a host's link down: kind {' or '.join(LINK_KINDS)}")
         if self.streams < 1 or self.max_tokens < 1 or self.rotations < 1:
             raise ValueError("streams, max_tokens and rotations must be at least 1")
         times = (

@@ -1,7 +1,7 @@
 """The figures of a drill, from the turn records, geo-routing's answers and billing.
 
 Times are seconds; ``D`` is the moment of the disruption, ``R`` the
-restore (the SIGCONT of a partition; for a kill, the moment ``mesh.json``
+restore (the SIGCONT of a partition, the link back up of a link-down; for a kill, the moment ``mesh.json``
 names the restarted process, which serves by then; for a certificate
 rotation, the end of its last round), ``W`` the end of the failover
 window: ``R``, or the end of the traffic when there was no restore.

@@ -43,7 +43,12 @@ from llmmesh.drill.usage import read_usage, wait_for_billing
 
 PROGRESS_EVERY_S = 5.0
 Progress = Callable[[str], None]
-_DOING = {"kill": "killing", "partition": "partitioning", "rotate": "rotating"}
+_DOING = {
+    "kill": "killing",
+    "partition": "partitioning",
+    "rotate": "rotating",
+    "link-down": "taking down the link of",
+}
 
 
 class DrillRunner:

@@ -23,7 +23,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from llmmesh.drill.disruption import CommandDisruption, Disruption, DisruptionError, ProcessDisruption
+from llmmesh.drill.disruption import (
+    CommandDisruption,
+    Disruption,
+    DisruptionError,
+    LinkDisruption,
+    ProcessDisruption,
+)
 from llmmesh.drill.plan import DrillPlan
 from llmmesh.drill.rotation import CertRotation, Rotate, TlsServer
 from llmmesh.drill.sse_turn import TurnRecord
@@ -101,6 +107,8 @@ class DrillSetup:
         if self.target.mesh_file is None:
             raise DrillInputError("a deployed mesh is disrupted by --disrupt-command (and --restore-command)")
         try:
+            if self.plan.mode == "link-down":
+                return LinkDisruption(self.target.mesh_file, self.plane_of(region))
             return ProcessDisruption(
                 self.target.mesh_file, self.plane_of(region), self.plan.mode, self.plan.poll_interval_s
             )

@@ -1,0 +1,177 @@
+"""The mesh on separate hosts: ``llmmesh up --netns`` runs the global plane,
+the edge and each region with its pods in a Linux network namespace of its
+own (veth pairs on a bridge, own addresses), and ``llmmesh drill failover
+--mode link-down`` partitions the serving region by taking its link down.
+
+Checked: every plane serves and registers its host's address (never a
+loopback one), every hop's traffic went through the hosts' links (their
+byte counters), the drill loses and repeats no token, and the namespaces
+and links are gone once the mesh stops. Needs root and iproute2; CI has both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from llmmesh.addresses import split_host_port
+from llmmesh.identity import Role, role_name
+from llmmesh.netns import netns_available
+from llmmesh.v1 import geo_routing_service_pb2 as gpb
+from llmmesh.v1 import geo_routing_service_pb2_grpc
+from tests.e2e.conftest import RunningMesh, start_up, stop_up
+from tests.e2e.test_drill import assert_clean
+
+pytestmark = pytest.mark.e2e
+
+SHORT = [
+    "--streams", "24", "--max-tokens", "64", "--disrupt-after-s", "3", "--restore-after-s", "5",
+    "--duration-s", "3", "--turn-timeout-s", "60", "--restore-timeout-s", "90", "--usage-wait-s", "30",
+]  # fmt: skip
+DRILL_TIMEOUT_S = 180.0
+
+
+def _require_netns() -> None:
+    why = netns_available()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the netns drill: {why}")
+        pytest.skip(why)
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False).stdout
+
+
+def _link_bytes(link: str) -> int:
+    stats = Path("/sys/class/net") / link / "statistics"
+    return int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
+
+
+@pytest.fixture(scope="module")
+def netns_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
+    """A default mesh on six hosts (no Redis: the hosts reach only each other)."""
+    _require_netns()
+    home = tmp_path_factory.mktemp("llmmesh-netns")
+    flags = ["--netns", "--engine", "sim", "--edge-port", "0", "--dev-key", "sk-llmmesh-netns"]
+    running = start_up(home, *flags, "--redis", "none")
+    try:
+        yield running
+    finally:
+        status, out = stop_up(running)
+        netns = running.info["netns"]
+        assert isinstance(netns, dict)
+        # Removed on exit: no namespace and no link of this run is left behind.
+        namespaces = _ip("netns", "list")
+        links = _ip("-o", "link", "show")
+        assert status == 0, out
+        for host in netns["hosts"].values():
+            assert host["netns"] not in namespaces
+            assert f" {host['link']}@" not in links and f" {host['link']}:" not in links
+        assert f" {netns['bridge']}:" not in links
+
+
+def hosts(mesh: RunningMesh) -> dict[str, dict[str, str]]:
+    netns = mesh.info["netns"]
+    assert isinstance(netns, dict)
+    found: dict[str, dict[str, str]] = netns["hosts"]
+    return found
+
+
+def host_of(address: str) -> str:
+    return split_host_port(address)[0]
+
+
+async def listed_regions(mesh: RunningMesh) -> dict[str, str]:
+    """Every region's chat_address as geo-routing lists it."""
+    async with mesh.channel(str(mesh.info["global_address"]), role_name(Role.GLOBAL)) as channel:
+        geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+        listed = await geo.ListRegions(gpb.ListRegionsRequest(page_size=100), timeout=10)
+    return {s.report.region: s.report.chat_address for s in listed.regions}
+
+
+def drill(mesh: RunningMesh, *flags: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmmesh", "drill", "failover", "--json", *SHORT, *flags],
+        env={**os.environ, "LLMMESH_HOME": str(mesh.home)},
+        capture_output=True,
+        text=True,
+        timeout=DRILL_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert isinstance(report, dict)
+    return report
+
+
+def test_every_plane_serves_and_registers_its_own_hosts_address(netns_mesh: RunningMesh) -> None:
+    by_plane = hosts(netns_mesh)
+    assert set(by_plane) == {"global", "edge", *netns_mesh.zone_of()}
+    addresses = {h["address"] for h in by_plane.values()}
+    assert len(addresses) == len(by_plane) and not any(a.startswith("127.") for a in addresses)
+    assert host_of(str(netns_mesh.info["global_address"])) == by_plane["global"]["address"]
+    assert urlsplit(netns_mesh.edge_url).hostname == by_plane["edge"]["address"]
+    registered = asyncio.run(listed_regions(netns_mesh))
+    regions = netns_mesh.info["regions"]
+    assert isinstance(regions, list) and set(registered) == {r["region"] for r in regions}
+    for region in regions:
+        own = by_plane[region["region"]]["address"]
+        # What the edge dials is the region's host address, the one it serves on.
+        assert registered[region["region"]] == region["address"]
+        assert host_of(region["address"]) == own
+        assert all(host_of(pod["address"]) == own for pod in region["engines"])
+    bridge = netns_mesh.info["netns"]["bridge"]  # type: ignore[index]
+    for host in by_plane.values():
+        assert f"master {bridge}" in _ip("-o", "link", "show", host["link"])
+        inside = subprocess.run(
+            ["ip", "-n", host["netns"], "-o", "-4", "addr", "show", "eth0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        assert f"inet {host['address']}/24" in inside
+
+
+@pytest.fixture(scope="module")
+def link_drill(netns_mesh: RunningMesh) -> tuple[dict[str, Any], dict[str, int]]:
+    """The drill's report, and the bytes each host's link carried while it ran."""
+    links = {plane: host["link"] for plane, host in hosts(netns_mesh).items()}
+    before = {plane: _link_bytes(link) for plane, link in links.items()}
+    report = drill(netns_mesh, "--kind", "region", "--mode", "link-down")
+    print("netns drill report:", json.dumps(report, separators=(",", ":")))
+    return report, {plane: _link_bytes(link) - before[plane] for plane, link in links.items()}
+
+
+def test_taking_the_serving_regions_link_down_loses_no_token(
+    netns_mesh: RunningMesh, link_drill: tuple[dict[str, Any], dict[str, int]]
+) -> None:
+    report, _ = link_drill
+    assert_clean(report)
+    region, host = report["region"], hosts(netns_mesh)[report["region"]]
+    assert (report["kind"], report["mode"]) == ("region", "link-down") and region in {"us-east", "us-west"}
+    assert report["target"] == f"{region} (host {host['address']}, link {host['link']})"
+    assert report["tokens_lost"] == 0 and report["tokens_duplicated"] == 0
+    assert report["streams_affected"] >= 1 and report["stall_p99_s"] is not None
+    assert report["time_to_return_s"] is not None and report["usage_records_lost"] == 0
+    assert report["passed"] is True
+    # The link is up again, and the region serves on.
+    assert "UP" in _ip("-o", "link", "show", host["link"]).partition("<")[2].partition(">")[0].split(",")
+
+
+def test_every_hop_crossed_the_hosts_links(link_drill: tuple[dict[str, Any], dict[str, int]]) -> None:
+    report, carried = link_drill
+    # The drill's client to the edge, the edge to the regions and the global
+    # plane, the regions to the global plane: each through a veth pair.
+    for plane in ("edge", "global", "us-east", "us-west"):
+        assert carried[plane] > 0, (plane, carried)
+    assert carried["edge"] > report["tokens_received"]
