@@ -31,3 +31,7 @@ FAILOVERS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# Both outcomes are exposed from the start, at 0, so failover rates and
+# dashboards have a series before the first failover.
+for _outcome in ("continued", "failed"):
+    FAILOVERS.labels(outcome=_outcome)

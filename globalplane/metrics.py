@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from globalplane.region_directory import RegionDirectory, RegionHealth, RegionStatus
-from llmmesh.errors import MeshError
+from llmmesh.errors import MeshError, Reason
 from llmmesh.v1 import billing_service_pb2
 
 REGISTRY = CollectorRegistry()
@@ -62,6 +62,8 @@ ROUTING_REFUSALS = Counter(
 )
 for _outcome in ("accepted", "duplicate"):
     USAGE_RECORDS.labels(_outcome)
+# The refusal that matters most for residency: a zone with no region to serve it.
+ROUTING_REFUSALS.labels(Reason.NO_REGION_IN_ZONE)
 
 
 def usage_recorded(

@@ -27,3 +27,17 @@ if ! .venv-checkov/bin/checkov --version 2>/dev/null | grep -qx "$CHECKOV_VERSIO
   "$PYTHON" -m venv .venv-checkov
   .venv-checkov/bin/python -m pip --disable-pip-version-check install --quiet "checkov==$CHECKOV_VERSION"
 fi
+# promtool (tests/deploy checks the Prometheus rules with it) and prometheus
+# (the real-Prometheus e2e test starts its own) come from Debian's prometheus
+# package. Its daemon must not be left running: service starts are refused
+# while it installs (policy-rc.d), and the tests run the binary themselves.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  install_prometheus() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  }
+  install_prometheus || { apt-get update -qq >/dev/null && install_prometheus; }
+fi
