@@ -1,4 +1,5 @@
-"""A zone's files, vector stores and chunks, in the zone store's database.
+"""A zone's files, vector stores and chunks, kept with the zone store (its
+database, or on SQLite a file beside it: :mod:`region.vector_store_index`).
 
 Every read and write names the tenant: another tenant's file or vector store
 is ``NOT_FOUND`` like a missing one. A file's chunks and their index entries

@@ -3,9 +3,13 @@
 - **SQLite** (embedded): sqlite-vec's ``vec0`` virtual table (one per vector
   width, the vector store id its partition key, cosine distance) for
   k-nearest-neighbour search, and an FTS5 table for BM25 full-text search.
-  The standard library's ``sqlite3`` here cannot load extensions, so the
-  store's SQLite connections come from ``pysqlite3`` (same file, same
-  write-ahead log as the conversation store's).
+  The standard library's ``sqlite3`` here cannot load extensions, so these
+  connections come from ``pysqlite3``, which links its own SQLite library.
+  Two SQLite libraries in one process must never open the same file (each
+  keeps its own POSIX lock table, so one's close drops the other's locks
+  and commits are lost), so the retrieval tables live in a file of their
+  own beside the zone store's (:func:`retrieval_database_url`): the same
+  zone, the same place, another file.
 - **PostgreSQL** (tests; pgvector is not installed on this machine kind):
   full-text search on ``to_tsvector('english', text)`` under a GIN index,
   ranked by ``ts_rank_cd``, and exact vector scoring of ``real[]`` columns
@@ -74,11 +78,26 @@ def float32_bytes(vector: Sequence[float]) -> bytes:
     return struct.pack(f"<{len(vector)}f", *vector)
 
 
-def open_retrieval_engine(url: str) -> Engine:
-    """An engine on the zone store's database for the retrieval tables: on
-    SQLite through ``pysqlite3`` with sqlite-vec loaded; elsewhere the zone
-    store's own kind of engine. An in-memory ``sqlite://`` is a database of
-    its own (nothing else can share it)."""
+def retrieval_database_url(zone_store_url: str) -> str:
+    """Where the retrieval tables of the zone store at ``zone_store_url``
+    live: the same database, except for an SQLite file, whose tables go to
+    ``NAME.retrieval.db`` beside it (see the module's note)."""
+    parsed = sa.make_url(zone_store_url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return zone_store_url
+    path = Path(database)
+    return parsed.set(database=str(path.with_name(f"{path.stem}.retrieval.db"))).render_as_string(
+        hide_password=False
+    )
+
+
+def open_retrieval_engine(zone_store_url: str) -> Engine:
+    """An engine on the retrieval tables of the zone store at
+    ``zone_store_url``: on SQLite through ``pysqlite3`` with sqlite-vec
+    loaded (an in-memory ``sqlite://`` is a database of its own); elsewhere
+    the zone store's own kind of engine on its database."""
+    url = retrieval_database_url(zone_store_url)
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_store_engine(url)
@@ -187,10 +206,14 @@ class SqliteVecIndex:
         # Each term quoted (FTS5 syntax in a user's words is not obeyed), any term matching.
         expression = " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
         marks = ", ".join("?" for _ in store_ids)
+        # The full-text matches first, once (materialized), then their chunks
+        # by primary key: a join the planner drives from the chunks table
+        # would run the MATCH once per chunk.
         rows = conn.exec_driver_sql(
-            f"SELECT c.id FROM {_FTS} AS f JOIN {chunks.name} AS c ON c.id = f.rowid "
-            f"WHERE {_FTS} MATCH ? AND c.tenant_id = ? AND c.vector_store_id IN ({marks}) "
-            f"ORDER BY bm25({_FTS}) LIMIT ?",
+            f"WITH hits AS MATERIALIZED (SELECT rowid AS id, bm25({_FTS}) AS rank FROM {_FTS} "
+            f"WHERE {_FTS} MATCH ?) "
+            f"SELECT c.id FROM hits JOIN {chunks.name} AS c ON c.id = hits.id "
+            f"WHERE c.tenant_id = ? AND c.vector_store_id IN ({marks}) ORDER BY hits.rank, c.id LIMIT ?",
             (expression, tenant_id, *store_ids, k),
         ).all()
         return [int(row[0]) for row in rows]

@@ -1,5 +1,5 @@
 """The tables of a zone's files, vector stores and chunks: tenant content,
-held in the zone store's database and nowhere else.
+kept with the zone store and nowhere else.
 
 Every row carries ``home_region`` (the region that wrote it), from which a
 multi-region CockroachDB computes its ``crdb_region`` as it does for the

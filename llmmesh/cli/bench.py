@@ -30,7 +30,7 @@ from llmmesh.bench.plan import (
     RoutingBenchPlan,
 )
 
-SCENARIOS = ("engine", "routing", "overhead")
+SCENARIOS = ("engine", "routing", "overhead", "retrieval")
 QUICK_CONCURRENCY = (2,)
 QUICK_REQUESTS = 2  # per round
 QUICK_ROUNDS = 2
@@ -175,6 +175,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--conversations", type=_positive, default=None, help="conversations per tenant on the simulator (6)"
     )
     add_overhead_arguments(parser)
+    retrieval = parser.add_argument_group("retrieval scenario")
+    retrieval.add_argument(
+        "--documents",
+        type=_positive,
+        default=None,
+        help="documents in the generated corpus (400; --quick 60); --requests: questions (100; --quick 20)",
+    )
 
 
 def _progress(line: str) -> None:
@@ -242,6 +249,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario ``args`` names. Exit status 2 for a bad plan, 1 when
     a system did not start, 0 otherwise; the systems' logs are kept when a
     request failed or a system did not start."""
+    if args.scenario == "retrieval":
+        return _run_retrieval(args)
     if args.scenario == "overhead":
         from llmmesh.bench.overhead import overhead_scenario
 
@@ -281,6 +290,27 @@ def run_bench(args: argparse.Namespace) -> int:
 
     scenario = routing if args.scenario == "routing" else engine
     return _run_scenario(args, scenario, f"llmmesh-bench-{args.scenario}-")
+
+
+def _run_retrieval(args: argparse.Namespace) -> int:
+    from llmmesh.bench.retrieval import RetrievalBench, RetrievalBenchPlan
+
+    quick = bool(args.quick)
+    try:
+        plan = RetrievalBenchPlan(
+            documents=args.documents or (60 if quick else RetrievalBenchPlan.documents),
+            questions=args.requests or (20 if quick else RetrievalBenchPlan.questions),
+        )
+    except ValueError as err:
+        print(f"llmmesh bench: {err}", file=sys.stderr)
+        return 2
+
+    def retrieval(run_dir: Path) -> tuple[_Report, str | None]:
+        report = asyncio.run(RetrievalBench(plan, run_dir, _progress).run())
+        errors = sum(r.errors for r in report.results.values())
+        return report, f"{errors} searches failed" if errors else None
+
+    return _run_scenario(args, retrieval, "llmmesh-bench-retrieval-")
 
 
 def _run_scenario(
