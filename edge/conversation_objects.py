@@ -35,6 +35,22 @@ def _storable(text: str) -> str:
 StoredText = Annotated[StrictStr, AfterValidator(_storable)]
 """Text that a conversation stores."""
 
+ItemId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+"""The id of a stored message, as the mesh issues them."""
+
+ClientMessageId = Annotated[StrictStr, Field(pattern=r"^[\x21-\x7e]{1,255}$")]
+"""A client's own id of a message: 1 to 255 printable ASCII characters, no spaces."""
+
+
+class IdempotentTurn(TurnOptions):
+    """A turn that a client may retry safely."""
+
+    client_message_id: ClientMessageId | None = Field(
+        default=None,
+        description="The client's own id of this turn (as the Idempotency-Key header): a retry with "
+        "the same id makes no second turn and answers with the stored reply.",
+    )
+
 
 class CreateConversationRequest(BaseModel):
     """``POST /v1/conversations``: every field optional."""
@@ -49,10 +65,13 @@ class CreateConversationRequest(BaseModel):
     )
 
 
-class ConversationMessageRequest(TurnOptions):
+class ConversationMessageRequest(IdempotentTurn):
     """``POST /v1/conversations/{conversation_id}/messages``: the next user
     message (``content``) or messages (``messages``); the region puts the
-    stored history before them and stores the turn."""
+    stored history before them and stores the turn. They follow the newest
+    message (the current branch) unless ``parent_id`` names another stored
+    message to continue after, or ``edit_id`` a stored user message they are
+    a new version of (a new branch)."""
 
     model_config = ConfigDict(extra="forbid")
     content: StrictStr | list[TextPart] | None = Field(default=None, description="The user's new message.")
@@ -62,6 +81,13 @@ class ConversationMessageRequest(TurnOptions):
     )
     model: ModelName | None = Field(
         default=None, description="Overrides the conversation's model for this turn."
+    )
+    parent_id: ItemId | None = Field(
+        default=None, description="Continue after this stored message, whichever branch it is on."
+    )
+    edit_id: ItemId | None = Field(
+        default=None,
+        description="The stored user message this one is a new version of: a sibling of it, a new branch.",
     )
 
     def new_messages(self) -> list[common_pb2.ChatMessage]:
@@ -99,6 +125,42 @@ class ConversationMessageRequest(TurnOptions):
                 raise OpenAIError(400, f"{field} {exc}", param=field, code="invalid_value") from exc
             out.append(converted)
         return out
+
+
+class RegenerateRequest(IdempotentTurn):
+    """``POST /v1/conversations/{conversation_id}/messages/{message_id}/regenerate``:
+    a new reply in place of a stored assistant message (or to a stored user
+    message), a new branch; the question is not sent again."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: ModelName | None = Field(
+        default=None, description="Overrides the conversation's model for this turn."
+    )
+
+
+class BranchObject(BaseModel):
+    """One branch of a conversation: the path from its first message to
+    ``leaf_id``. ``GET .../messages?leaf_id=`` lists it; a message sent with
+    ``parent_id`` set to ``leaf_id`` continues it."""
+
+    id: str = Field(description="The leaf's id.")
+    object: Literal["conversation.branch"] = "conversation.branch"
+    leaf_id: str
+    message_count: int
+    fork_id: str | None = Field(description="The last message it shares with an older branch, if any.")
+    updated_at: int
+    current: bool = Field(description="Whether a message sent without parent_id continues it.")
+
+    @classmethod
+    def of(cls, branch: chat_service_pb2.Branch) -> BranchObject:
+        return cls(
+            id=branch.leaf_id,
+            leaf_id=branch.leaf_id,
+            message_count=branch.message_count,
+            fork_id=branch.fork_id or None,
+            updated_at=branch.update_time.seconds,
+            current=branch.current,
+        )
 
 
 class ConversationObject(BaseModel):
@@ -186,6 +248,9 @@ class MessageObject(BaseModel):
         default=None, description="The tool calls of an assistant message that made any."
     )
     tool_call_id: str | None = Field(default=None, description="Of a tool message: the call it answers.")
+    parent_id: str | None = Field(
+        default=None, description="The message it follows in the conversation's tree; null for a first one."
+    )
 
     @classmethod
     def of(cls, message: chat_service_pb2.StoredMessage) -> MessageObject:
@@ -209,6 +274,7 @@ class MessageObject(BaseModel):
             cost_usd=message.cost_usd or None if reply else None,
             tool_calls=[ToolCallObject.of(c) for c in message.tool_calls] or None,
             tool_call_id=message.tool_call_id or None,
+            parent_id=message.parent_id or None,
         )
 
 
@@ -220,7 +286,7 @@ _ROLES: dict[int, Role] = {
     common_pb2.CHAT_ROLE_TOOL: "tool",
 }
 
-Item = TypeVar("Item", ConversationObject, MessageObject)
+Item = TypeVar("Item", ConversationObject, MessageObject, BranchObject)
 
 
 class ListObject(BaseModel, Generic[Item]):

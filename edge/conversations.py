@@ -10,6 +10,14 @@ caller's is answered exactly as a missing or deleted conversation is (404
 conversation is created in the first region geo-routing names for the tenant.
 A message streams its reply exactly as a chat completion does, with the
 history kept by the region.
+
+A conversation is a tree: a message may continue after any stored message
+(``parent_id``) or be a new version of a stored user message (``edit_id``),
+and ``POST .../messages/{message_id}/regenerate`` asks for a new reply in
+place of a stored one; each makes a branch. ``GET .../branches`` lists
+them, ``GET .../messages?leaf_id=`` lists one (the current one by
+default). A client's id for a turn (``Idempotency-Key`` or
+``client_message_id``) makes its retries safe (:mod:`edge.conversation_replays`).
 """
 
 from __future__ import annotations
@@ -26,13 +34,17 @@ from starlette.routing import Route
 
 from edge.completions import CompletionsHandler, authenticate
 from edge.conversation_objects import (
+    BranchObject,
     ConversationMessageRequest,
     ConversationObject,
     CreateConversationRequest,
     DeletedConversationObject,
+    IdempotentTurn,
     ListObject,
     MessageObject,
+    RegenerateRequest,
 )
+from edge.conversation_replays import client_turn_id, replay, turn_request_id
 from edge.errors import OpenAIError
 from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
@@ -70,6 +82,12 @@ class ConversationsHandler:
             Route("/v1/conversations/{conversation_id}", self.delete, methods=["DELETE"]),
             Route("/v1/conversations/{conversation_id}/messages", self.send_message, methods=["POST"]),
             Route("/v1/conversations/{conversation_id}/messages", self.list_messages, methods=["GET"]),
+            Route(
+                "/v1/conversations/{conversation_id}/messages/{message_id}/regenerate",
+                self.regenerate,
+                methods=["POST"],
+            ),
+            Route("/v1/conversations/{conversation_id}/branches", self.list_branches, methods=["GET"]),
         ]
 
     async def create(self, request: Request) -> Response:
@@ -120,10 +138,16 @@ class ConversationsHandler:
     async def list_messages(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         conversation_id = _home(principal, request.path_params["conversation_id"])
+        leaf_id = request.query_params.get("leaf_id", "")
+        if leaf_id and not _ITEM_ID.match(leaf_id):
+            raise OpenAIError(
+                400, "leaf_id must be the id of a message", param="leaf_id", code="invalid_value"
+            )
         message = chat_service_pb2.ListMessagesRequest(
             conversation_id=str(conversation_id),
             page_size=_limit(request),
             after_id=_after(request),
+            leaf_id=leaf_id,
         )
         page: chat_service_pb2.ListMessagesResponse = await _paging(
             self._mesh.in_zone(
@@ -139,29 +163,107 @@ class ConversationsHandler:
         """Run the conversation's next turn: the reply streams (or returns) as
         a chat completion, and the region stores both messages."""
         principal = await authenticate(request, self._mesh)
+        body = parse_body(ConversationMessageRequest, await read_json(request, self._settings.max_body_bytes))
+        if body.parent_id is not None and body.edit_id is not None:
+            raise OpenAIError(
+                400, "give parent_id or edit_id, not both", param="edit_id", code="invalid_value"
+            )
+        start = chat_service_pb2.ChatStart(messages=body.new_messages())
+        if body.parent_id is not None:
+            start.parent_message_id = body.parent_id
+        if body.edit_id is not None:
+            start.edit_message_id = body.edit_id
+        return await self._turn(request, principal, body, start)
+
+    async def regenerate(self, request: Request) -> Response:
+        """A new reply in place of a stored one (or to a stored question): a new branch."""
+        principal = await authenticate(request, self._mesh)
+        message_id = request.path_params["message_id"]
+        raw = await request.body()
+        body = parse_body(
+            RegenerateRequest, await read_json(request, self._settings.max_body_bytes) if raw else {}
+        )
+        if not _ITEM_ID.match(message_id):
+            raise NotFound(
+                Reason.MESSAGE_NOT_FOUND,
+                f"message {message_id!r} not found",
+                metadata={"param": "message_id"},
+            )
+        start = chat_service_pb2.ChatStart(regenerate_message_id=message_id)
+        return await self._turn(request, principal, body, start)
+
+    async def list_branches(self, request: Request) -> Response:
+        principal = await authenticate(request, self._mesh)
+        conversation_id = _home(principal, request.path_params["conversation_id"])
+        message = chat_service_pb2.ListBranchesRequest(
+            conversation_id=str(conversation_id), page_size=_limit(request)
+        )
+        page: chat_service_pb2.ListBranchesResponse = await self._mesh.in_zone(
+            principal,
+            lambda stub, metadata: stub.ListBranches(message, metadata=metadata, timeout=_TIMEOUT_S),
+            home_region=conversation_id.home_region,
+        )
+        items = [BranchObject.of(b) for b in page.branches]
+        return _json(ListObject[BranchObject].page(items, bool(page.next_page_token)))
+
+    async def _turn(
+        self,
+        request: Request,
+        principal: Principal,
+        body: IdempotentTurn,
+        start: chat_service_pb2.ChatStart,
+    ) -> Response:
+        """Run ``start`` (its messages and branch point set) as the conversation's
+        next turn; a retry of a turn the client named answers with its stored reply."""
         text_id = request.path_params["conversation_id"]
         conversation_id = _home(principal, text_id)
-        body = parse_body(ConversationMessageRequest, await read_json(request, self._settings.max_body_bytes))
-        sampling = body.to_sampling()
-        messages = body.new_messages()
+        start.sampling.CopyFrom(body.to_sampling())
+        client_id = client_turn_id(request, body.client_message_id)
         conversation = await self._conversation(principal, text_id)
-        model = await self._mesh.models.resolve(body.model or conversation.model, principal.tenant.tier)
-        start = chat_service_pb2.ChatStart(
-            request_id="chatcmpl-" + secrets.token_hex(12),
-            model=model.name,
-            messages=messages,
-            sampling=sampling,
-            conversation_id=conversation.id,
-            user=body.end_user(),
+        model = await self._mesh.models.resolve(
+            getattr(body, "model", None) or conversation.model, principal.tenant.tier
         )
-        return await self._completions.serve_turn(
-            request,
+        start.request_id = (
+            turn_request_id(conversation.id, client_id)
+            if client_id is not None
+            else "chatcmpl-" + secrets.token_hex(12)
+        )
+        start.model = model.name
+        start.conversation_id = conversation.id
+        start.user = body.end_user()
+        try:
+            return await self._completions.serve_turn(
+                request,
+                principal,
+                start,
+                model.name,
+                stream=body.streaming(),
+                include_usage=body.include_usage(),
+                prefer_region=conversation_id.home_region,
+            )
+        except MeshError as err:
+            if client_id is None or err.reason != Reason.DUPLICATE_REQUEST:
+                param = err.metadata.get("param")
+                if param in _PARAMS:
+                    err.metadata["param"] = _PARAMS[param]
+                raise
+        stored: chat_service_pb2.ListMessagesResponse = await self._mesh.in_zone(
             principal,
-            start,
-            model.name,
+            lambda stub, metadata: stub.ListMessages(
+                chat_service_pb2.ListMessagesRequest(
+                    conversation_id=conversation.id, request_id=start.request_id
+                ),
+                metadata=metadata,
+                timeout=_TIMEOUT_S,
+            ),
+            home_region=conversation_id.home_region,
+        )
+        return replay(
+            start.request_id,
+            list(stored.messages),
             stream=body.streaming(),
             include_usage=body.include_usage(),
-            prefer_region=conversation_id.home_region,
+            headers={},
         )
 
     async def _conversation(self, principal: Principal, text: str) -> chat_service_pb2.Conversation:
@@ -173,6 +275,14 @@ class ConversationsHandler:
             home_region=conversation_id.home_region,
         )
         return got.conversation
+
+
+_PARAMS = {
+    "parent_message_id": "parent_id",
+    "edit_message_id": "edit_id",
+    "regenerate_message_id": "message_id",
+}
+"""The region's names of a turn's branch point, as this API names them."""
 
 
 def _home(principal: Principal, text: str) -> ConversationId:

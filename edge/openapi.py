@@ -12,12 +12,14 @@ from pydantic import BaseModel
 
 from edge import openapi_vectors
 from edge.conversation_objects import (
+    BranchObject,
     ConversationMessageRequest,
     ConversationObject,
     CreateConversationRequest,
     DeletedConversationObject,
     ListObject,
     MessageObject,
+    RegenerateRequest,
 )
 from edge.conversations import DEFAULT_LIMIT, MAX_LIMIT
 from edge.openapi_components import INT, STRING, Schema, component_schemas, ref
@@ -161,6 +163,20 @@ _STREAM_ID: Schema = {
     "description": "The id of the chat completion that started the stream.",
     "schema": STRING,
 }
+_LEAF_ID: Schema = {
+    "name": "leaf_id",
+    "in": "query",
+    "description": "List the branch ending at this message instead of the current one.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
+}
+_MESSAGE_ID: Schema = {
+    "name": "message_id",
+    "in": "path",
+    "required": True,
+    "description": "A stored assistant message (or the user message to answer again).",
+    "schema": {"type": "string"},
+}
+
 _PAGE = [
     {
         "name": "limit",
@@ -269,9 +285,27 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 body=(models[ConversationMessageRequest], _MESSAGE_EXAMPLE),
             ),
             "get": _operation(
-                "List a conversation's messages, oldest first.",
+                "List one branch of a conversation's messages, oldest first: the current one, or"
+                " the one ending at leaf_id.",
                 {"200": _json("A page.", models[ListObject[MessageObject]]), **_ERRORS},
-                parameters=_PAGE,
+                parameters=[*_PAGE, _LEAF_ID],
+            ),
+        },
+        "/v1/conversations/{conversation_id}/messages/{message_id}/regenerate": {
+            "parameters": [_CONVERSATION_ID, _MESSAGE_ID],
+            "post": _operation(
+                "A new reply in place of a stored one (or to a stored user message): a new branch."
+                " The reply is a chat completion, streamed when asked.",
+                _turn_responses(),
+                body=(models[RegenerateRequest], {"stream": True}),
+            ),
+        },
+        "/v1/conversations/{conversation_id}/branches": {
+            "parameters": [_CONVERSATION_ID],
+            "get": _operation(
+                "List a conversation's branches, the newest first.",
+                {"200": _json("A page.", models[ListObject[BranchObject]]), **_ERRORS},
+                parameters=[_PAGE[0]],
             ),
         },
         "/v1/streams/{stream_id}": {

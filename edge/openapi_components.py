@@ -15,12 +15,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from edge.conversation_objects import (
+    BranchObject,
     ConversationMessageRequest,
     ConversationObject,
     CreateConversationRequest,
     DeletedConversationObject,
     ListObject,
     MessageObject,
+    RegenerateRequest,
 )
 from edge.schemas import ChatCompletionRequest
 
@@ -249,6 +251,7 @@ _MODELS: list[type[BaseModel]] = [
     ChatCompletionRequest,
     CreateConversationRequest,
     ConversationMessageRequest,
+    RegenerateRequest,
 ]
 _OBJECTS: list[type[BaseModel]] = [
     ConversationObject,
@@ -256,6 +259,7 @@ _OBJECTS: list[type[BaseModel]] = [
     MessageObject,
     ListObject[ConversationObject],
     ListObject[MessageObject],
+    ListObject[BranchObject],
 ]
 
 
