@@ -30,6 +30,14 @@ runs measure the plaintext mesh only. ``--tls off`` measures plaintext
 only; ``--tls on`` one mesh on mTLS in every
 run, the direct client presenting an operator's certificate to its pod.
 
+``--tracing both`` adds, in the first run, the same plaintext mesh with
+OpenTelemetry tracing on in its pod, region and edge, every turn sampled
+and its spans exported over OTLP to a collector in the benchmark that
+counts and drops them (``mesh_traced``, on a pod of its own), and the
+untraced twin if the run has none yet. What tracing adds is the traced
+mesh's time to first token minus the twin's (``traced_added_*``, with the
+median's bootstrap 95% interval), the method of the mTLS figure.
+
 By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
 path adds), then with them on (``with_output_filter``: the product path).
@@ -88,11 +96,13 @@ from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
+from llmmesh.bench.overhead_otlp import SpanSink, running_span_sink
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.overhead_report import (
     DIRECT,
     MESH,
     MESH_MTLS,
+    MESH_TRACED,
     MESH_TWIN,
     OverheadReport,
     OverheadRun,
@@ -115,7 +125,8 @@ MEASURED = (
     "step costs: 'mesh' through the edge's SSE /v1/chat/completions (edge, region, pod), TTFT at the first "
     "content chunk; 'direct' on the same pod's EngineService.Generate gRPC stream, TTFT at the first "
     "delta; where run, 'mesh_twin' the same through a second plaintext mesh and 'mesh_mtls' through a third "
-    "whose planes talk mutual TLS, each with its own pod of the same timing; same requests, alternating "
+    "whose planes talk mutual TLS, and 'mesh_traced' through one whose pod, region and edge trace every "
+    "turn to an OTLP collector, each with its own pod of the same timing; same requests, alternating "
     "rounds per level, each run in fresh meshes"
 )
 ARRIVAL_SEED = "overhead-arrivals"
@@ -152,22 +163,32 @@ class OverheadBench:
         plan = self.plan
         name = run_name(safety)
         tls = plan.tls_of(safety)
+        traced = plan.traced_in(safety)
 
         def progress(line: str) -> None:
             self._progress(f"{name}: {line}")
 
         async with contextlib.AsyncExitStack() as stack:
+            sink: SpanSink | None = None
+            endpoint: str | None = None
+            if traced:
+                endpoint, sink = await stack.enter_async_context(running_span_sink())
             meshes: list[Mesh] = []
-            mesh_systems = [system for system in systems_of(tls) if system != DIRECT]
-            for system, mtls in zip(mesh_systems, plan.meshes_of(safety), strict=True):
+            mesh_systems = [system for system in systems_of(tls, traced) if system != DIRECT]
+            for system in mesh_systems:
+                mtls = tls == "on" or system == MESH_MTLS
+                tracing_to = endpoint if system == MESH_TRACED else None
                 run_dir = self.run_dir / name / system
                 run_dir.mkdir(parents=True, exist_ok=True)
                 certs = self._certs() if mtls else None
-                mesh = await stack.enter_async_context(running_mesh(plan, safety, run_dir, progress, certs))
+                mesh = await stack.enter_async_context(
+                    running_mesh(plan, safety, run_dir, progress, certs, tracing_to)
+                )
                 progress(
                     f"serving: edge {mesh.edge_url}, region {mesh.region_address}, pod "
                     f"{mesh.engine_address}; safety {'on' if safety else 'off'}, planes on "
                     f"{'mTLS' if mtls else 'plaintext gRPC'}"
+                    + (f", tracing to {tracing_to}" if tracing_to else "")
                 )
                 meshes.append(mesh)
             clients: dict[str, StreamingClient] = {}
@@ -191,7 +212,8 @@ class OverheadBench:
             stack.push_async_callback(direct.close)
             clients = {DIRECT: direct, **clients}
             runs, after_idle = await self._measure_levels(clients, progress)
-        return self._run(safety, tls, runs, after_idle, ignore_eos)
+            spans = None if sink is None else sink.spans
+        return self._run(safety, tls, runs, after_idle, ignore_eos, spans)
 
     async def _mesh_honours_ignore_eos(
         self, system: str, client: StreamingClient, progress: Progress
@@ -251,7 +273,10 @@ class OverheadBench:
         runs: Mapping[str, list[LevelRun]],
         after_idle: Mapping[str, list[RequestRecord]],
         ignore_eos: bool,
+        spans_exported: int | None = None,
     ) -> OverheadRun:
+        """The run's figures; ``spans_exported``, what the traced mesh sent
+        its collector (None without one)."""
         results = {
             name: PathMetrics.of(
                 [record for run in level_runs for record in run.records],
@@ -260,7 +285,9 @@ class OverheadBench:
             for name, level_runs in runs.items()
         }
         meshes = [
-            system for system in (MESH, MESH_TWIN, MESH_MTLS) if key(system, self.plan.levels[0]) in runs
+            system
+            for system in (MESH, MESH_TWIN, MESH_MTLS, MESH_TRACED)
+            if key(system, self.plan.levels[0]) in runs
         ]
         mismatches = {
             f"c{level}": sum(
@@ -268,8 +295,11 @@ class OverheadBench:
             )
             for level in self.plan.levels
         }
-        setup = {"safety_backends": safety_backends(safety), "ignore_eos": ignore_eos}
-        return OverheadRun(safety, results, mismatches, setup, after_idle, tls)
+        setup: dict[str, object] = {"safety_backends": safety_backends(safety), "ignore_eos": ignore_eos}
+        if spans_exported is not None:
+            # Spans still in the planes' batches when the run ended are not counted.
+            setup["traced_spans_exported"] = spans_exported
+        return OverheadRun(safety, results, mismatches, setup, after_idle, tls, spans_exported is not None)
 
     def _setup(self) -> dict[str, object]:
         """What every run shares; each run's own setting is in its

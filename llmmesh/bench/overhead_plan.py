@@ -24,6 +24,9 @@ SAFETY_RUNS = {"both": (False, True), "off": (False,), "on": (True,)}
 # is the reference the direct client reaches the pod of.
 TLS_MESHES = {"both": (False, False, True), "off": (False,), "on": (True,)}
 TLS_MODES = tuple(TLS_MESHES)
+# ``--tracing``: ``both`` adds, in the first run, the mesh with tracing on in
+# every plane beside its untraced twin; ``off`` measures no traced mesh.
+TRACING_MODES = ("off", "both")
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class OverheadBenchPlan:
     alternating ABBA. Each request waits a seeded random delay of up to
     ``arrival_jitter_s`` before it is sent (None means one decode step; see
     :mod:`llmmesh.bench.overhead`). ``tls`` says how the planes talk; see
-    :meth:`tls_of`."""
+    :meth:`tls_of`; ``tracing`` whether a traced mesh runs beside, see
+    :meth:`traced_in`."""
 
     levels: tuple[int, ...] = DEFAULT_LEVELS
     requests_per_level: int | None = None
@@ -85,6 +89,7 @@ class OverheadBenchPlan:
     warmup_requests: int | None = None
     safety_runs: tuple[bool, ...] = SAFETY_RUNS["both"]
     tls: str = "both"
+    tracing: str = "off"
     timing: SimTiming = field(default_factory=SimTiming)
     arrival_jitter_s: float | None = None
     startup_timeout_s: float = 120.0
@@ -105,6 +110,15 @@ class OverheadBenchPlan:
             raise ValueError("the runs must be safety off, on, or off then on")
         if self.tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}")
+        if self.tracing not in TRACING_MODES:
+            raise ValueError(f"tracing must be one of {', '.join(TRACING_MODES)}")
+        if self.tracing == "both" and self.tls == "on":
+            raise ValueError("tracing both compares plaintext meshes: use it with tls both or off")
+
+    def traced_in(self, safety: bool) -> bool:
+        """Whether the run with ``safety`` measures a traced mesh (and its
+        untraced twin): the first run, with ``tracing`` ``both``."""
+        return self.tracing == "both" and safety == self.safety_runs[0]
 
     def tls_of(self, safety: bool) -> str:
         """How the planes talk in the run with ``safety``: ``off``
@@ -169,6 +183,14 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         "(plaintext, --insecure) or on (mTLS in every run, the direct client too)",
     )
     group.add_argument(
+        "--tracing",
+        choices=TRACING_MODES,
+        default="off",
+        help="both: in the first run, also the mesh with OpenTelemetry tracing on in every plane (spans "
+        "exported over OTLP to a collector that drops them) beside its untraced twin, what tracing adds; "
+        "off (default): no traced mesh",
+    )
+    group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"
     )
     group.add_argument(
@@ -200,6 +222,7 @@ def overhead_plan_from_args(args: argparse.Namespace) -> OverheadBenchPlan:
         warmup_requests=warmup if args.warmup is None else args.warmup,
         safety_runs=SAFETY_RUNS[args.safety],
         tls=args.tls,
+        tracing=args.tracing,
         timing=timing,
         arrival_jitter_s=None if args.arrival_jitter_ms is None else args.arrival_jitter_ms / 1000,
     )

@@ -5,7 +5,9 @@ each run made, the region's safety filters off (the transport) or on (the
 product path), and with both, what the output filter adds on its own.
 Where a run measured the mesh on mutual TLS beside the plaintext one
 (``mesh_mtls``), what mTLS adds to time to first token over its plaintext
-twin (``mesh_twin``), and how far the twin is from the plaintext mesh.
+twin (``mesh_twin``), and how far the twin is from the plaintext mesh;
+where it measured the mesh with tracing on (``mesh_traced``), what tracing
+adds over the same twin.
 Rendered as MISSION's one JSON line, or as a table by :mod:`llmmesh.bench.overhead_table`.
 """
 
@@ -26,16 +28,29 @@ MESH_MTLS = "mesh_mtls"
 # adds is measured against it, and against ``mesh`` it shows how far two
 # identical meshes differ (the resolution of the comparison).
 MESH_TWIN = "mesh_twin"
+# The plaintext mesh with every plane tracing (OpenTelemetry, exported over
+# OTLP to a collector that takes and drops the spans), on a pod of its own.
+MESH_TRACED = "mesh_traced"
 SYSTEMS = (DIRECT, MESH)
 # What mTLS adds to the mesh's median time to first token, the figure its target judges.
 MTLS_ADDED_P50 = "mtls_added_ttft_p50_ms"
+# What tracing adds to it, likewise.
+TRACED_ADDED_P50 = "traced_added_ttft_p50_ms"
 
 
-def systems_of(tls: str) -> tuple[str, ...]:
-    """The systems a run measures: direct and the mesh, and with ``tls``
-    ``both`` a twin of the mesh and the same mesh on mutual TLS, each on a
-    pod of its own."""
-    return (*SYSTEMS, MESH_TWIN, MESH_MTLS) if tls == "both" else SYSTEMS
+def systems_of(tls: str, traced: bool = False) -> tuple[str, ...]:
+    """The systems a run measures: direct and the mesh; with ``tls``
+    ``both`` a twin of the mesh and the same mesh on mutual TLS; with
+    ``traced`` the twin and the same mesh with tracing on; each mesh but
+    the first on a pod of its own."""
+    systems: tuple[str, ...] = SYSTEMS
+    if tls == "both" or traced:
+        systems = (*systems, MESH_TWIN)
+    if tls == "both":
+        systems = (*systems, MESH_MTLS)
+    if traced:
+        systems = (*systems, MESH_TRACED)
+    return systems
 
 
 @dataclass(frozen=True)
@@ -71,14 +86,15 @@ class PathMetrics:
 class Targets:
     """What the mesh may add at ``concurrency``: time to first token at the
     median and the 99th percentile, and the share of direct's throughput
-    it must keep; and what mutual TLS may add to the mesh's median time to
-    first token over plaintext."""
+    it must keep; and what mutual TLS, and tracing, may each add to the
+    mesh's median time to first token."""
 
     concurrency: int = 16
     added_ttft_p50_ms_max: float = 3.0
     added_ttft_p99_ms_max: float = 10.0
     output_tok_s_ratio_min: float = 0.5
     mtls_added_ttft_p50_ms_max: float = 1.0
+    traced_added_ttft_p50_ms_max: float = 1.0
 
     def met(self, deltas: Mapping[str, float | None]) -> dict[str, bool | None]:
         """Each target's verdict on one level's deltas, and ``all`` (a
@@ -94,6 +110,11 @@ class Targets:
                 if MTLS_ADDED_P50 in deltas
                 else None
             ),
+            "traced_ttft_p50": (
+                _at_most(deltas[TRACED_ADDED_P50], self.traced_added_ttft_p50_ms_max)
+                if TRACED_ADDED_P50 in deltas
+                else None
+            ),
         }
         return {**checks, "all": all(verdict is not False for verdict in checks.values())}
 
@@ -104,10 +125,11 @@ class Targets:
             "added_ttft_p99_ms_max": self.added_ttft_p99_ms_max,
             "output_tok_s_ratio_min": self.output_tok_s_ratio_min,
             "mtls_added_ttft_p50_ms_max": self.mtls_added_ttft_p50_ms_max,
+            "traced_added_ttft_p50_ms_max": self.traced_added_ttft_p50_ms_max,
         }
 
 
-TARGET_NAMES = ("added_ttft_p50", "added_ttft_p99", "output_tok_s", "mtls_ttft_p50", "all")
+TARGET_NAMES = ("added_ttft_p50", "added_ttft_p99", "output_tok_s", "mtls_ttft_p50", "traced_ttft_p50", "all")
 
 
 def _at_most(value: float | None, limit: float) -> bool:
@@ -186,6 +208,14 @@ def mtls_added(mtls: PathMetrics, twin: PathMetrics, plaintext: PathMetrics) -> 
     return ttft_difference("mtls_added", mtls, twin) | ttft_difference("twin_added", twin, plaintext)
 
 
+def traced_added(traced: PathMetrics, twin: PathMetrics, plaintext: PathMetrics) -> dict[str, float | None]:
+    """What tracing in every plane adds to the mesh's time to first token
+    at one level (``traced_added_*``): the traced mesh minus its untraced
+    twin, both on pods of their own; and the twin against the mesh
+    (``twin_added_*``), as for :func:`mtls_added`."""
+    return ttft_difference("traced_added", traced, twin) | ttft_difference("twin_added", twin, plaintext)
+
+
 def deltas(mesh: PathMetrics, direct: PathMetrics) -> dict[str, float | None]:
     """What the mesh adds over direct at one level: latencies in ms (mesh
     minus direct, percentile by percentile), throughput as mesh / direct."""
@@ -216,9 +246,11 @@ PLANES = {
 }
 
 
-def targets_measured_on(safety: bool, tls: str) -> str:
-    """What a run's figures describe: its safety setting and how its planes talk."""
-    return f"{TARGETS_MEASURED_ON[safety]}, {PLANES[tls]}"
+def targets_measured_on(safety: bool, tls: str, traced: bool = False) -> str:
+    """What a run's figures describe: its safety setting, how its planes
+    talk, and whether a traced mesh ran beside."""
+    traced_too = f", and {MESH_TRACED}: the same mesh with tracing on" if traced else ""
+    return f"{TARGETS_MEASURED_ON[safety]}, {PLANES[tls]}{traced_too}"
 
 
 _FILTER_ADDED = {
@@ -244,6 +276,8 @@ class OverheadRun:
     setup: Mapping[str, object] = field(default_factory=dict)
     after_idle: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
     tls: str = "off"
+    # Whether the run measured a mesh with tracing on beside the others.
+    traced: bool = False
 
     @property
     def name(self) -> str:
@@ -251,7 +285,7 @@ class OverheadRun:
 
     @property
     def systems(self) -> tuple[str, ...]:
-        return systems_of(self.tls)
+        return systems_of(self.tls, self.traced)
 
     @property
     def measures_mtls(self) -> bool:
@@ -267,6 +301,12 @@ class OverheadRun:
             if self.measures_mtls:
                 values |= mtls_added(
                     self.results[key(MESH_MTLS, level)],
+                    self.results[key(MESH_TWIN, level)],
+                    self.results[key(MESH, level)],
+                )
+            if self.traced:
+                values |= traced_added(
+                    self.results[key(MESH_TRACED, level)],
                     self.results[key(MESH_TWIN, level)],
                     self.results[key(MESH, level)],
                 )
@@ -304,6 +344,9 @@ class OverheadRun:
             if self.measures_mtls:
                 after_idle = self.added_after_idle_ms(level, MESH_MTLS, MESH_TWIN)
                 row["mtls_added_ttft_after_idle_ms"] = _round(after_idle, 4)
+            if self.traced:
+                after_idle = self.added_after_idle_ms(level, MESH_TRACED, MESH_TWIN)
+                row["traced_added_ttft_after_idle_ms"] = _round(after_idle, 4)
             row["length_mismatches"] = self.length_mismatches.get(f"c{level}", 0)
             ratios[f"c{level}"] = row
         return ratios
@@ -397,7 +440,12 @@ class OverheadReport:
         runs, the other one under ``with_output_filter``."""
         target = self.targets_run
         runs = {
-            run.name: {"safety": "on" if run.safety else "off", "tls": run.tls, **run.setup}
+            run.name: {
+                "safety": "on" if run.safety else "off",
+                "tls": run.tls,
+                "tracing": "both" if run.traced else "off",
+                **run.setup,
+            }
             for run in self.runs
         }
         body: dict[str, object] = {
@@ -409,7 +457,7 @@ class OverheadReport:
             "ratios": target.ratios_dict(self.levels),
             "targets": self.targets.as_dict(),
             "targets_met": self.targets_met(),
-            "targets_measured_on": targets_measured_on(target.safety, target.tls),
+            "targets_measured_on": targets_measured_on(target.safety, target.tls, target.traced),
         }
         filtered = self.filter_run
         if filtered is not None:

@@ -8,7 +8,11 @@ run asks, its routing policy the default, its zone store an SQLite file as
 in the embedded mesh. The planes talk mutual TLS with the certificates of
 a directory the benchmark issued (:mod:`llmmesh.bench.mesh_tls`), or
 plaintext, asked for with ``--insecure``; the benchmark's own client talks
-to the edge in plain HTTP either way.
+to the edge in plain HTTP either way. A traced mesh's pod, region and edge
+trace every turn (:mod:`llmmesh.tracing`, sampling every trace) and export
+the spans to the benchmark's collector (:mod:`llmmesh.bench.overhead_otlp`);
+its global plane, which a turn reaches only when the edge's caches miss,
+does not. An untraced mesh traces nothing, whatever the environment says.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmmesh.bench.mesh_tls import issue_certs, plane_tls_flags
+from llmmesh.bench.overhead_otlp import ENDPOINT_ENV
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.processes import ChildProcess, StartupError
-from llmmesh.bench.routing_systems import HOST, REGION, ZONE, Launcher
+from llmmesh.bench.routing_systems import HOST, REGION, ZONE, Launcher, child_environment
 
 Progress = Callable[[str], None]
 
@@ -100,6 +105,15 @@ def safety_backends(safety: bool) -> str:
     return "rules" if safety else "none"
 
 
+def plane_environment(otlp_endpoint: str | None) -> dict[str, str]:
+    """A plane's environment: tracing every turn to ``otlp_endpoint``, or
+    with no collector at all when None."""
+    env = {k: v for k, v in child_environment().items() if not k.startswith("OTEL_")}
+    if otlp_endpoint is not None:
+        env |= {ENDPOINT_ENV: otlp_endpoint, "LLMMESH_TRACE_SAMPLE_RATIO": "1"}
+    return env
+
+
 async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_s: float) -> str:
     info = await child.wait_ready_file(ready_file, timeout_s)
     value = info.get(key)
@@ -110,13 +124,19 @@ async def _ready_value(child: ChildProcess, ready_file: Path, key: str, timeout_
 
 @contextlib.asynccontextmanager
 async def running_mesh(
-    plan: OverheadBenchPlan, safety: bool, run_dir: Path, progress: Progress, certs: Path | None = None
+    plan: OverheadBenchPlan,
+    safety: bool,
+    run_dir: Path,
+    progress: Progress,
+    certs: Path | None = None,
+    otlp_endpoint: str | None = None,
 ) -> AsyncIterator[Mesh]:
     """Start the mesh, the region's safety filters on or off as ``safety``
     says, its planes on mTLS with the certificates in ``certs`` (see
-    :func:`issue_mesh_certs`) or, when None, plaintext; wait until the
-    edge's ``/healthz`` says the whole path serves, yield it; stop
-    everything on the way out."""
+    :func:`issue_mesh_certs`) or, when None, plaintext, tracing to
+    ``otlp_endpoint`` when given; wait until the edge's ``/healthz`` says
+    the whole path serves, yield it; stop everything on the way out."""
+    env = plane_environment(otlp_endpoint)
     launcher = Launcher(run_dir, progress, plan.startup_timeout_s)
     timeout_s = plan.startup_timeout_s
     ready = {name: run_dir / f"{name}.ready.json" for name in ("engine", "region", "edge")}
@@ -124,14 +144,14 @@ async def running_mesh(
         path.unlink(missing_ok=True)
     async with (
         launcher.global_plane(certs) as global_address,
-        launcher.child("engine", sim_engine_command(plan, ready["engine"], certs)) as engine,
+        launcher.child("engine", sim_engine_command(plan, ready["engine"], certs), env) as engine,
     ):
         engine_address = await _ready_value(engine, ready["engine"], "address", timeout_s)
         region_argv = region_command(safety, global_address, engine_address, run_dir, ready["region"], certs)
-        async with launcher.child("region", region_argv) as region:
+        async with launcher.child("region", region_argv, env) as region:
             region_address = await _ready_value(region, ready["region"], "address", timeout_s)
             edge_argv = edge_command(global_address, ready["edge"], certs)
-            async with launcher.child("edge", edge_argv) as edge:
+            async with launcher.child("edge", edge_argv, env) as edge:
                 edge_url = await _ready_value(edge, ready["edge"], "url", timeout_s)
                 # The region must have reported to geo-routing before the edge can route to it.
                 await edge.wait_http_ok(f"{edge_url}/healthz", timeout_s)

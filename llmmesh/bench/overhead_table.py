@@ -1,15 +1,18 @@
 """The overhead benchmark's report as a plain-text table for people: each
 run's figures by system and level, what the mesh adds over direct (and,
-where measured, what mTLS adds over plaintext), what the output filter
-adds, and the targets' verdicts."""
+where measured, what mTLS and tracing add over the plaintext twin), what
+the output filter adds, and the targets' verdicts."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from llmmesh.bench.overhead_report import (
+    MESH_TRACED,
+    MESH_TWIN,
     MTLS_ADDED_P50,
     PLANES,
+    TRACED_ADDED_P50,
     OverheadReport,
     OverheadRun,
     key,
@@ -38,13 +41,15 @@ def render_table(report: OverheadReport) -> str:
         lines += [f"{level:<8} {_added(p50[level])} {_added(p99[level])}" for level in p50]
     t = report.targets
     verdicts = report.targets_met()
-    measured_on = targets_measured_on(report.targets_run.safety, report.targets_run.tls)
+    target_run = report.targets_run
+    measured_on = targets_measured_on(target_run.safety, target_run.tls, target_run.traced)
     lines += [
         "",
         f"targets at c{t.concurrency}, measured on the {measured_on}: "
         f"added ttft p50 <= {t.added_ttft_p50_ms_max:g} ms, p99 <= {t.added_ttft_p99_ms_max:g} ms, "
         f"throughput >= {t.output_tok_s_ratio_min:.0%} of direct, mTLS adds ttft p50 <= "
-        f"{t.mtls_added_ttft_p50_ms_max:g} ms over plaintext: "
+        f"{t.mtls_added_ttft_p50_ms_max:g} ms over plaintext, tracing adds ttft p50 <= "
+        f"{t.traced_added_ttft_p50_ms_max:g} ms: "
         + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items()),
     ]
     return "\n".join(lines)
@@ -92,6 +97,24 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
             low, high = values["mtls_added_ttft_p50_ci95_low_ms"], values["mtls_added_ttft_p50_ci95_high_ms"]
             line += f" {_interval(low, high)}"
         lines.append(line)
+    if run.traced:
+        lines += _traced_table(run, levels)
+    return lines
+
+
+def _traced_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
+    """What tracing adds to the mesh's time to first token, over the untraced twin."""
+    lines = [
+        "what tracing adds to the mesh's ttft (mesh_traced over its untraced twin)",
+        f"{'level':<8} {'ttft p50':>10} {'ttft p99':>10} {'p50 95% ci':>17} {'after idle':>11}",
+    ]
+    for level, (name, values) in zip(levels, run.deltas(levels).items(), strict=True):
+        low, high = values["traced_added_ttft_p50_ci95_low_ms"], values["traced_added_ttft_p50_ci95_high_ms"]
+        after_idle = run.added_after_idle_ms(level, MESH_TRACED, MESH_TWIN)
+        lines.append(
+            f"{name:<8} {_added(values[TRACED_ADDED_P50])} {_added(values['traced_added_ttft_p99_ms'])} "
+            f"{_interval(low, high)} {_added(after_idle):>11}"
+        )
     return lines
 
 

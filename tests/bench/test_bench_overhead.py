@@ -28,6 +28,7 @@ from llmmesh.bench.overhead_report import (
     Targets,
     filter_added,
     key,
+    systems_of,
     targets_measured_on,
 )
 from llmmesh.bench.overhead_sse import SseChatClient
@@ -113,6 +114,26 @@ def test_tls_flag_picks_each_runs_meshes(
 ) -> None:
     plan = _plan(*flags)
     assert {safety: plan.meshes_of(safety) for safety in plan.safety_runs} == meshes
+
+
+def test_tracing_flag_adds_a_traced_mesh_and_its_twin_to_the_first_run() -> None:
+    assert _plan().tracing == "off" and not _plan().traced_in(False)
+    plan = _plan("--tracing", "both")
+    assert (plan.traced_in(False), plan.traced_in(True)) == (True, False)
+    assert systems_of(plan.tls_of(False), plan.traced_in(False)) == (
+        "direct",
+        "mesh",
+        "mesh_twin",
+        "mesh_mtls",
+        "mesh_traced",
+    )
+    assert systems_of("off", traced=True) == ("direct", "mesh", "mesh_twin", "mesh_traced")
+    assert systems_of(plan.tls_of(True), plan.traced_in(True)) == ("direct", "mesh")
+    assert _plan("--tracing", "both", "--safety", "on").traced_in(True)
+    with pytest.raises(ValueError, match="tracing both compares plaintext meshes"):
+        _plan("--tracing", "both", "--tls", "on")
+    with pytest.raises(ValueError, match="tracing must be one of"):
+        OverheadBenchPlan(tracing="on")
 
 
 def test_timing_is_pinned_by_flags_with_no_batch_slowdown() -> None:
@@ -426,6 +447,7 @@ def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
         "added_ttft_p99": True,
         "output_tok_s": True,
         "mtls_ttft_p50": None,
+        "traced_ttft_p50": None,
         "all": True,
     }
     assert not any(name.startswith("mtls") for name in ratios)
@@ -433,7 +455,13 @@ def test_report_derives_what_the_mesh_adds_from_the_figures() -> None:
     assert body["targets_measured_on"].startswith(TARGETS_MEASURED_ON[False])
     assert "with_output_filter" not in body
     assert body["setup"]["runs"] == {
-        "transport": {"safety": "off", "tls": "off", "safety_backends": "none", "ignore_eos": True}
+        "transport": {
+            "safety": "off",
+            "tls": "off",
+            "tracing": "off",
+            "safety_backends": "none",
+            "ignore_eos": True,
+        }
     }
     strict = Targets(added_ttft_p50_ms_max=1.0)
     assert strict.met(report.deltas()["c16"])["all"] is False
@@ -492,6 +520,49 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     assert slow["ratios"]["c16"]["mtls_added_ttft_p50_ms"] == pytest.approx(1.5)
     assert slow["targets_met"]["mtls_ttft_p50"] is False and slow["targets_met"]["all"] is False
     assert slow["targets_met"]["added_ttft_p50"] is True
+
+
+def _traced_run(levels: tuple[int, ...], traced_ttft_s: float, twin_ttft_s: float = 0.042) -> OverheadRun:
+    """:func:`_run` with the mesh's twin beside it, its first tokens at
+    ``twin_ttft_s``, and the same mesh traced, its first tokens at ``traced_ttft_s``."""
+    plain = _run(levels)
+    results = dict(plain.results)
+    for level in levels:
+        results[key("mesh_twin", level)] = PathMetrics.of(_mesh_records(twin_ttft_s, None), 2.5)
+        results[key("mesh_traced", level)] = PathMetrics.of(_mesh_records(traced_ttft_s, None), 2.5)
+    setup = {**plain.setup, "traced_spans_exported": 120}
+    return OverheadRun(False, results, plain.length_mismatches, setup, tls="off", traced=True)
+
+
+def test_what_tracing_adds_is_the_traced_mesh_less_its_untraced_twin() -> None:
+    levels = (1, 16)
+    report = _report(levels, _traced_run(levels, traced_ttft_s=0.0424, twin_ttft_s=0.0421))
+    body = json.loads(report.to_json())
+    assert set(body["results"]) == {
+        f"{system}/c{level}" for system in ("direct", "mesh", "mesh_twin", "mesh_traced") for level in levels
+    }
+    ratios = body["ratios"]["c16"]
+    assert ratios["traced_added_ttft_p50_ms"] == pytest.approx(0.3)
+    assert ratios["traced_added_ttft_p50_ci95_low_ms"] == pytest.approx(0.3)
+    assert ratios["traced_added_ttft_p50_ci95_high_ms"] == pytest.approx(0.3)
+    assert ratios["twin_added_ttft_p50_ms"] == pytest.approx(0.1)
+    assert "mtls_added_ttft_p50_ms" not in ratios
+    assert ratios["traced_added_ttft_after_idle_ms"] is None  # no round starts in this run
+    assert body["targets"]["traced_added_ttft_p50_ms_max"] == 1.0
+    assert body["targets_met"]["traced_ttft_p50"] is True and body["targets_met"]["mtls_ttft_p50"] is None
+    assert body["setup"]["runs"]["transport"]["tracing"] == "both"
+    assert body["setup"]["runs"]["transport"]["traced_spans_exported"] == 120
+    assert "mesh_traced" in body["targets_measured_on"]
+    table = report.to_table()
+    lines = table.splitlines()
+    title = next(line for line in lines if line.startswith("what tracing adds"))
+    row = lines[lines.index(title) + 3].split()
+    assert row[0] == "c16" and row[1] == "+0.3ms" and row[3] == "[+0.3,+0.3]ms"
+    assert "traced_ttft_p50 met" in table
+
+    slow = json.loads(_report(levels, _traced_run(levels, traced_ttft_s=0.0435)).to_json())
+    assert slow["ratios"]["c16"]["traced_added_ttft_p50_ms"] == pytest.approx(1.5)
+    assert slow["targets_met"]["traced_ttft_p50"] is False and slow["targets_met"]["all"] is False
 
 
 def test_mtls_after_idle_and_a_missing_mtls_result() -> None:
@@ -587,8 +658,20 @@ def test_both_runs_report_the_transport_at_the_top_and_the_filter_apart() -> Non
     assert body["targets_met"]["all"] is True
     assert body["setup"]["engine"] == {}
     assert body["setup"]["runs"] == {
-        "transport": {"safety": "off", "tls": "off", "safety_backends": "none", "ignore_eos": True},
-        "with_output_filter": {"safety": "on", "tls": "off", "safety_backends": "rules", "ignore_eos": True},
+        "transport": {
+            "safety": "off",
+            "tls": "off",
+            "tracing": "off",
+            "safety_backends": "none",
+            "ignore_eos": True,
+        },
+        "with_output_filter": {
+            "safety": "on",
+            "tls": "off",
+            "tracing": "off",
+            "safety_backends": "rules",
+            "ignore_eos": True,
+        },
     }
     filtered = body["with_output_filter"]
     assert set(filtered) == {"results", "ratios", "filter_added_ttft_p50_ms", "filter_added_ttft_p99_ms"}
