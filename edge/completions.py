@@ -26,6 +26,7 @@ from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
 from edge.ratelimit_headers import ratelimit_headers
 from edge.reply_parts import ReplyCollector
+from edge.route_headers import AUTO_MODELS, route_headers
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.stream_log import StreamInfo
@@ -77,14 +78,21 @@ class CompletionsHandler:
         sampling = req.to_sampling()
         messages = req.to_messages()
         model = await self._mesh.models.resolve(req.model, principal.tenant.tier)
+        # "auto" is the region's to decide (by the request's difficulty, among its models).
+        auto = req.model in AUTO_MODELS
         start = chat_service_pb2.ChatStart(
-            model=model.name,
+            model="auto" if auto else model.name,
             messages=messages,
             sampling=sampling,
             user=req.end_user(),
         )
         return await self.serve_turn(
-            request, principal, start, model.name, stream=req.streaming(), include_usage=req.include_usage()
+            request,
+            principal,
+            start,
+            "" if auto else model.name,
+            stream=req.streaming(),
+            include_usage=req.include_usage(),
         )
 
     async def serve_turn(
@@ -116,9 +124,13 @@ class CompletionsHandler:
             self._settings.first_event_timeout_ms / 1000,
             prefer_region=prefer_region,
         )
+        if opened.started.model:
+            # The model the region chose; a continuation elsewhere goes on with it.
+            model = start.model = opened.started.model
         turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover)
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
         headers.update(ratelimit_headers(turn.started))
+        headers.update(route_headers(turn.started))
         created = int(time.time())
         if not stream:
             return await self._complete(

@@ -74,12 +74,23 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
     async def GetUsage(self, request: bpb.GetUsageRequest, context: ServicerContext) -> bpb.GetUsageResponse:
         async with abort_on_mesh_error(context):
             totals = await self._ledger.usage(request.tenant_id, request.period, request.end_user)
+            by_model = await self._ledger.usage_by_model(request.tenant_id, totals.period, request.end_user)
             return bpb.GetUsageResponse(
                 period=totals.period,
                 input_tokens=totals.input_tokens,
                 output_tokens=totals.output_tokens,
                 cost_usd=format_usd(totals.cost_usd),
                 requests=totals.requests,
+                models=[
+                    bpb.ModelUsage(
+                        model=name,
+                        requests=t.requests,
+                        input_tokens=t.input_tokens,
+                        output_tokens=t.output_tokens,
+                        cost_usd=format_usd(t.cost_usd),
+                    )
+                    for name, t in by_model.items()
+                ],
             )
 
     async def ReconcileUsage(

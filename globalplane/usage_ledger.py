@@ -163,6 +163,19 @@ class UsageLedger:
 
         return await self._store.transaction(read)
 
+    async def usage_by_model(
+        self, tenant_id: str, period: str = "", end_user: str = ""
+    ) -> dict[str, UsageTotals]:
+        """:meth:`usage` split by the model that served the turns (:mod:`globalplane.usage_by_model`)."""
+        from globalplane.usage_by_model import model_totals  # it builds on this module's types
+
+        period = require_period(period) if period else period_of(self._clock())
+        if end_user:
+            require_end_user(end_user, "end_user")
+        return await self._store.transaction(
+            lambda conn: model_totals(conn, find_tenant(conn, tenant_id).id, period, end_user)
+        )
+
     async def reconcile(self, request_ids: Iterable[str], tenant_id: str = "") -> list[str]:
         """The ids among ``request_ids`` never ingested (for ``tenant_id``,
         when given; for any tenant otherwise), in order, each once."""

@@ -14,6 +14,16 @@ region's engine pods, a store per zone, shared Redis and ports.
     location = "53.3,-6.3"
     pods = 2
 
+    [zones.eu.regions.eu-central.models]   # a model fleet: pods per model
+    llmmesh-small = 1
+    llmmesh-large = 1
+
+A region names either ``pods`` (that many pods of the engine's default
+model) or a ``models`` table (pods per model; ``pods`` may then be left
+out, or must be their sum). Models of the family (:mod:`llmmesh.model_family`)
+get their simulated per-size costs and, with ``llmmesh up``, their
+registry entries; ``deploy/examples/fleet.toml`` is a fleet.
+
 Every region of a zone uses the zone's store, and a store serves one zone:
 two zones may name the same URL only on CockroachDB, where a super region
 per zone keeps each zone's rows inside it (:mod:`region.zone_store.ddl`).
@@ -28,6 +38,7 @@ production topology.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +54,8 @@ BACKENDS = ("sim", "vllm")
 STORE_BACKENDS = ("sqlite", "postgresql", "cockroachdb")
 """SQL databases a zone store can live in."""
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# The registry's rule for model names (globalplane.model_catalog), less "auto".
+_MODEL_NAME = re.compile(r"^(?!auto$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 T = TypeVar("T")
 
@@ -64,10 +77,17 @@ class RegionConfig:
     """'lat,lon' for proximity routing; empty for the region plane's default."""
     port: int = 0
     """Port of its ChatService; 0 picks a free one."""
+    models: tuple[tuple[str, int], ...] = ()
+    """Pods per model, in the order given; empty: ``pods`` pods of the engine's default model."""
 
     def pod_ids(self) -> list[str]:
         """The names of its pods: ``<region>-pod-<n>``."""
         return [f"{self.name}-pod-{n}" for n in range(self.pods)]
+
+    def pod_models(self) -> list[tuple[str, str]]:
+        """Each pod and the model it serves ("" for the engine's default), in pod order."""
+        names = [name for name, count in self.models for _ in range(count)] or [""] * self.pods
+        return list(zip(self.pod_ids(), names, strict=True))
 
 
 @dataclass(frozen=True)
@@ -203,18 +223,40 @@ def _zone(name: str, table: _Table) -> ZoneConfig:
     regions = []
     for region_name in regions_table.names():
         region = regions_table.table(region_name)
-        region.reject_unknown(("pods", "backend", "location", "port"))
+        region.reject_unknown(("pods", "backend", "location", "port", "models"))
+        models = _models(region.table("models"))
+        counted = sum(count for _, count in models)
+        pods = region.get("pods", int, counted or 1)
+        if models and pods != counted:
+            raise MeshConfigError(
+                f"{region.key('pods')} is {pods} but {region.key('models')} names {counted} pods; "
+                "leave pods out or make it their sum"
+            )
         regions.append(
             RegionConfig(
                 name=region_name,
                 zone=name,
-                pods=region.get("pods", int, 1),
+                models=models,
+                pods=pods,
                 backend=region.get("backend", str, ""),
                 location=region.get("location", str, ""),
                 port=region.get("port", int, 0),
             )
         )
     return ZoneConfig(name, tuple(regions), table.get("store_url", str, ""))
+
+
+def _models(table: _Table) -> tuple[tuple[str, int], ...]:
+    """A region's ``models`` table: model name = pods, each at least 1."""
+    models = []
+    for model in table.names():
+        count = table.get(model, int, 0)
+        if count < 1:
+            raise MeshConfigError(f"{table.key(model)} must be at least 1 pod, got {count}")
+        if not _MODEL_NAME.match(model):
+            raise MeshConfigError(f"{table.key(model)}: {model!r} cannot be a model name")
+        models.append((model, count))
+    return tuple(models)
 
 
 class _Table:

@@ -81,11 +81,12 @@ from llmmesh.v1 import (
 from region import metrics as region_metrics
 from region.admission import Admission
 from region.conversation_turns import ConversationContext, check_branch_point, conversation_context
+from region.difficulty_route import ModelRouter, quota_budget
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
-from region.model_policy import require_allowed, require_chat_model, turn_cost
+from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
 from region.router import KvAffinityRouter
@@ -159,9 +160,15 @@ class ChatGateway:
         now: Callable[[], timestamp_pb2.Timestamp] = _now,
         *,
         embedding_models: Callable[[], Collection[str]] = tuple,
+        model_router: ModelRouter | None = None,
     ) -> None:
         """``embedding_models`` names the models the region's pods embed with
-        (:class:`region.embedding_pods.EmbeddingPods`), so a turn on one is refused."""
+        (:class:`region.embedding_pods.EmbeddingPods`), so a turn on one is refused.
+        ``model_router`` chooses each turn's model (``auto`` by difficulty,
+        fallbacks); by default one over these pods and the admission's quota."""
+        self.model_router = model_router or ModelRouter(
+            models, pool, router.loads, quota_budget(admission.quota), embedding_models=embedding_models
+        )
         self._settings = settings
         self._embedding_models = embedding_models
         self._policy = policy
@@ -204,8 +211,7 @@ class ChatGateway:
         caller = self._policy.authenticate(secret)
         validate_start(start, self._settings.max_messages, self._settings.max_message_chars)
         require_continuation_allowed(start, allow_continuation)
-        model = await self._models.resolve(start.model, caller.tier)
-        require_allowed(model, list(caller.tenant.allowed_models))
+        model, route = await self.model_router.choose(start, caller)
         require_chat_model(model, self._pool.models, self._embedding_models())
         if self._safety is not None:
             await self._safety.input_filter.check(input_texts(start))
@@ -232,6 +238,8 @@ class ChatGateway:
             )
         try:
             async for event in self._place_and_stream(turn, start, cancel):
+                if event.WhichOneof("event") == "started":
+                    event.started.route.CopyFrom(route)
                 yield event
         except asyncio.CancelledError:
             turn.meter.reason = common_pb2.FINISH_REASON_CANCELLED

@@ -183,8 +183,14 @@ async def _usage(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     request = bpb.GetUsageRequest(tenant_id=args.tenant, period=args.period, end_user=args.end_user)
     usage = await stub.GetUsage(request, timeout=CALL_TIMEOUT_S)
     if not args.json:
-        rows = [(usage.period, usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd)]
-        print(_table(("PERIOD", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD"), rows))
+        rows = [
+            (usage.period, "all", usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd)
+        ]
+        rows += [
+            (usage.period, m.model, m.requests, m.input_tokens, m.output_tokens, m.cost_usd)
+            for m in usage.models
+        ]
+        print(_table(("PERIOD", "MODEL", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD"), rows))
     answer = {**_as_dict(usage), "tenant": args.tenant}
     return {**answer, "end_user": args.end_user} if args.end_user else answer
 
@@ -363,3 +369,7 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
         "audit", parents=[common], help="the log of admin changes (who changed which tenant, key or model)"
     )
     audit.set_defaults(admin_command=_audit)
+
+    from llmmesh.cli.admin_model import add_model_arguments  # it builds on this module's helpers
+
+    add_model_arguments(groups, common)

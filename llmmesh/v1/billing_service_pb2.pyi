@@ -180,6 +180,7 @@ class GetUsageResponse(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     COST_USD_FIELD_NUMBER: _builtins.int
     REQUESTS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     period: _builtins.str
     """The period, "YYYY-MM"."""
     input_tokens: _builtins.int
@@ -190,6 +191,10 @@ class GetUsageResponse(_message.Message):
     """Cost in USD as an exact decimal string."""
     requests: _builtins.int
     """Turns counted."""
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelUsage]:
+        """The same totals split by the model that served the turns, by model name."""
+
     def __init__(
         self,
         *,
@@ -198,14 +203,53 @@ class GetUsageResponse(_message.Message):
         output_tokens: _builtins.int = ...,
         cost_usd: _builtins.str = ...,
         requests: _builtins.int = ...,
+        models: _abc.Iterable[Global___ModelUsage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "period", b"period", "requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "models", b"models", "output_tokens", b"output_tokens", "period", b"period", "requests", b"requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetUsageResponse: _TypeAlias = GetUsageResponse  # noqa: Y015
+
+@_typing.final
+class ModelUsage(_message.Message):
+    """A tenant's usage of one model in a period."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model that ran the turns."""
+    requests: _builtins.int
+    """Turns counted."""
+    input_tokens: _builtins.int
+    """Input tokens."""
+    output_tokens: _builtins.int
+    """Output tokens."""
+    cost_usd: _builtins.str
+    """Cost in USD at the model's prices, as an exact decimal string."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        cost_usd: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelUsage: _TypeAlias = ModelUsage  # noqa: Y015
 
 @_typing.final
 class ReconcileUsageRequest(_message.Message):

@@ -27,15 +27,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"~\n\x12\x43hatSessionRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.llmmesh.v1.SessionTurnStartH\x00\x12/\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1d.llmmesh.v1.SessionTurnCancelH\x00\x42\x08\n\x06\x61\x63tion\"I\n\x10SessionTurnStart\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStart\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"7\n\x11SessionTurnCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x13\x43hatSessionResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.llmmesh.v1.TurnEvent\"K\n\tTurnEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.llmmesh.v1.ChatResponse\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xc7\x02\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x1b\n\x11parent_message_id\x18\x08 \x01(\tH\x00\x12\x19\n\x0f\x65\x64it_message_id\x18\t \x01(\tH\x00\x12\x1f\n\x15regenerate_message_id\x18\n \x01(\tH\x00\x42\x0e\n\x0c\x62ranch_point\"\xbe\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\x12\x30\n\x12\x65mitted_tool_calls\x18\x06 \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xa0\x02\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\nrate_limit\x18\x08 \x01(\x0b\x32\x1b.llmmesh.v1.RateLimitStatus\x12\x19\n\x11parent_message_id\x18\t \x01(\t\x12*\n\x07\x63ontext\x18\n \x01(\x0b\x32\x19.llmmesh.v1.ContextReport\"C\n\rContextReport\x12\x18\n\x10summarised_turns\x18\x01 \x01(\x05\x12\x18\n\x10\x64ropped_messages\x18\x02 \x01(\x05\"\xd9\x01\n\x0fRateLimitStatus\x12\x16\n\x0elimit_requests\x18\x01 \x01(\x03\x12\x1a\n\x12remaining_requests\x18\x02 \x01(\x03\x12\x31\n\x0ereset_requests\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x03\x12\x18\n\x10remaining_tokens\x18\x05 \x01(\x03\x12/\n\x0creset_tokens\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x99\x01\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.llmmesh.v1.ToolCallDelta\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.llmmesh.v1.TokenLogprob\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x80\x03\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\ntool_calls\x18\x0c \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\r \x01(\t\x12\x11\n\tparent_id\x18\x0e \x01(\t\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"S\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x03 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"\x8c\x01\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x04 \x01(\t\x12\x0f\n\x07leaf_id\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13ListBranchesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x14ListBranchesResponse\x12$\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x12.llmmesh.v1.Branch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x83\x01\n\x06\x42ranch\x12\x0f\n\x07leaf_id\x18\x01 \x01(\t\x12\x15\n\rmessage_count\x18\x02 \x01(\x05\x12\x0f\n\x07\x66ork_id\x18\x03 \x01(\t\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x08\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xa4\x06\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12R\n\x0b\x43hatSession\x12\x1e.llmmesh.v1.ChatSessionRequest\x1a\x1f.llmmesh.v1.ChatSessionResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12Q\n\x0cListBranches\x12\x1f.llmmesh.v1.ListBranchesRequest\x1a .llmmesh.v1.ListBranchesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmmesh/v1/chat_service.proto\x12\nllmmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"~\n\x12\x43hatSessionRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.llmmesh.v1.SessionTurnStartH\x00\x12/\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x1d.llmmesh.v1.SessionTurnCancelH\x00\x42\x08\n\x06\x61\x63tion\"I\n\x10SessionTurnStart\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStart\x12\x0f\n\x07\x61pi_key\x18\x02 \x01(\t\"7\n\x11SessionTurnCancel\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x13\x43hatSessionResponse\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.llmmesh.v1.TurnEvent\"K\n\tTurnEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.llmmesh.v1.ChatResponse\"i\n\x0b\x43hatRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.llmmesh.v1.ChatStartH\x00\x12(\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x16.llmmesh.v1.ChatCancelH\x00\x42\x08\n\x06\x61\x63tion\"\xc7\x02\n\tChatStart\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.llmmesh.v1.ChatMessage\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.llmmesh.v1.SamplingParams\x12\x17\n\x0f\x63onversation_id\x18\x05 \x01(\t\x12.\n\x0c\x63ontinuation\x18\x06 \x01(\x0b\x32\x18.llmmesh.v1.Continuation\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\x1b\n\x11parent_message_id\x18\x08 \x01(\tH\x00\x12\x19\n\x0f\x65\x64it_message_id\x18\t \x01(\tH\x00\x12\x1f\n\x15regenerate_message_id\x18\n \x01(\tH\x00\x42\x0e\n\x0c\x62ranch_point\"\xbe\x01\n\x0c\x43ontinuation\x12\x1b\n\x13original_request_id\x18\x01 \x01(\t\x12\x17\n\x0foriginal_region\x18\x02 \x01(\t\x12\x19\n\x11\x65mitted_token_ids\x18\x03 \x03(\r\x12\x14\n\x0c\x65mitted_text\x18\x04 \x01(\t\x12\x15\n\rlast_sequence\x18\x05 \x01(\x03\x12\x30\n\x12\x65mitted_tool_calls\x18\x06 \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\"\x1c\n\nChatCancel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x98\x02\n\x0c\x43hatResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.llmmesh.v1.ChatStartedH\x00\x12&\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x15.llmmesh.v1.ChatDeltaH\x00\x12+\n\x06safety\x18\x03 \x01(\x0b\x32\x19.llmmesh.v1.SafetyVerdictH\x00\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x15.llmmesh.v1.ChatUsageH\x00\x12,\n\x08\x66inished\x18\x05 \x01(\x0b\x32\x18.llmmesh.v1.ChatFinishedH\x00\x12(\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.llmmesh.v1.StreamErrorH\x00\x42\x07\n\x05\x65vent\"\xca\x02\n\x0b\x43hatStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\x0e\n\x06pod_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x06 \x01(\t\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\nrate_limit\x18\x08 \x01(\x0b\x32\x1b.llmmesh.v1.RateLimitStatus\x12\x19\n\x11parent_message_id\x18\t \x01(\t\x12*\n\x07\x63ontext\x18\n \x01(\x0b\x32\x19.llmmesh.v1.ContextReport\x12(\n\x05route\x18\x0b \x01(\x0b\x32\x19.llmmesh.v1.RouteDecision\"\\\n\rRouteDecision\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x17\n\x0frequested_model\x18\x03 \x01(\t\x12\x12\n\ndifficulty\x18\x04 \x01(\x01\"C\n\rContextReport\x12\x18\n\x10summarised_turns\x18\x01 \x01(\x05\x12\x18\n\x10\x64ropped_messages\x18\x02 \x01(\x05\"\xd9\x01\n\x0fRateLimitStatus\x12\x16\n\x0elimit_requests\x18\x01 \x01(\x03\x12\x1a\n\x12remaining_requests\x18\x02 \x01(\x03\x12\x31\n\x0ereset_requests\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x03\x12\x18\n\x10remaining_tokens\x18\x05 \x01(\x03\x12/\n\x0creset_tokens\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x99\x01\n\tChatDelta\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.llmmesh.v1.ToolCallDelta\x12*\n\x08logprobs\x18\x05 \x03(\x0b\x32\x18.llmmesh.v1.TokenLogprob\"m\n\rSafetyVerdict\x12&\n\x05stage\x18\x01 \x01(\x0e\x32\x17.llmmesh.v1.SafetyStage\x12\x0f\n\x07\x66lagged\x18\x02 \x01(\x08\x12\x12\n\ncategories\x18\x03 \x03(\t\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\"D\n\tChatUsage\x12%\n\x05usage\x18\x01 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12\x10\n\x08\x63ost_usd\x18\x02 \x01(\t\"L\n\x0c\x43hatFinished\x12(\n\x06reason\x18\x01 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"\x98\x02\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\x12\x13\n\x0bhome_region\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x64\x65lete_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x80\x03\n\rStoredMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\"\n\x04role\x18\x03 \x01(\x0e\x32\x14.llmmesh.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x05 \x01(\x03\x12\x15\n\routput_tokens\x18\x06 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12/\n\rfinish_reason\x18\n \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\ntool_calls\x18\x0c \x03(\x0b\x32\x14.llmmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\r \x01(\t\x12\x11\n\tparent_id\x18\x0e \x01(\t\"P\n\x19\x43reateConversationRequest\x12\r\n\x05title\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\"L\n\x1a\x43reateConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"1\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"I\n\x17GetConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"S\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x03 \x01(\t\"e\n\x19ListConversationsResponse\x12/\n\rconversations\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"L\n\x1a\x44\x65leteConversationResponse\x12.\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.Conversation\"\x8c\x01\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x10\n\x08\x61\x66ter_id\x18\x04 \x01(\t\x12\x0f\n\x07leaf_id\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"\\\n\x14ListMessagesResponse\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.llmmesh.v1.StoredMessage\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13ListBranchesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x14ListBranchesResponse\x12$\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x12.llmmesh.v1.Branch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x83\x01\n\x06\x42ranch\x12\x0f\n\x07leaf_id\x18\x01 \x01(\t\x12\x15\n\rmessage_count\x18\x02 \x01(\x05\x12\x0f\n\x07\x66ork_id\x18\x03 \x01(\t\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x08\"\x16\n\x14GetRegionInfoRequest\"\xa0\x01\n\x15GetRegionInfoResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x13\n\x0b\x65ngine_pods\x18\x04 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x05 \x01(\x05\x12\'\n\x06health\x18\x06 \x01(\x0e\x32\x17.llmmesh.v1.HealthState*\\\n\x0bSafetyStage\x12\x1c\n\x18SAFETY_STAGE_UNSPECIFIED\x10\x00\x12\x16\n\x12SAFETY_STAGE_INPUT\x10\x01\x12\x17\n\x13SAFETY_STAGE_OUTPUT\x10\x02\x32\xa4\x06\n\x0b\x43hatService\x12=\n\x04\x43hat\x12\x17.llmmesh.v1.ChatRequest\x1a\x18.llmmesh.v1.ChatResponse(\x01\x30\x01\x12R\n\x0b\x43hatSession\x12\x1e.llmmesh.v1.ChatSessionRequest\x1a\x1f.llmmesh.v1.ChatSessionResponse(\x01\x30\x01\x12\x63\n\x12\x43reateConversation\x12%.llmmesh.v1.CreateConversationRequest\x1a&.llmmesh.v1.CreateConversationResponse\x12Z\n\x0fGetConversation\x12\".llmmesh.v1.GetConversationRequest\x1a#.llmmesh.v1.GetConversationResponse\x12`\n\x11ListConversations\x12$.llmmesh.v1.ListConversationsRequest\x1a%.llmmesh.v1.ListConversationsResponse\x12\x63\n\x12\x44\x65leteConversation\x12%.llmmesh.v1.DeleteConversationRequest\x1a&.llmmesh.v1.DeleteConversationResponse\x12Q\n\x0cListMessages\x12\x1f.llmmesh.v1.ListMessagesRequest\x1a .llmmesh.v1.ListMessagesResponse\x12Q\n\x0cListBranches\x12\x1f.llmmesh.v1.ListBranchesRequest\x1a .llmmesh.v1.ListBranchesResponse\x12T\n\rGetRegionInfo\x12 .llmmesh.v1.GetRegionInfoRequest\x1a!.llmmesh.v1.GetRegionInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.chat_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SAFETYSTAGE']._serialized_start=4480
-  _globals['_SAFETYSTAGE']._serialized_end=4572
+  _globals['_SAFETYSTAGE']._serialized_start=4616
+  _globals['_SAFETYSTAGE']._serialized_end=4708
   _globals['_CHATSESSIONREQUEST']._serialized_start=135
   _globals['_CHATSESSIONREQUEST']._serialized_end=261
   _globals['_SESSIONTURNSTART']._serialized_start=263
@@ -57,53 +57,55 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATRESPONSE']._serialized_start=1195
   _globals['_CHATRESPONSE']._serialized_end=1475
   _globals['_CHATSTARTED']._serialized_start=1478
-  _globals['_CHATSTARTED']._serialized_end=1766
-  _globals['_CONTEXTREPORT']._serialized_start=1768
-  _globals['_CONTEXTREPORT']._serialized_end=1835
-  _globals['_RATELIMITSTATUS']._serialized_start=1838
-  _globals['_RATELIMITSTATUS']._serialized_end=2055
-  _globals['_CHATDELTA']._serialized_start=2058
-  _globals['_CHATDELTA']._serialized_end=2211
-  _globals['_SAFETYVERDICT']._serialized_start=2213
-  _globals['_SAFETYVERDICT']._serialized_end=2322
-  _globals['_CHATUSAGE']._serialized_start=2324
-  _globals['_CHATUSAGE']._serialized_end=2392
-  _globals['_CHATFINISHED']._serialized_start=2394
-  _globals['_CHATFINISHED']._serialized_end=2470
-  _globals['_CONVERSATION']._serialized_start=2473
-  _globals['_CONVERSATION']._serialized_end=2753
-  _globals['_STOREDMESSAGE']._serialized_start=2756
-  _globals['_STOREDMESSAGE']._serialized_end=3140
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=3142
-  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=3222
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=3224
-  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=3300
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=3302
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=3351
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=3353
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=3426
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=3428
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=3511
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=3513
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=3614
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=3616
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=3668
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=3670
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=3746
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=3749
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=3889
-  _globals['_LISTMESSAGESRESPONSE']._serialized_start=3891
-  _globals['_LISTMESSAGESRESPONSE']._serialized_end=3983
-  _globals['_LISTBRANCHESREQUEST']._serialized_start=3985
-  _globals['_LISTBRANCHESREQUEST']._serialized_end=4070
-  _globals['_LISTBRANCHESRESPONSE']._serialized_start=4072
-  _globals['_LISTBRANCHESRESPONSE']._serialized_end=4157
-  _globals['_BRANCH']._serialized_start=4160
-  _globals['_BRANCH']._serialized_end=4291
-  _globals['_GETREGIONINFOREQUEST']._serialized_start=4293
-  _globals['_GETREGIONINFOREQUEST']._serialized_end=4315
-  _globals['_GETREGIONINFORESPONSE']._serialized_start=4318
-  _globals['_GETREGIONINFORESPONSE']._serialized_end=4478
-  _globals['_CHATSERVICE']._serialized_start=4575
-  _globals['_CHATSERVICE']._serialized_end=5379
+  _globals['_CHATSTARTED']._serialized_end=1808
+  _globals['_ROUTEDECISION']._serialized_start=1810
+  _globals['_ROUTEDECISION']._serialized_end=1902
+  _globals['_CONTEXTREPORT']._serialized_start=1904
+  _globals['_CONTEXTREPORT']._serialized_end=1971
+  _globals['_RATELIMITSTATUS']._serialized_start=1974
+  _globals['_RATELIMITSTATUS']._serialized_end=2191
+  _globals['_CHATDELTA']._serialized_start=2194
+  _globals['_CHATDELTA']._serialized_end=2347
+  _globals['_SAFETYVERDICT']._serialized_start=2349
+  _globals['_SAFETYVERDICT']._serialized_end=2458
+  _globals['_CHATUSAGE']._serialized_start=2460
+  _globals['_CHATUSAGE']._serialized_end=2528
+  _globals['_CHATFINISHED']._serialized_start=2530
+  _globals['_CHATFINISHED']._serialized_end=2606
+  _globals['_CONVERSATION']._serialized_start=2609
+  _globals['_CONVERSATION']._serialized_end=2889
+  _globals['_STOREDMESSAGE']._serialized_start=2892
+  _globals['_STOREDMESSAGE']._serialized_end=3276
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_start=3278
+  _globals['_CREATECONVERSATIONREQUEST']._serialized_end=3358
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_start=3360
+  _globals['_CREATECONVERSATIONRESPONSE']._serialized_end=3436
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=3438
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=3487
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=3489
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=3562
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=3564
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=3647
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=3649
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=3750
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=3752
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=3804
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=3806
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=3882
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=3885
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=4025
+  _globals['_LISTMESSAGESRESPONSE']._serialized_start=4027
+  _globals['_LISTMESSAGESRESPONSE']._serialized_end=4119
+  _globals['_LISTBRANCHESREQUEST']._serialized_start=4121
+  _globals['_LISTBRANCHESREQUEST']._serialized_end=4206
+  _globals['_LISTBRANCHESRESPONSE']._serialized_start=4208
+  _globals['_LISTBRANCHESRESPONSE']._serialized_end=4293
+  _globals['_BRANCH']._serialized_start=4296
+  _globals['_BRANCH']._serialized_end=4427
+  _globals['_GETREGIONINFOREQUEST']._serialized_start=4429
+  _globals['_GETREGIONINFOREQUEST']._serialized_end=4451
+  _globals['_GETREGIONINFORESPONSE']._serialized_start=4454
+  _globals['_GETREGIONINFORESPONSE']._serialized_end=4614
+  _globals['_CHATSERVICE']._serialized_start=4711
+  _globals['_CHATSERVICE']._serialized_end=5515
 # @@protoc_insertion_point(module_scope)

@@ -438,6 +438,7 @@ class ChatStarted(_message.Message):
     RATE_LIMIT_FIELD_NUMBER: _builtins.int
     PARENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
+    ROUTE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's id."""
     region: _builtins.str
@@ -466,6 +467,12 @@ class ChatStarted(_message.Message):
     def context(self) -> Global___ContextReport:
         """Of a conversation turn: how its history was fitted into the window."""
 
+    @_builtins.property
+    def route(self) -> Global___RouteDecision:
+        """Why the turn runs on this model: "auto"'s difficulty decision, or a
+        fallback from an overloaded or down model of the zone.
+        """
+
     def __init__(
         self,
         *,
@@ -479,14 +486,53 @@ class ChatStarted(_message.Message):
         rate_limit: Global___RateLimitStatus | None = ...,
         parent_message_id: _builtins.str = ...,
         context: Global___ContextReport | None = ...,
+        route: Global___RouteDecision | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "create_time", b"create_time", "rate_limit", b"rate_limit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "create_time", b"create_time", "rate_limit", b"rate_limit", "route", b"route"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "parent_message_id", b"parent_message_id", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "parent_message_id", b"parent_message_id", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "route", b"route", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatStarted: _TypeAlias = ChatStarted  # noqa: Y015
+
+@_typing.final
+class RouteDecision(_message.Message):
+    """How a region chose the model of a turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    REQUESTED_MODEL_FIELD_NUMBER: _builtins.int
+    DIFFICULTY_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """What decided it, one of a few words: "requested" (the name asked for),
+    "default" (the tier's default), "difficulty" ("auto" scored the
+    request), "budget" (the tenant's budget capped it) or "fallback" (the
+    chosen model was overloaded or down; another one of the zone served).
+    """
+    detail: _builtins.str
+    """A human-readable explanation (the score and the markers found)."""
+    requested_model: _builtins.str
+    """The model name the request asked for ("auto" included)."""
+    difficulty: _builtins.float
+    """The difficulty score in [0, 1] when "auto" scored the request."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        requested_model: _builtins.str = ...,
+        difficulty: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "difficulty", b"difficulty", "reason", b"reason", "requested_model", b"requested_model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteDecision: _TypeAlias = RouteDecision  # noqa: Y015
 
 @_typing.final
 class ContextReport(_message.Message):

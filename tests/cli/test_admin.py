@@ -224,9 +224,20 @@ def test_usage_shows_exact_cost(capsys: pytest.CaptureFixture[str], plane: Globa
         "input_tokens": "1000",
         "output_tokens": "2000",
         "cost_usd": "0.0035",
+        # The same split by the model that served the turns.
+        "models": [
+            {
+                "model": "llmmesh-tiny",
+                "requests": "1",
+                "input_tokens": "1000",
+                "output_tokens": "2000",
+                "cost_usd": "0.0035",
+            }
+        ],
     }
     status, out, _ = admin(capsys, plane, "usage", "billed", "--period", "2031-05")
-    assert status == 0 and out.splitlines()[1].split() == ["2031-05", "1", "1000", "2000", "0.0035"]
+    assert status == 0 and out.splitlines()[1].split() == ["2031-05", "all", "1", "1000", "2000", "0.0035"]
+    assert out.splitlines()[2].split() == ["2031-05", "llmmesh-tiny", "1", "1000", "2000", "0.0035"]
     mine = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-42")
     assert mine == {**usage, "end_user": "user-42"}
     other = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-7")

@@ -1,0 +1,184 @@
+"""A model fleet end to end: one mesh (every plane in this process, the
+simulator's pods) serving llmmesh-small and llmmesh-large, registered
+through ``llmmesh admin model``. ``auto`` sends chit-chat to the small model
+and a long code and maths prompt to the large one, says why in
+``x-llmmesh-route-*`` headers, falls back inside the zone when a model's
+pods are down, and billing prices each model's turns at its own prices
+(``llmmesh admin usage`` shows the split)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from edge.server import EdgeServer, start_edge
+from edge.settings import EdgeSettings
+from engine.server import EnginePod, start_engine
+from engine.settings import EngineSettings
+from globalplane.server import GlobalPlane, start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.model_family import LARGE, SMALL, FamilyModel
+from region.server import RegionPlane, start_region
+from tests.stack import DEV_KEY, region_settings, wait_until
+
+CHIT_CHAT = "Hi there! How are you today?"
+HARD = (
+    "Implement a Python function that solves the matrix equation A x = b and prove that "
+    "your algorithm converges; explain why step by step.\n```python\ndef solve(a, b):\n    return None\n```\n"
+    + "The matrix is 3 x 3 and every entry is 2 * 3 + 1 = 7 except the diagonal. "
+    * 40
+)
+
+
+@dataclass
+class Fleet:
+    glob: GlobalPlane
+    pods: dict[str, EnginePod]
+    region: RegionPlane
+    edge: EdgeServer
+
+
+async def admin(glob: GlobalPlane, *args: str) -> dict[str, object] | list[object]:
+    """``llmmesh admin ARGS --json`` against the global plane, as an operator runs it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "llmmesh",
+        "admin",
+        *args,
+        "--global-address",
+        glob.address,
+        "--insecure",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    answer: dict[str, object] | list[object] = json.loads(out)
+    return answer
+
+
+async def register(glob: GlobalPlane, model: FamilyModel) -> None:
+    await admin(
+        glob,
+        "model",
+        "register",
+        model.name,
+        "--tier",
+        model.tier,
+        "--input-price",
+        model.input_per_1k_usd,
+        "--output-price",
+        model.output_per_1k_usd,
+    )
+
+
+async def start_pod(model: FamilyModel, n: int) -> EnginePod:
+    timing = model.sim_timing()
+    return await start_engine(
+        EngineSettings(
+            pod_id=f"us-east-pod-{n}",
+            model=model.name,
+            insecure=True,
+            sim_inter_token_s=timing["sim_inter_token_s"],
+            sim_prefill_per_token_s=timing["sim_prefill_per_token_s"],
+        )
+    )
+
+
+@pytest_asyncio.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    glob = await start_global_plane(
+        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
+    )
+    pods: dict[str, EnginePod] = {}
+    region = edge = None
+    try:
+        for model in (SMALL, LARGE):
+            await register(glob, model)
+        pods = {SMALL.name: await start_pod(SMALL, 0), LARGE.name: await start_pod(LARGE, 1)}
+        region = await start_region(region_settings(glob.address, list(pods.values())))
+        await wait_until(lambda: len(region.pool.models) == 2 and len(region.pool.healthy_pods) == 2)
+        edge = await start_edge(
+            EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True)
+        )
+        yield Fleet(glob, pods, region, edge)
+    finally:
+        if edge is not None:
+            await edge.stop()
+        if region is not None:
+            await region.stop(0.5)
+        for pod in pods.values():
+            await pod.stop(0.5)
+        await glob.stop(0.5)
+
+
+async def ask(fleet: Fleet, text: str, *, stream: bool = False, model: str = "auto") -> httpx.Response:
+    async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8}
+        if stream:
+            body["stream"] = True
+        return await client.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {DEV_KEY}"}
+        )
+
+
+@pytest.mark.asyncio
+async def test_auto_routes_by_difficulty_and_bills_each_model(fleet: Fleet) -> None:
+    easy = await ask(fleet, CHIT_CHAT)
+    assert easy.status_code == 200, easy.text
+    assert easy.headers["x-llmmesh-route-reason"] == "difficulty"
+    assert easy.headers["x-llmmesh-route-model"] == SMALL.name
+    hard = await ask(fleet, HARD, stream=True)
+    assert hard.status_code == 200, hard.text
+    assert hard.headers["x-llmmesh-route-reason"] == "difficulty"
+    assert hard.headers["x-llmmesh-route-model"] == LARGE.name
+    assert "code" in hard.headers["x-llmmesh-route-detail"]
+    assert "maths" in hard.headers["x-llmmesh-route-detail"]
+    assert hard.text.rstrip().endswith("data: [DONE]")
+
+    # Billing: each model's turn at that model's prices, split by model.
+    async def billed() -> dict[str, dict[str, object]]:
+        usage = await admin(fleet.glob, "usage", "dev")
+        assert isinstance(usage, dict)
+        return {str(m["model"]): m for m in usage.get("models", [])}  # type: ignore[attr-defined]
+
+    by_model: dict[str, dict[str, object]] = {}
+    for _ in range(100):
+        by_model = await billed()
+        if set(by_model) == {SMALL.name, LARGE.name}:
+            break
+        await asyncio.sleep(0.2)
+    assert set(by_model) == {SMALL.name, LARGE.name}
+    for member in (SMALL, LARGE):
+        row = by_model[member.name]
+        inputs, outputs = int(str(row.get("input_tokens", 0))), int(str(row.get("output_tokens", 0)))
+        expected = (
+            Decimal(inputs) * Decimal(member.input_per_1k_usd)
+            + Decimal(outputs) * Decimal(member.output_per_1k_usd)
+        ) / 1000
+        assert Decimal(str(row["cost_usd"])) == expected
+        assert row["requests"] in (1, "1")
+
+
+@pytest.mark.asyncio
+async def test_a_down_model_falls_back_inside_the_zone(fleet: Fleet) -> None:
+    await fleet.pods[LARGE.name].stop(0.5)
+    await wait_until(lambda: len(fleet.region.pool.healthy_pods) == 1, what="the region sees the pod down")
+    hard = await ask(fleet, HARD)
+    assert hard.status_code == 200, hard.text
+    assert hard.headers["x-llmmesh-route-reason"] == "fallback"
+    assert hard.headers["x-llmmesh-route-model"] == SMALL.name
+    assert hard.headers["x-llmmesh-region"] == "us-east"
+    # A named model does not fall back unless its tenant's tier allows it.
+    named = await ask(fleet, HARD, model=LARGE.name)
+    assert named.status_code == 503, named.text
