@@ -67,6 +67,7 @@ import sqlalchemy as sa
 from llmmesh.certs import CertFiles
 from llmmesh.cli.certs import certs_dir, ensure_mesh_certs
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
+from llmmesh.cli.fleet_bootstrap import ensure_family_models, pod_env
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
 from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
 from llmmesh.home import mesh_home
@@ -250,6 +251,12 @@ class MeshLauncher:
                 ensure_dev_tenants(glob.address(), self.tenants, self.admin_security())
             )
             self.progress("dev tenants: " + ", ".join(f"{t.name} (zone {t.zone})" for t in self.tenants))
+        fleet = {model for region in config.regions() for model, _ in region.models}
+        if fleet:
+            unknown = asyncio.run(ensure_family_models(glob.address(), fleet, self.admin_security()))
+            self.progress(f"models deployed: {', '.join(sorted(fleet))}")
+            if unknown:
+                self.progress(f"not in the registry (`llmmesh admin model register`): {', '.join(unknown)}")
         self._start_pods()
         self._start_regions()
         self.progress("starting the edge")
@@ -282,15 +289,15 @@ class MeshLauncher:
             raise MeshStartError(f"{plane.name} exited with status {plane.process.returncode} during startup")
 
     def _start_pods(self) -> None:
-        pods = [(region, pod_id) for region in self.config.regions() for pod_id in region.pod_ids()]
+        pods = [(region, pod) for region in self.config.regions() for pod in region.pod_models()]
         self.progress(f"starting {len(pods)} engine pods")
-        for region, pod_id in pods:
+        for region, (pod_id, model) in pods:
             backend = self.config.backend_of(region)
             host, prefix = self._host(region.name)
             flags = ["--host", host, "--port", "0", "--metrics-port", "0"]
             flags += ["--backend", backend, "--pod-id", pod_id, *self._tls_flags(f"engine-{pod_id}")]
             plane = self.pods[pod_id] = self.sup.launch(
-                f"engine pod {pod_id}", "engine", *flags, prefix=prefix
+                f"engine pod {pod_id}", "engine", *flags, prefix=prefix, env=pod_env(backend, model)
             )
             # vLLM pods start one at a time: each takes both cores for a while,
             # and the first builds the model the others load.
