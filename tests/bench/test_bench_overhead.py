@@ -802,3 +802,39 @@ def test_quick_overhead_run_measures_the_transport_mtls_and_the_filter_through_t
         assert filtered["filter_added_ttft_p50_ms"][level] == pytest.approx(expected, abs=0.001)
     # The targets are at concurrency 16, which this run leaves out.
     assert set(report["targets_met"].values()) == {None}
+
+
+def test_quick_traced_run_exports_the_traced_meshs_spans_and_reports_what_tracing_adds(
+    tmp_path: Path,
+) -> None:
+    llmmesh = Path(sys.executable).parent / "llmmesh"
+    flags = ["--quick", "--tls", "off", "--safety", "off", "--tracing", "both", "--concurrency", "1"]
+    done = subprocess.run(
+        [str(llmmesh), "bench", "overhead", "--json", *flags, "--requests", "2", "--log-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=290,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "tracing to http://127.0.0.1:" in done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    run = report["setup"]["runs"]["transport"]
+    assert run["tracing"] == "both"
+    # The traced planes exported their spans to the benchmark's collector.
+    assert run["traced_spans_exported"] > 0
+    systems = ("direct", "mesh", "mesh_twin", "mesh_traced")
+    assert set(report["results"]) == {f"{system}/c1" for system in systems}
+    traced, twin, ratios = (
+        report["results"]["mesh_traced/c1"],
+        report["results"]["mesh_twin/c1"],
+        report["ratios"]["c1"],
+    )
+    assert traced["errors"] == 0 and traced["output_tokens"] == twin["output_tokens"] > 0
+    added = (traced["ttft_p50_s"] - twin["ttft_p50_s"]) * 1000
+    assert ratios["traced_added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+    assert ratios["traced_added_ttft_p50_ci95_low_ms"] <= ratios["traced_added_ttft_p50_ci95_high_ms"]
+    # Only the traced mesh's planes trace.
+    for system in ("mesh", "mesh_twin", "mesh_traced"):
+        [edge_log] = (tmp_path / "transport" / system).glob("*-edge.log")
+        assert ("tracing to http://" in edge_log.read_text(errors="replace")) == (system == "mesh_traced")
