@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic import BaseModel
 
-from edge import openapi_vectors
+from edge import openapi_files, openapi_vectors
 from edge.conversation_objects import (
     BranchObject,
     ConversationMessageRequest,
@@ -375,6 +375,7 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 "This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})}, public=True
             )
         },
+        **openapi_files.paths(_ERRORS),
     }
 
 
@@ -392,7 +393,7 @@ def openapi_document() -> Schema:
         },
         "paths": _paths(model_refs),
         "components": {
-            "schemas": {**schemas, **openapi_vectors.SCHEMAS},
+            "schemas": {**schemas, **openapi_vectors.SCHEMAS, **openapi_files.SCHEMAS},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"apiKey": []}],

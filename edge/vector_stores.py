@@ -133,12 +133,12 @@ class VectorStoreRoutes:
         return [
             Route(base, self.create, methods=["POST"]),
             Route(base, self.list, methods=["GET"]),
-            Route(base + "/{store_id}", self.get, methods=["GET"]),
-            Route(base + "/{store_id}", self.delete, methods=["DELETE"]),
-            Route(base + "/{store_id}/files", self.add_file, methods=["POST"]),
-            Route(base + "/{store_id}/files", self.list_files, methods=["GET"]),
-            Route(base + "/{store_id}/files/{file_id}", self.remove_file, methods=["DELETE"]),
-            Route(base + "/{store_id}/search", self.search, methods=["POST"]),
+            Route(base + "/{vector_store_id}", self.get, methods=["GET"]),
+            Route(base + "/{vector_store_id}", self.delete, methods=["DELETE"]),
+            Route(base + "/{vector_store_id}/files", self.add_file, methods=["POST"]),
+            Route(base + "/{vector_store_id}/files", self.list_files, methods=["GET"]),
+            Route(base + "/{vector_store_id}/files/{file_id}", self.remove_file, methods=["DELETE"]),
+            Route(base + "/{vector_store_id}/search", self.search, methods=["POST"]),
         ]
 
     async def _body(self, request: Request, fields: frozenset[str]) -> dict[str, object]:
@@ -179,13 +179,13 @@ class VectorStoreRoutes:
 
     async def get(self, request: Request) -> Response:
         principal = await self._calls.principal(request)
-        message = pb.GetVectorStoreRequest(vector_store_id=request.path_params["store_id"])
+        message = pb.GetVectorStoreRequest(vector_store_id=request.path_params["vector_store_id"])
         answer, _ = await self._calls.call(principal, lambda s: s.GetVectorStore, message)
         return JSONResponse(store_object(answer.vector_store))
 
     async def delete(self, request: Request) -> Response:
         principal = await self._calls.principal(request)
-        message = pb.DeleteVectorStoreRequest(vector_store_id=request.path_params["store_id"])
+        message = pb.DeleteVectorStoreRequest(vector_store_id=request.path_params["vector_store_id"])
         answer, _ = await self._calls.call(principal, lambda s: s.DeleteVectorStore, message)
         return JSONResponse({"id": answer.vector_store_id, "object": "vector_store.deleted", "deleted": True})
 
@@ -197,7 +197,7 @@ class VectorStoreRoutes:
             raise bad_request("file_id is required", "file_id", "missing_required_parameter")
         size, overlap = chunking(body.get("chunking_strategy"))
         message = pb.CreateVectorStoreFileRequest(
-            vector_store_id=request.path_params["store_id"],
+            vector_store_id=request.path_params["vector_store_id"],
             file_id=file_id,
             max_chunk_chars=size,
             chunk_overlap_chars=overlap,
@@ -209,7 +209,7 @@ class VectorStoreRoutes:
         principal = await self._calls.principal(request)
         limit, after, _ = list_query(request)
         message = pb.ListVectorStoreFilesRequest(
-            vector_store_id=request.path_params["store_id"], page_size=limit, page_token=after
+            vector_store_id=request.path_params["vector_store_id"], page_size=limit, page_token=after
         )
         answer, _ = await self._calls.call(principal, lambda s: s.ListVectorStoreFiles, message)
         items = [store_file_object(m) for m in answer.vector_store_files]
@@ -218,7 +218,7 @@ class VectorStoreRoutes:
     async def remove_file(self, request: Request) -> Response:
         principal = await self._calls.principal(request)
         message = pb.DeleteVectorStoreFileRequest(
-            vector_store_id=request.path_params["store_id"], file_id=request.path_params["file_id"]
+            vector_store_id=request.path_params["vector_store_id"], file_id=request.path_params["file_id"]
         )
         answer, _ = await self._calls.call(principal, lambda s: s.DeleteVectorStoreFile, message)
         return JSONResponse({"id": answer.file_id, "object": "vector_store.file.deleted", "deleted": True})
@@ -240,7 +240,7 @@ class VectorStoreRoutes:
             raise bad_request("max_num_results must be an integer from 1 to 50", "max_num_results")
         threshold = _ranking(body.get("ranking_options"))
         message = pb.SearchVectorStoresRequest(
-            vector_store_ids=[request.path_params["store_id"]],
+            vector_store_ids=[request.path_params["vector_store_id"]],
             query=query,
             max_num_results=results,
             score_threshold=threshold,
