@@ -4,7 +4,6 @@ no TLS); it reports the plane's own health, a drain included."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from globalplane.settings import GlobalSettings
 from llmmesh.access import AccessPolicy
+from llmmesh.bench.processes import free_port
 from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import PlaneIdentity, Role
@@ -26,18 +26,11 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest_asyncio.fixture
 async def secured(tmp_path: Path) -> AsyncIterator[tuple[GrpcServer, int]]:
     """A server on mTLS with a global-plane certificate and a probe port."""
     files = ensure_mesh_certs(tmp_path / "certs", [PlaneIdentity(Role.GLOBAL, "global")])["global"]
-    probe_port = _free_port()
+    probe_port = free_port()
     settings = GlobalSettings(
         tls_cert=str(files.cert), tls_key=str(files.key), tls_ca=str(files.ca), probe_port=probe_port
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmmesh.bench.processes import free_port
 from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.identity import PlaneIdentity, Role
 from tests.deploy.helm_render import Manifest, merge, objects, render
@@ -34,13 +34,6 @@ TLS_MOUNT = "/etc/llmmesh/tls"
 TLS_FILES = {"LLMMESH_TLS_CERT": "tls.crt", "LLMMESH_TLS_KEY": "tls.key", "LLMMESH_TLS_CA": "ca.crt"}
 # What the chart's pod gets from the cluster, not from its values.
 POD_NAME = "llmmesh-engine-sim-0"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _pod_environment(container: Manifest, certs: dict[str, Path], secrets: dict[str, str]) -> dict[str, str]:
@@ -92,8 +85,8 @@ def _started(
 ) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
     """The container's command as a process, with its environment."""
     # Interfaces and ports a pod has to itself are shared on this machine.
-    env = env | {"LLMMESH_HOST": "127.0.0.1", "LLMMESH_PORT": str(_free_port())}
-    env |= {"LLMMESH_PROBE_PORT": str(_free_port()), "LLMMESH_METRICS_PORT": str(_free_port())}
+    env = env | {"LLMMESH_HOST": "127.0.0.1", "LLMMESH_PORT": str(free_port())}
+    env |= {"LLMMESH_PROBE_PORT": str(free_port()), "LLMMESH_METRICS_PORT": str(free_port())}
     # The image's environment (Dockerfile) under the container's own.
     full = {"PATH": os.environ["PATH"], "LLMMESH_HOME": str(home), "PYTHONHASHSEED": "0", **env}
     argv = [sys.executable, "-m", "llmmesh", *container["args"]]
