@@ -17,10 +17,18 @@ concurrency and stopped with its whole process group. Each level runs in
 the first half in its first session and the rest in its second, so both
 systems see the same requests and drift over the run weighs on both alike.
 A system's figures for a level pool its rounds.
+
+With ``--speculative ngram`` the pair is our pod with speculative decoding
+(``llmmesh-spec``, in A's place) against our pod without it (``llmmesh``,
+in B's), on the same engine otherwise; the ratios are speculation's gain
+and the report's ``extra.spec_decode`` holds vLLM's own counters of draft
+and accepted tokens (summed over the speculating sessions, warm-up
+included), so a ratio comes with the acceptance that explains it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 import json
@@ -38,11 +46,13 @@ from llmmesh.bench.openai_client import OpenAIChatClient
 from llmmesh.bench.plan import EngineBenchPlan
 from llmmesh.bench.processes import ChildProcess, StartupError, free_port
 from llmmesh.bench.report import BenchReport
+from llmmesh.bench.spec_decode import SPEC_COUNTERS, read_counters, speculative_flags
 from llmmesh.bench.stats import LevelMetrics, summarize
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
 
 OURS = "llmmesh"
 PEER = "vllm-serve"
+SPECULATING = "llmmesh-spec"
 HOST = "127.0.0.1"
 
 Progress = Callable[[str], None]
@@ -118,6 +128,7 @@ def pod_command(config: VllmEngineConfig, settings: EngineSettings, ready_file: 
         "--pod-id",
         settings.pod_id,
         "--insecure",
+        *speculative_flags(config),
     ]
 
 
@@ -135,13 +146,22 @@ class EngineBench:
         self.workload = ChatWorkload()
         self._env = {**os.environ, **self.config.environment()}
         self._sessions_started = 0
+        self.ours, self.peer = OURS, PEER
+        self.spec_config: VllmEngineConfig | None = None
+        self._spec_counters = dict.fromkeys(SPEC_COUNTERS, 0.0)
+        if plan.speculative:
+            spec_settings = EngineSettings(
+                backend="vllm", model_path=str(model_dir), speculative_method=plan.speculative
+            )
+            self.spec_config = VllmEngineConfig.from_settings(spec_settings, model_dir)
+            self.ours, self.peer = SPECULATING, OURS
 
     def sessions(self) -> list[tuple[str, range]]:
         """Which system runs which rounds, in order: ours, the peer, ours
         again (A B A), so drift over the run weighs on both alike."""
         rounds = self.plan.rounds
         half = (rounds + 1) // 2
-        return [(OURS, range(half)), (PEER, range(rounds)), (OURS, range(half, rounds))]
+        return [(self.ours, range(half)), (self.peer, range(rounds)), (self.ours, range(half, rounds))]
 
     async def run(self) -> BenchReport:
         """Measure both systems. Raises StartupError when one cannot start
@@ -150,8 +170,7 @@ class EngineBench:
         for system, rounds in self.sessions():
             if not rounds:
                 continue
-            starter = self._start_pod if system == OURS else self._start_peer
-            async with starter() as client:
+            async with self._start(system) as client:
                 if self.plan.warmup_requests:
                     # As many at once as the busiest level, so the engine has
                     # run every batch size before anything is measured.
@@ -179,11 +198,34 @@ class EngineBench:
         return BenchReport(
             scenario="engine",
             model=self.config.served_model_name,
-            ours=OURS,
-            peer=PEER,
+            ours=self.ours,
+            peer=self.peer,
             levels=[f"c{c}" for c in self.plan.concurrency],
             results=results,
+            extra=self._extra(),
         )
+
+    def _extra(self) -> dict[str, object]:
+        if self.spec_config is None:
+            return {}
+        drafted = self._spec_counters["draft_tokens"]
+        accepted = self._spec_counters["accepted_tokens"]
+        return {
+            "spec_decode": {
+                **self.spec_config.speculative,  # type: ignore[dict-item]
+                "draft_tokens": int(drafted),
+                "accepted_tokens": int(accepted),
+                "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            }
+        }
+
+    def _start(self, system: str) -> contextlib.AbstractAsyncContextManager[StreamingClient]:
+        if system == PEER:
+            return self._start_peer()
+        if system == SPECULATING:
+            assert self.spec_config is not None
+            return self._start_pod(SPECULATING, self.spec_config)
+        return self._start_pod(OURS, self.config)
 
     async def _measure(
         self,
@@ -195,22 +237,28 @@ class EngineBench:
         return await measure_level(name, client, requests, concurrency, self._progress)
 
     @contextlib.asynccontextmanager
-    async def _start_pod(self) -> AsyncIterator[StreamingClient]:
-        ready_file = self.run_dir / f"{OURS}.ready.json"
+    async def _start_pod(self, name: str, config: VllmEngineConfig) -> AsyncIterator[StreamingClient]:
+        ready_file = self.run_dir / f"{name}.ready.json"
         # A later session must not read an earlier session's address.
         ready_file.unlink(missing_ok=True)
-        argv = pod_command(self.config, self.settings, ready_file)
-        async with self._child(OURS, argv) as child:
+        argv = pod_command(config, self.settings, ready_file)
+        async with self._child(name, argv) as child:
             info = await child.wait_ready_file(ready_file, self.plan.startup_timeout_s)
             address = info.get("address")
             if not isinstance(address, str):
-                raise StartupError(OURS, "the ready file names no address", child.log_path)
-            self._progress(f"{OURS}: serving on {address} after {child.uptime_s():.1f} s")
+                raise StartupError(name, "the ready file names no address", child.log_path)
+            self._progress(f"{name}: serving on {address} after {child.uptime_s():.1f} s")
             client = EngineGrpcClient(address, self.plan.request_timeout_s)
             try:
                 yield client
             finally:
                 await client.close()
+                metrics_url = info.get("metrics_url")
+                if config.speculating and isinstance(metrics_url, str):
+                    # Counters die with the process: read them before it stops.
+                    counted = await asyncio.to_thread(read_counters, metrics_url, SPEC_COUNTERS)
+                    for key, value in counted.items():
+                        self._spec_counters[key] += value
 
     @contextlib.asynccontextmanager
     async def _start_peer(self) -> AsyncIterator[StreamingClient]:

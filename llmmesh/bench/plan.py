@@ -19,8 +19,13 @@ class EngineBenchPlan:
     model_path: str = ""
     startup_timeout_s: float = 180.0
     request_timeout_s: float = 300.0
+    # A speculative decoding method (``ngram``): measure our pod with it
+    # against our pod without it, instead of against ``vllm serve``.
+    speculative: str = ""
 
     def __post_init__(self) -> None:
+        if self.speculative not in ("", "ngram"):
+            raise ValueError(f"speculative must be ngram (or empty), got {self.speculative!r}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency levels must be positive")
         if self.rounds < 1:

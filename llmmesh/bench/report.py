@@ -67,6 +67,9 @@ class BenchReport:
     levels: Sequence[str]
     results: Mapping[str, LevelMetrics]
     targets: Targets = field(default_factory=Targets)
+    # Scenario-specific figures beside the results (e.g. speculative
+    # decoding's acceptance), shown as they are; empty for none.
+    extra: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for level in self.levels:
@@ -98,6 +101,7 @@ class BenchReport:
             },
             "targets": self.targets.as_dict(),
             "targets_met": {level: self.targets.met(values) for level, values in ratios.items()},
+            **({"extra": dict(self.extra)} if self.extra else {}),
         }
 
     def to_json(self) -> str:
@@ -135,6 +139,7 @@ class BenchReport:
             f"targets: output_tok_s ratio >= {self.targets.output_tok_s_ratio_min}, "
             f"ttft_p50 ratio <= {self.targets.ttft_p50_ratio_max}"
         )
+        lines += [f"{name}: {json.dumps(value)}" for name, value in self.extra.items()]
         return "\n".join(lines)
 
 

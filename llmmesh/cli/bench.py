@@ -143,6 +143,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a smoke run: engine: concurrency {QUICK_CONCURRENCY[0]}, {QUICK_REQUESTS} requests a round, "
         f"{QUICK_MAX_TOKENS} tokens; routing: a smaller workload (explicit flags still win)",
     )
+    parser.add_argument(
+        "--speculative",
+        choices=("ngram",),
+        default="",
+        help="engine scenario: our pod with this speculative decoding against our pod without it "
+        "(instead of against vllm serve)",
+    )
     routing = parser.add_argument_group("routing scenario")
     routing.add_argument(
         "--backend",
@@ -202,6 +209,7 @@ def plan_from_args(args: argparse.Namespace) -> EngineBenchPlan:
         max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else defaults.max_tokens),
         warmup_requests=warmup,
         model_path=args.model_path,
+        speculative=args.speculative,
     )
 
 

@@ -39,3 +39,27 @@ def test_quick_engine_bench() -> None:
     assert set(report["ratios"]["c2"]) == {"output_tok_s", "ttft_p50_s", "ttft_p90_s", "itl_p50_s"}
     assert all(value is not None for value in report["ratios"]["c2"].values())
     assert isinstance(report["targets_met"]["c2"], bool)
+
+
+@pytest.mark.timeout(450)
+def test_quick_engine_bench_measures_speculation_on_against_off() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    llmmesh = Path(sys.executable).parent / "llmmesh"
+    done = subprocess.run(
+        [str(llmmesh), "bench", "engine", "--json", "--quick", "--speculative", "ngram"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(report["results"]) == {"llmmesh-spec/c2", "llmmesh/c2"}
+    for metrics in report["results"].values():
+        assert metrics["errors"] == 0
+        assert metrics["output_tokens"] == 4 * 16
+    assert all(value is not None for value in report["ratios"]["c2"].values())
+    spec = report["extra"]["spec_decode"]
+    assert spec["method"] == "ngram"
+    assert spec["accepted_tokens"] <= spec["draft_tokens"]
