@@ -128,6 +128,22 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class KvTransferSpec:
+    """A prompt's KV cache computed by a prefill pod, for a decode pod to take
+    (disaggregated serving; the proto's ``KvTransfer``). ``cached_prompt_tokens``
+    are the prefill pod's own prefix-cache hits, what the turn is billed as
+    cached; ``params_json`` is an engine's own transfer parameters (vLLM's
+    ``kv_transfer_params``), empty for the simulator."""
+
+    source_pod_id: str
+    source_request_id: str
+    prompt_tokens: int
+    blocks: int
+    cached_prompt_tokens: int = 0
+    params_json: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation. ``resume_output_token_ids`` are output tokens produced
     elsewhere (a continuation after failover): they extend the prompt, count
@@ -138,6 +154,11 @@ class GenerationRequest:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     priority: int = 0
     resume_output_token_ids: tuple[int, ...] = ()
+    # Disaggregated serving: compute the context's KV cache and finish with
+    # a handle (GenerationFinished.kv_transfer), producing no output...
+    prefill_only: bool = False
+    # ...or take the context's KV cache from the prefill pod, then decode.
+    kv_transfer: KvTransferSpec | None = None
 
     @property
     def context_token_ids(self) -> tuple[int, ...]:
@@ -215,6 +236,8 @@ class GenerationFinished:
     output_tokens: int
     cached_prompt_tokens: int
     matched_stop: str = ""
+    # Set when a prefill_only generation finished.
+    kv_transfer: KvTransferSpec | None = None
 
 
 GenerationEvent = GenerationStarted | GeneratedTokens | GenerationFinished
@@ -233,6 +256,8 @@ class EngineInfo:
     max_num_seqs: int
     kv_blocks_total: int
     vocab_size: int
+    # Disaggregated serving: "both", "prefill" or "decode".
+    role: str = "both"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from engine.backend import (
     GenerationFinished,
     GenerationStarted,
     HealthState,
+    KvTransferSpec,
     LoadSnapshot,
     ResponseFormatSpec,
     ResponseFormatType,
@@ -174,6 +175,36 @@ def finished(request_id: str, event: GenerationFinished) -> pb.GenerateFinished:
             cached_input_tokens=event.cached_prompt_tokens,
         ),
         matched_stop=event.matched_stop,
+        kv_transfer=kv_transfer_message(event.kv_transfer) if event.kv_transfer else None,
+    )
+
+
+POD_ROLES = {
+    "both": pb.POD_ROLE_BOTH,
+    "prefill": pb.POD_ROLE_PREFILL,
+    "decode": pb.POD_ROLE_DECODE,
+}
+
+
+def kv_transfer_message(spec: KvTransferSpec) -> pb.KvTransfer:
+    return pb.KvTransfer(
+        source_pod_id=spec.source_pod_id,
+        source_request_id=spec.source_request_id,
+        prompt_tokens=spec.prompt_tokens,
+        blocks=spec.blocks,
+        cached_prompt_tokens=spec.cached_prompt_tokens,
+        params_json=spec.params_json,
+    )
+
+
+def kv_transfer_spec(message: pb.KvTransfer) -> KvTransferSpec:
+    return KvTransferSpec(
+        source_pod_id=message.source_pod_id,
+        source_request_id=message.source_request_id,
+        prompt_tokens=message.prompt_tokens,
+        blocks=message.blocks,
+        cached_prompt_tokens=message.cached_prompt_tokens,
+        params_json=message.params_json,
     )
 
 
@@ -187,6 +218,7 @@ def engine_info_response(info: EngineInfo) -> pb.GetEngineInfoResponse:
         block_size=info.block_size,
         max_num_seqs=info.max_num_seqs,
         kv_blocks_total=info.kv_blocks_total,
+        role=POD_ROLES[info.role],
     )
 
 

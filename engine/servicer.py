@@ -151,6 +151,10 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             sampling=messages.sampling_options(start.sampling),
             priority=start.priority,
             resume_output_token_ids=tuple(start.resume_output_token_ids),
+            prefill_only=start.prefill_only,
+            kv_transfer=messages.kv_transfer_spec(start.kv_transfer)
+            if start.HasField("kv_transfer")
+            else None,
         )
         validate_generation(request, info)
         return request

@@ -135,6 +135,12 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     sim_prefill_per_token_s: float = setting(0.00012, "simulator: cost of each prompt token computed, s")
     sim_inter_token_s: float = setting(0.005, "simulator: decode step time with an empty batch, seconds")
     sim_batch_load_factor: float = setting(1.1, "simulator: step slowdown at a full batch (1.0 doubles it)")
+    sim_kv_transfer_overhead_s: float = setting(
+        0.001, "simulator, disaggregated serving: fixed cost of taking a prompt's KV cache, seconds"
+    )
+    sim_kv_transfer_per_block_s: float = setting(
+        0.0001, "simulator, disaggregated serving: cost of each KV block transferred, seconds"
+    )
     sim_error_rate: float = setting(
         0.0,
         "simulator fault: share of generations that fail mid-stream with UNAVAILABLE "
@@ -181,6 +187,8 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
             "sim_prefill_per_token_s",
             "sim_inter_token_s",
             "sim_batch_load_factor",
+            "sim_kv_transfer_overhead_s",
+            "sim_kv_transfer_per_block_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

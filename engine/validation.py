@@ -80,6 +80,7 @@ def validate_generation(request: GenerationRequest, info: EngineInfo) -> None:
                 f"token id {outside[0]} is outside the vocabulary of {info.vocab_size}",
                 param,
             )
+    _validate_disaggregation(request, info)
     sampling = request.sampling
     if sampling.max_tokens is not None and sampling.max_tokens <= 0:
         raise _invalid(
@@ -193,3 +194,30 @@ def _json_object(text: str, param: str, what: str) -> None:
         raise _invalid(Reason.INVALID_SAMPLING, f"{what} is not valid JSON: {exc}", param) from exc
     if not isinstance(value, dict):
         raise _invalid(Reason.INVALID_SAMPLING, f"{what} must be a JSON object", param)
+
+
+def _validate_disaggregation(request: GenerationRequest, info: EngineInfo) -> None:
+    """A prefill phase goes to a pod that prefills, a decode phase with a
+    handle that covers exactly its context."""
+    if request.prefill_only and request.kv_transfer is not None:
+        raise _invalid(Reason.INVALID_REQUEST, "set prefill_only or kv_transfer, not both", "kv_transfer")
+    if request.prefill_only and info.role == "decode":
+        raise _invalid(
+            Reason.INVALID_REQUEST,
+            f"pod {info.pod_id} is a decode pod; it takes no prefill phase",
+            "prefill_only",
+        )
+    if request.kv_transfer is not None:
+        if info.role == "prefill":
+            raise _invalid(
+                Reason.INVALID_REQUEST,
+                f"pod {info.pod_id} is a prefill pod; it takes no decode phase",
+                "kv_transfer",
+            )
+        if request.kv_transfer.prompt_tokens != len(request.context_token_ids):
+            raise _invalid(
+                Reason.INVALID_REQUEST,
+                f"the KV transfer covers {request.kv_transfer.prompt_tokens} tokens; the context has "
+                f"{len(request.context_token_ids)}",
+                "kv_transfer",
+            )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import itertools
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -22,6 +24,13 @@ from engine.backend import (
 from engine.gpu import NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
+from engine.sim.disaggregation import (
+    KvTransferModel,
+    billed_as_transferred,
+    prefill_events,
+    prefill_request,
+    receive,
+)
 from engine.sim.faults import CrashCallback, FaultPlan
 from engine.sim.kv_blocks import KvBlockPool
 from engine.sim.sampler import DeterministicSampler
@@ -77,6 +86,10 @@ class SimBackend(EngineBackend):
             max_num_seqs=settings.max_num_seqs,
             kv_blocks_total=settings.kv_blocks,
             vocab_size=self.tokenizer.vocab_size,
+            role=settings.pod_role,
+        )
+        self.transfers = KvTransferModel(
+            settings.sim_kv_transfer_overhead_s, settings.sim_kv_transfer_per_block_s
         )
 
     async def start(self) -> None:
@@ -90,6 +103,29 @@ class SimBackend(EngineBackend):
         self._gpu.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """A generation, or a disaggregated phase of one
+        (:mod:`engine.sim.disaggregation`)."""
+        if request.prefill_only:
+            async with contextlib.aclosing(self._generate(prefill_request(request))) as events:
+                async for event in prefill_events(events, request, self._info.pod_id, self.pool):
+                    yield event
+            return
+        spec = request.kv_transfer
+        if spec is not None:
+            self._require_running()
+            await receive(self.transfers, self.pool, request)
+            request = dataclasses.replace(request, kv_transfer=None)
+        async with contextlib.aclosing(self._generate(request)) as events:
+            async for event in events:
+                yield event if spec is None else billed_as_transferred(event, spec)
+
+    def _require_running(self) -> None:
+        if self._task is None or self._task.done():
+            raise Unavailable(
+                Reason.ENGINE_UNAVAILABLE, "the simulated engine is not running", retry_after_s=1.0
+            )
+
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         if self._task is None or self._task.done():
             raise Unavailable(
                 Reason.ENGINE_UNAVAILABLE, "the simulated engine is not running", retry_after_s=1.0

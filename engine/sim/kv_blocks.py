@@ -147,6 +147,26 @@ class KvBlockPool:
         self._cache_full_blocks(allocation, token_ids[:scheduled_tokens])
         return allocation
 
+    def receive(self, token_ids: Sequence[int]) -> int:
+        """Hold the full blocks of ``token_ids`` in the prefix cache as if
+        computed here: KV blocks a prefill pod transferred (disaggregated
+        serving). They are announced like any stored block and left
+        evictable for the generation that follows to hit. Returns the
+        blocks held; 0 when the pool has no room now (the generation then
+        computes its prompt itself). Prefix-cache statistics are untouched:
+        receiving is not a lookup."""
+        full = len(token_ids) // self.block_size * self.block_size
+        if full == 0:
+            return 0
+        queries, hits = self.query_tokens, self.hit_tokens
+        allocation = self.allocate(token_ids[:full], full)
+        self.query_tokens, self.hit_tokens = queries, hits
+        if allocation is None:
+            return 0
+        held = len(allocation.hashes)
+        self.free(allocation)
+        return held
+
     def grow(self, allocation: KvAllocation, token_ids: Sequence[int], num_tokens: int) -> bool:
         """Make ``allocation`` hold the first ``num_tokens`` of ``token_ids``
         (the tokens computed by the end of the step being scheduled), taking

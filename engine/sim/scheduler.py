@@ -48,8 +48,9 @@ Parameters (:class:`engine.settings.EngineSettings`), defaults and origin:
 
 Still simplified, against vLLM: step time ignores CUDA graphs and padding to
 captured batch sizes and does not grow with context length; no speculative
-decoding, ``long_prefill_token_threshold``, partial-prefill limits, KV
-offloading or disaggregated prefill; only the priority policy (vLLM's
+decoding, ``long_prefill_token_threshold``, partial-prefill limits or KV
+offloading (disaggregated prefill is modelled around the scheduler, in
+:mod:`engine.sim.disaggregation`); only the priority policy (vLLM's
 default FCFS preempts the latest admitted instead); one engine core; block
 hashes are the simulator's own chained SHA-256, not vLLM's; the simulated
 clock advances only while steps run, so idle time is not part of latencies.

@@ -144,6 +144,7 @@ class VllmBackend(EngineBackend):
             max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
             kv_blocks_total=vllm_config.cache_config.num_gpu_blocks or 0,
             vocab_size=vllm_config.model_config.get_vocab_size(),
+            role=self._settings.pod_role,
         )
         log.info(
             "vLLM %s serving %s: %d KV blocks of %d tokens",
@@ -236,6 +237,7 @@ class VllmBackend(EngineBackend):
         """vLLM's parameters for ``request`` and the stream that reads its
         output; raises ``InvalidArgument`` for what this engine cannot do."""
         sampling = request.sampling
+        features.refuse_disaggregation(request)
         if self.config.speculating:
             continued = bool(request.resume_output_token_ids)
             features.refuse_when_speculating(sampling, guided_param(sampling), continued)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, get_args
 
-from engine.backend import SamplingOptions
+from engine.backend import GenerationRequest, SamplingOptions
 from engine.settings import EngineSettings
 from llmmesh.errors import InvalidArgument, Reason
 
@@ -152,3 +152,21 @@ def refuse_when_speculating(sampling: SamplingOptions, guided_param: str | None,
 
 def _refuse(message: str, param: str) -> InvalidArgument:
     return InvalidArgument(Reason.INVALID_SAMPLING, message, metadata={"param": param})
+
+
+def refuse_disaggregation(request: GenerationRequest) -> None:
+    """The vLLM pods serve whole turns only: their KV connector is written
+    for GPUs (:func:`kv_transfer_config`) but the prefill and decode phases
+    are not wired to vLLM's ``kv_transfer_params`` yet, so a phase is
+    refused rather than run as a whole turn."""
+    for param, asked in (
+        ("prefill_only", request.prefill_only),
+        ("kv_transfer", request.kv_transfer is not None),
+    ):
+        if asked:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                "vLLM pods do not take disaggregated prefill or decode phases; serve them with the simulator "
+                "or send whole turns",
+                metadata={"param": param},
+            )

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from llmmesh.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +20,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _PodRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PodRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PodRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    POD_ROLE_UNSPECIFIED: _PodRole.ValueType  # 0
+    """Not stated: a pod that serves whole turns."""
+    POD_ROLE_BOTH: _PodRole.ValueType  # 1
+    """Serves whole turns: prefill and decode."""
+    POD_ROLE_PREFILL: _PodRole.ValueType  # 2
+    """Computes prompts' KV caches for decode pods."""
+    POD_ROLE_DECODE: _PodRole.ValueType  # 3
+    """Decodes from KV caches that prefill pods computed (and can serve a
+    whole turn itself when no prefill pod is available).
+    """
+
+class PodRole(_PodRole, metaclass=_PodRoleEnumTypeWrapper):
+    """A pod's part in disaggregated serving."""
+
+POD_ROLE_UNSPECIFIED: PodRole.ValueType  # 0
+"""Not stated: a pod that serves whole turns."""
+POD_ROLE_BOTH: PodRole.ValueType  # 1
+"""Serves whole turns: prefill and decode."""
+POD_ROLE_PREFILL: PodRole.ValueType  # 2
+"""Computes prompts' KV caches for decode pods."""
+POD_ROLE_DECODE: PodRole.ValueType  # 3
+"""Decodes from KV caches that prefill pods computed (and can serve a
+whole turn itself when no prefill pod is available).
+"""
+Global___PodRole: _TypeAlias = PodRole  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -176,12 +209,18 @@ class GenerateStart(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     RESUME_OUTPUT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    PREFILL_ONLY_FIELD_NUMBER: _builtins.int
+    KV_TRANSFER_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique id of the generation; used to abort it and to key its events."""
     model: _builtins.str
     """The model to run; empty means the pod's model."""
     priority: _builtins.int
     """Scheduling priority; lower values run first (vLLM's convention)."""
+    prefill_only: _builtins.bool
+    """Disaggregated serving, prefill phase: compute the prompt's KV cache,
+    produce no output and finish with a kv_transfer handle for a decode pod.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The prompt as token ids. Either this or messages is set."""
@@ -205,6 +244,12 @@ class GenerateStart(_message.Message):
     def trace_context(self) -> _common_pb2.TraceContext:
         """The trace the generation belongs to (the region's span for the turn)."""
 
+    @_builtins.property
+    def kv_transfer(self) -> Global___KvTransfer:
+        """Disaggregated serving, decode phase: the prompt's KV cache was computed
+        by the prefill pod this handle names; take it from there, then decode.
+        """
+
     def __init__(
         self,
         *,
@@ -216,14 +261,62 @@ class GenerateStart(_message.Message):
         priority: _builtins.int = ...,
         resume_output_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         trace_context: _common_pb2.TraceContext | None = ...,
+        prefill_only: _builtins.bool = ...,
+        kv_transfer: Global___KvTransfer | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_transfer", b"kv_transfer", "sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_output_token_ids", b"resume_output_token_ids", "sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_transfer", b"kv_transfer", "messages", b"messages", "model", b"model", "prefill_only", b"prefill_only", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume_output_token_ids", b"resume_output_token_ids", "sampling", b"sampling", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateStart: _TypeAlias = GenerateStart  # noqa: Y015
+
+@_typing.final
+class KvTransfer(_message.Message):
+    """Where a prompt's KV cache computed by a prefill pod can be taken from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_POD_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    PARAMS_JSON_FIELD_NUMBER: _builtins.int
+    source_pod_id: _builtins.str
+    """The prefill pod that holds the KV cache."""
+    source_request_id: _builtins.str
+    """The prefill generation's request id."""
+    prompt_tokens: _builtins.int
+    """Prompt tokens whose KV cache the handle covers."""
+    blocks: _builtins.int
+    """KV-cache blocks the transfer moves."""
+    cached_prompt_tokens: _builtins.int
+    """Prompt tokens the prefill pod found in its own prefix cache (what the
+    turn is billed as cached; transferred tokens are not cache hits).
+    """
+    params_json: _builtins.str
+    """The engine's own transfer parameters as JSON (vLLM's
+    kv_transfer_params for its KV connector); empty for the simulator.
+    """
+    def __init__(
+        self,
+        *,
+        source_pod_id: _builtins.str = ...,
+        source_request_id: _builtins.str = ...,
+        prompt_tokens: _builtins.int = ...,
+        blocks: _builtins.int = ...,
+        cached_prompt_tokens: _builtins.int = ...,
+        params_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cached_prompt_tokens", b"cached_prompt_tokens", "params_json", b"params_json", "prompt_tokens", b"prompt_tokens", "source_pod_id", b"source_pod_id", "source_request_id", b"source_request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvTransfer: _TypeAlias = KvTransfer  # noqa: Y015
 
 @_typing.final
 class GenerateCancel(_message.Message):
@@ -426,6 +519,7 @@ class GenerateFinished(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     MATCHED_STOP_FIELD_NUMBER: _builtins.int
+    KV_TRANSFER_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The generation's id."""
     reason: _common_pb2.FinishReason.ValueType
@@ -436,6 +530,12 @@ class GenerateFinished(_message.Message):
     def usage(self) -> _common_pb2.TokenUsage:
         """Tokens processed and produced by this pod for this generation."""
 
+    @_builtins.property
+    def kv_transfer(self) -> Global___KvTransfer:
+        """Set when a prefill_only generation finished: the handle a decode pod
+        takes the prompt's KV cache with.
+        """
+
     def __init__(
         self,
         *,
@@ -443,10 +543,11 @@ class GenerateFinished(_message.Message):
         reason: _common_pb2.FinishReason.ValueType = ...,
         usage: _common_pb2.TokenUsage | None = ...,
         matched_stop: _builtins.str = ...,
+        kv_transfer: Global___KvTransfer | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_transfer", b"kv_transfer", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched_stop", b"matched_stop", "reason", b"reason", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_transfer", b"kv_transfer", "matched_stop", b"matched_stop", "reason", b"reason", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -734,6 +835,7 @@ class GetEngineInfoResponse(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     MAX_NUM_SEQS_FIELD_NUMBER: _builtins.int
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     """Stable name of the pod."""
     instance_id: _builtins.str
@@ -752,6 +854,8 @@ class GetEngineInfoResponse(_message.Message):
     """Most generations running at once."""
     kv_blocks_total: _builtins.int
     """KV-cache blocks in all."""
+    role: Global___PodRole.ValueType
+    """The pod's part in disaggregated serving."""
     def __init__(
         self,
         *,
@@ -763,10 +867,11 @@ class GetEngineInfoResponse(_message.Message):
         block_size: _builtins.int = ...,
         max_num_seqs: _builtins.int = ...,
         kv_blocks_total: _builtins.int = ...,
+        role: Global___PodRole.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "context_window", b"context_window", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "max_num_seqs", b"max_num_seqs", "model", b"model", "pod_id", b"pod_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "context_window", b"context_window", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "max_num_seqs", b"max_num_seqs", "model", b"model", "pod_id", b"pod_id", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
