@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -28,6 +29,7 @@ from edge.mesh_client import MeshClient
 from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
+from edge.request_span import RequestSpanMiddleware
 from edge.retrieval_calls import RetrievalCalls
 from edge.settings import EdgeSettings
 from edge.stream_routes import StreamRoutes
@@ -132,6 +134,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             HTTPException: on_http_error,
             Exception: on_unexpected,
         },
+        middleware=[Middleware(RequestSpanMiddleware)],
         lifespan=lifespan,
     )
 

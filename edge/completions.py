@@ -31,8 +31,10 @@ from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
 from edge.stream_log import StreamInfo
 from edge.streams import StreamHub, build_stream_log
+from edge.turn_spans import TurnSpans
 from edge.turns import open_turn
 from llmmesh import apikeys
+from llmmesh.json_logs import bind_request_id
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2
 
@@ -116,18 +118,26 @@ class CompletionsHandler:
         if not start.request_id:
             start.request_id = "chatcmpl-" + secrets.token_hex(12)
         completion_id = start.request_id
-        opened = await open_turn(
-            self._mesh,
-            principal,
-            start,
-            model,
-            self._settings.first_event_timeout_ms / 1000,
-            prefer_region=prefer_region,
-        )
+        bind_request_id(completion_id)
+        spans = TurnSpans(model, completion_id)
+        try:
+            with spans.current():
+                opened = await open_turn(
+                    self._mesh,
+                    principal,
+                    start,
+                    model,
+                    self._settings.first_event_timeout_ms / 1000,
+                    prefer_region=prefer_region,
+                )
+        except BaseException as err:
+            spans.fail(err)
+            raise
+        spans.opened(opened.started)
         if opened.started.model:
             # The model the region chose; a continuation elsewhere goes on with it.
             model = start.model = opened.started.model
-        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover)
+        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover, spans)
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
         headers.update(ratelimit_headers(turn.started))
         headers.update(route_headers(turn.started))

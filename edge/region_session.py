@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeAlias
 
+from llmmesh import tracing
 from llmmesh.errors import Reason, Unavailable
 from llmmesh.session_client import SessionClient, SessionRequest, ends_its_request
 from llmmesh.v1 import chat_service_pb2 as pb
@@ -45,4 +46,8 @@ def region_session(stub: pb_grpc.ChatServiceStub, address: str) -> RegionSession
 
 
 def start_message(start: pb.ChatStart, api_key: str) -> pb.ChatSessionRequest:
-    return pb.ChatSessionRequest(start=pb.SessionTurnStart(start=start, api_key=api_key))
+    """The session message that starts ``start``, in the current span's trace."""
+    trace_context = tracing.trace_context_message()
+    return pb.ChatSessionRequest(
+        start=pb.SessionTurnStart(start=start, api_key=api_key, trace_context=trace_context)
+    )

@@ -21,7 +21,12 @@ import asyncio
 import contextlib
 import logging
 
+from opentelemetry.trace import SpanKind
+
+from llmmesh import tracing
 from llmmesh.errors import Internal, MeshError, Reason, Unavailable
+from llmmesh.genai_spans import ChatSpan, chat_attributes
+from llmmesh.json_logs import bind_request_id
 from llmmesh.session_server import SessionServer
 from llmmesh.v1 import chat_service_pb2 as pb
 from region import metrics as region_metrics
@@ -98,10 +103,19 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
 
     async def run(self, request_id: str, start: pb.SessionTurnStart) -> None:
         cancel = self._cancels.setdefault(request_id, asyncio.Event())
+        bind_request_id(request_id)
+        parent = tracing.context_of_message(start.trace_context) if tracing.enabled() else None
+        attributes = chat_attributes(start.start.model, plane="region", request_id=request_id)
         try:
-            events = self._gateway.run_turn(start.start, start.api_key or None, cancel)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    self.outbox.put(pb.TurnEvent(request_id=request_id, response=event))
+            with tracing.span(
+                f"chat {start.start.model}", kind=SpanKind.SERVER, parent=parent, attributes=attributes
+            ) as span:
+                recorder = ChatSpan(span)
+                tracing.remember(request_id, span)
+                events = self._gateway.run_turn(start.start, start.api_key or None, cancel)
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        recorder.observe(event)
+                        self.outbox.put(pb.TurnEvent(request_id=request_id, response=event))
         finally:
             del self._cancels[request_id]

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
+from llmmesh import tracing
 from llmmesh.tasks import cancel_and_wait, wait_event
 from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 from region import metrics as region_metrics
@@ -167,9 +168,13 @@ class UsageShipper:
         """None when billing took every record; otherwise the failure's code."""
         records = [billing_service_pb2.UsageRecord.FromString(row.usage) for row in rows]
         try:
-            await self._billing.RecordUsage(
-                billing_service_pb2.RecordUsageRequest(records=records), timeout=self._rpc_timeout_s
-            )
+            # A trace of its own, linked to the turns it bills: a shipment carries many.
+            links = tracing.links_to_requests([row.request_id for row in rows]) if tracing.enabled() else []
+            attributes: dict[str, str | int] = {"llmmesh.plane": "region", "llmmesh.usage.records": len(rows)}
+            with tracing.span("usage ship", links=links, attributes=attributes):
+                await self._billing.RecordUsage(
+                    billing_service_pb2.RecordUsageRequest(records=records), timeout=self._rpc_timeout_s
+                )
         except grpc.aio.AioRpcError as err:
             code: grpc.StatusCode = err.code()
             log.warning("usage shipment of %d records failed: %s %s", len(rows), code.name, err.details())

@@ -80,6 +80,7 @@ class SessionTurnStart(_message.Message):
 
     START_FIELD_NUMBER: _builtins.int
     API_KEY_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     api_key: _builtins.str
     """The caller's API key, as Chat takes it from `authorization: Bearer`."""
     @_builtins.property
@@ -88,15 +89,20 @@ class SessionTurnStart(_message.Message):
         turn runs, and names the turn's events.
         """
 
+    @_builtins.property
+    def trace_context(self) -> _common_pb2.TraceContext:
+        """The trace the turn belongs to (the edge's span for this region's part of it)."""
+
     def __init__(
         self,
         *,
         start: Global___ChatStart | None = ...,
         api_key: _builtins.str = ...,
+        trace_context: _common_pb2.TraceContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start", "trace_context", b"trace_context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "start", b"start", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
