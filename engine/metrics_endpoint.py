@@ -1,28 +1,9 @@
-"""The pod's ``/metrics`` endpoint: its backend's Prometheus registry over
-HTTP, on a thread of its own so a busy event loop never delays a scrape."""
+"""The pod's ``/metrics`` endpoint: its backend's Prometheus registry (vLLM's
+metric names) over HTTP, in the text format, on a thread of its own; the
+mesh's one endpoint (:mod:`llmmesh.metrics_http`)."""
 
 from __future__ import annotations
 
-import threading
-from wsgiref.simple_server import WSGIServer
+from llmmesh.metrics_http import MetricsEndpoint
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-
-class MetricsEndpoint:
-    """Serves ``registry`` on ``host:port`` (0 picks a free port) until :meth:`stop`."""
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._server: WSGIServer
-        self._thread: threading.Thread
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-        self.address = f"{host}:{self._server.server_port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+__all__ = ["MetricsEndpoint"]
