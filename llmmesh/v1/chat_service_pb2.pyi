@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from llmmesh.v1 import common_pb2 as _common_pb2
+from llmmesh.v1 import retrieval_service_pb2 as _retrieval_service_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -236,6 +237,7 @@ class ChatStart(_message.Message):
     PARENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     EDIT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     REGENERATE_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    RETRIEVAL_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Unique id of the turn, chosen by the caller; the idempotency key of its
     usage record. Empty: the region picks one.
@@ -272,6 +274,10 @@ class ChatStart(_message.Message):
     def continuation(self) -> Global___Continuation:
         """Set when this turn continues one that broke in another region."""
 
+    @_builtins.property
+    def retrieval(self) -> _retrieval_service_pb2.ChatRetrieval:
+        """Chunks of the tenant's vector stores to put in the context; unset for none."""
+
     def __init__(
         self,
         *,
@@ -285,10 +291,11 @@ class ChatStart(_message.Message):
         parent_message_id: _builtins.str = ...,
         edit_message_id: _builtins.str = ...,
         regenerate_message_id: _builtins.str = ...,
+        retrieval: _retrieval_service_pb2.ChatRetrieval | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "edit_message_id", b"edit_message_id", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "edit_message_id", b"edit_message_id", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "retrieval", b"retrieval", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "conversation_id", b"conversation_id", "edit_message_id", b"edit_message_id", "messages", b"messages", "model", b"model", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "request_id", b"request_id", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch_point", b"branch_point", "continuation", b"continuation", "conversation_id", b"conversation_id", "edit_message_id", b"edit_message_id", "messages", b"messages", "model", b"model", "parent_message_id", b"parent_message_id", "regenerate_message_id", b"regenerate_message_id", "request_id", b"request_id", "retrieval", b"retrieval", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_branch_point: _TypeAlias = _typing.Literal["parent_message_id", "edit_message_id", "regenerate_message_id"]  # noqa: Y015
     _WhichOneofArgType_branch_point: _TypeAlias = _typing.Literal["branch_point", b"branch_point"]  # noqa: Y015
@@ -445,6 +452,7 @@ class ChatStarted(_message.Message):
     PARENT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     ROUTE_FIELD_NUMBER: _builtins.int
+    RETRIEVAL_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's id."""
     region: _builtins.str
@@ -479,6 +487,10 @@ class ChatStarted(_message.Message):
         fallback from an overloaded or down model of the zone.
         """
 
+    @_builtins.property
+    def retrieval(self) -> _retrieval_service_pb2.ChatRetrievalReport:
+        """What retrieval put in the context, when the turn asked for it."""
+
     def __init__(
         self,
         *,
@@ -493,10 +505,11 @@ class ChatStarted(_message.Message):
         parent_message_id: _builtins.str = ...,
         context: Global___ContextReport | None = ...,
         route: Global___RouteDecision | None = ...,
+        retrieval: _retrieval_service_pb2.ChatRetrievalReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "create_time", b"create_time", "rate_limit", b"rate_limit", "route", b"route"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "create_time", b"create_time", "rate_limit", b"rate_limit", "retrieval", b"retrieval", "route", b"route"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "parent_message_id", b"parent_message_id", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "route", b"route", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "conversation_id", b"conversation_id", "create_time", b"create_time", "model", b"model", "parent_message_id", b"parent_message_id", "pod_id", b"pod_id", "rate_limit", b"rate_limit", "region", b"region", "request_id", b"request_id", "retrieval", b"retrieval", "route", b"route", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1007,3 +1007,110 @@ class SearchVectorStoresResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SearchVectorStoresResponse: _TypeAlias = SearchVectorStoresResponse  # noqa: Y015
+
+@_typing.final
+class ChatRetrieval(_message.Message):
+    """Retrieval a chat turn asks for (the llmmesh_retrieval extension of chat
+    completions): the best chunks of these vector stores for the turn's last
+    user message go into its context.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_IDS_FIELD_NUMBER: _builtins.int
+    MAX_NUM_RESULTS_FIELD_NUMBER: _builtins.int
+    max_num_results: _builtins.int
+    """Chunks to put in the context; 0 for the region's default, at most 20."""
+    @_builtins.property
+    def vector_store_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tenant's vector stores to search, 1 to 10."""
+
+    def __init__(
+        self,
+        *,
+        vector_store_ids: _abc.Iterable[_builtins.str] | None = ...,
+        max_num_results: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_num_results", b"max_num_results", "vector_store_ids", b"vector_store_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatRetrieval: _TypeAlias = ChatRetrieval  # noqa: Y015
+
+@_typing.final
+class Citation(_message.Message):
+    """A chunk a turn's context held."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILE_ID_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    MARKER_FIELD_NUMBER: _builtins.int
+    file_id: _builtins.str
+    """The file it came from."""
+    filename: _builtins.str
+    """That file's name."""
+    vector_store_id: _builtins.str
+    """The vector store it was found in."""
+    chunk_index: _builtins.int
+    """Its position in the file, from 0."""
+    score: _builtins.float
+    """Its fused search score."""
+    marker: _builtins.str
+    """The marker the context gave it ("[1]", "[2]", ...), for the reply to cite."""
+    def __init__(
+        self,
+        *,
+        file_id: _builtins.str = ...,
+        filename: _builtins.str = ...,
+        vector_store_id: _builtins.str = ...,
+        chunk_index: _builtins.int = ...,
+        score: _builtins.float = ...,
+        marker: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_index", b"chunk_index", "file_id", b"file_id", "filename", b"filename", "marker", b"marker", "score", b"score", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Citation: _TypeAlias = Citation  # noqa: Y015
+
+@_typing.final
+class ChatRetrievalReport(_message.Message):
+    """What retrieval put in a turn's context."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CITATIONS_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    DEGRADED_REASON_FIELD_NUMBER: _builtins.int
+    degraded: _builtins.bool
+    """Retrieval failed (the zone's store or embedding pods were unreachable)
+    and the turn went on without it.
+    """
+    degraded_reason: _builtins.str
+    """Why, when degraded."""
+    @_builtins.property
+    def citations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Citation]:
+        """The chunks, in the order the context holds them."""
+
+    def __init__(
+        self,
+        *,
+        citations: _abc.Iterable[Global___Citation] | None = ...,
+        degraded: _builtins.bool = ...,
+        degraded_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["citations", b"citations", "degraded", b"degraded", "degraded_reason", b"degraded_reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatRetrievalReport: _TypeAlias = ChatRetrievalReport  # noqa: Y015
