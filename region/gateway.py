@@ -86,6 +86,7 @@ from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
+from region.lifecycle_retry import RecordRetries
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
@@ -99,7 +100,7 @@ from region.turn import PreparedTurn, Turn, TurnMeter
 from region.turn_history import input_texts
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
-from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnStart
+from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnRecord, TurnStart
 from region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,9 @@ class ChatGateway:
     """Authenticates, validates, admits, places and meters chat turns."""
 
     summaries: Summaries | None = None
+    record_retries: RecordRetries | None = None
+    """Retries turn records the zone store refused; set by the region's server
+    (None: such a record is only logged)."""
     """Keeps long conversations' summaries; set by the region's server (None:
     history that does not fit is cut, not summarised)."""
 
@@ -546,10 +550,13 @@ class ChatGateway:
         await cancel.wait()
         await generation.cancel("client cancelled")
 
-    async def drain(self) -> None:
-        """Wait for the turn records still being written."""
+    async def drain(self, retry_grace_s: float = 5.0) -> None:
+        """Wait for the turn records still being written, and up to
+        ``retry_grace_s`` for those being retried."""
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
+        if self.record_retries is not None:
+            await self.record_retries.drain(retry_grace_s)
 
     def _start_record(self, turn: Turn) -> asyncio.Task[str]:
         """Record the turn in its own task: a caller that goes away cancels
@@ -619,42 +626,57 @@ class ChatGateway:
             cost_usd=turn_cost(model, whole.input_tokens, whole.output_tokens),
             tool_calls=meter.reply_tool_calls(),
         )
-        try:
+        usage = encode(prepared.request_id, meter.input_tokens, meter.output_tokens)
+
+        async def write() -> TurnRecord:
             if prepared.continues is None:
-                record = await self._store.record_turn(
+                return await self._store.record_turn(
                     caller.tenant_id,
                     prepared.conversation_id,
                     prepared.request_id,
                     prepared.user_text,
                     assistant,
-                    encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
+                    usage,
                     tokens=meter.input_tokens + meter.output_tokens,
                     tool_results=prepared.tool_results,
                     parent_id=prepared.parent_id,
                 )
-            else:
-                record = await self._store.record_continuation(
-                    caller.tenant_id,
-                    prepared.conversation_id,
-                    prepared.request_id,
-                    prepared.user_text,
-                    ContinuedTurn(
-                        prepared.continues, meter.input_tokens, meter.carried_tokens, meter.carried_text
-                    ),
-                    assistant,
-                    meter.output_tokens,
-                    encode,
-                    prepared.tool_results,
-                    prepared.parent_id,
-                )
-        except Exception:
-            # The stream is over; all that is left is to say so loudly.
+            return await self._store.record_continuation(
+                caller.tenant_id,
+                prepared.conversation_id,
+                prepared.request_id,
+                prepared.user_text,
+                ContinuedTurn(
+                    prepared.continues, meter.input_tokens, meter.carried_tokens, meter.carried_text
+                ),
+                assistant,
+                meter.output_tokens,
+                encode,
+                prepared.tool_results,
+                prepared.parent_id,
+            )
+
+        try:
+            record = await write()
+        except MeshError:
+            # The store refused the record itself (a request id taken elsewhere): no retry can help.
             log.exception(
                 "turn %s (tenant %s, user %r): its usage could not be recorded",
                 prepared.request_id,
                 caller.tenant_id,
                 prepared.end_user,
             )
+            return ""
+        except Exception:
+            # The store failed: the tokens were delivered, so the record is kept and written when it can be.
+            log.exception(
+                "turn %s (tenant %s): writing its record failed; retrying",
+                prepared.request_id,
+                caller.tenant_id,
+            )
+            if self.record_retries is None:
+                return ""
+            self.record_retries.keep(prepared.request_id, write)
             return ""
         self._shipper.notify()
         # The end user, as OpenAI's `user` asks, for abuse tracking in the region's log.

@@ -113,6 +113,14 @@ class PolicyCache:
             raise Unauthenticated(Reason.API_KEY_INVALID, "invalid API key")
         return Caller(tenant=tenant, key_id=record.key_id)
 
+    def tenants(self) -> list[policy_service_pb2.Tenant]:
+        """The zone's tenants in the cached snapshot (none before the first)."""
+        return list(self._tenants.values())
+
+    def tenant(self, tenant_id: str) -> policy_service_pb2.Tenant | None:
+        """One tenant of the cached snapshot."""
+        return self._tenants.get(tenant_id)
+
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._refresh_s)

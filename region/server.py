@@ -47,6 +47,7 @@ from region.heartbeat import Heartbeater
 from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
+from region.lifecycle import RegionLifecycle, start_lifecycle
 from region.metrics_gauges import GAUGES, RegionReadings, serve_region_metrics
 from region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
 from region.policy_cache import PolicyCache
@@ -122,6 +123,7 @@ class RegionPlane:
     embedding_pods: EmbeddingPods | None = None
     retrieval: RetrievalGateway | None = None
     metrics: MetricsEndpoint | None = None
+    lifecycle: RegionLifecycle | None = None
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -165,6 +167,8 @@ class RegionPlane:
         await self.heartbeat.close()
         await self.policy.close()
         await self.models.close()
+        if self.lifecycle is not None:
+            await self.lifecycle.close()
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
@@ -332,6 +336,9 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         retrieval,
     )
     readings = RegionReadings(settings.region, queue, pool, loads, shipper.outbox)
+    plane.lifecycle = start_lifecycle(
+        settings, store, gateway, shipper, pool, models, policy, lambda: embedding_pods.models
+    )
     plane.metrics = serve_region_metrics(readings, settings.host, settings.metrics_port)
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)

@@ -65,6 +65,18 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
     safety_judge_model: str = setting(
         "", "model the judge backend asks; empty uses the turn's own model family's default"
     )
+    conversation_retention_days: int = setting(
+        30, "days a deleted conversation's content is kept before its purge unless its tenant sets them"
+    )
+    purge_interval_s: float = setting(3600.0, "seconds between sweeps that purge deleted conversations")
+    purge_batch: int = setting(100, "deleted conversations read per batch of a purge sweep")
+    summaries_enabled: bool = setting(
+        True, "summarise the oldest turns of a conversation too long for the window"
+    )
+    summary_model: str = setting(
+        "", "model that writes conversation summaries; empty: the smallest chat model"
+    )
+    summary_max_tokens: int = setting(256, "most tokens of a conversation summary")
     zone_store_url: str = setting(
         "",
         "SQLAlchemy URL of the zone's conversation store; empty means sqlite:///$LLMMESH_HOME/zone-ZONE.db",

@@ -1,0 +1,107 @@
+"""A region's housekeeping of conversations: turn records retried while the
+zone store is down, summaries of long branches, and the purge of deleted
+conversations after their retention.
+
+:func:`start_lifecycle` wires them into a running region's gateway and
+starts the purge's background sweep; :meth:`RegionLifecycle.close` stops
+them (the gateway's drain waits for the records still being retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from llmmesh.errors import MeshError, Reason, Unavailable
+from llmmesh.model_resolver import ModelResolver
+from llmmesh.tasks import cancel_and_wait
+from llmmesh.v1 import common_pb2
+from region.engine_complete import engine_completer
+from region.engine_pool import EnginePool
+from region.gateway import ChatGateway
+from region.lifecycle_purge import ConversationPurge, TenantPolicies
+from region.lifecycle_retry import RecordRetries
+from region.settings import RegionSettings
+from region.summaries import Summaries
+from region.usage_shipper import UsageShipper
+from region.zone_store.store import ZoneStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RegionLifecycle:
+    """The housekeeping a region runs: its purge sweep, and its summaries if enabled."""
+
+    purge: ConversationPurge
+    summaries: Summaries | None
+    interval_s: float
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._sweeps(), name="conversation-purge")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self.task)
+        if self.summaries is not None:
+            await self.summaries.close()
+
+    async def _sweeps(self) -> None:
+        # Runs until closed; each sweep is bounded by the purge's batches.
+        while True:
+            try:
+                await self.purge.sweep()
+            except Exception:
+                log.exception("the purge of deleted conversations failed; trying again next sweep")
+            await asyncio.sleep(self.interval_s)
+
+
+def start_lifecycle(
+    settings: RegionSettings,
+    store: ZoneStore,
+    gateway: ChatGateway,
+    shipper: UsageShipper,
+    pool: EnginePool,
+    models: ModelResolver,
+    policies: TenantPolicies,
+    embedding_models: Callable[[], Collection[str]] = tuple,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> RegionLifecycle:
+    """Give ``gateway`` its record retries and summaries, and start the purge sweep."""
+    gateway.record_retries = RecordRetries(on_recorded=shipper.notify)
+    summaries = None
+    if settings.summaries_enabled:
+
+        async def complete(model: str, turns: list[tuple[str, str]], max_tokens: int) -> str:
+            return await engine_completer(pool, model)(turns, max_tokens)
+
+        async def model() -> str:
+            return settings.summary_model or await smallest_chat_model(pool, models, embedding_models())
+
+        summaries = Summaries(store, complete, model, max_tokens=settings.summary_max_tokens, clock=clock)
+        gateway.summaries = summaries
+    purge = ConversationPurge(
+        store, policies, clock, default_days=settings.conversation_retention_days, batch=settings.purge_batch
+    )
+    lifecycle = RegionLifecycle(purge, summaries, settings.purge_interval_s)
+    lifecycle.start()
+    return lifecycle
+
+
+async def smallest_chat_model(pool: EnginePool, models: ModelResolver, embedding: Collection[str]) -> str:
+    """The region's chat model of the smallest size class (then window, then name)."""
+    found = []
+    for name in pool.models:
+        if name in embedding:
+            continue
+        try:
+            model = await models.resolve(name, common_pb2.TIER_ENTERPRISE)
+        except MeshError:
+            continue
+        found.append((model.tier, model.context_window, model.name))
+    if not found:
+        raise Unavailable(Reason.ENGINE_UNAVAILABLE, "no chat model in the region to summarise with")
+    return min(found)[2]

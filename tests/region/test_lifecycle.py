@@ -1,0 +1,202 @@
+"""Conversation lifecycle in a region: deleted conversations are purged after
+their tenant's retention (a manual clock; SQLite file and PostgreSQL), and a
+turn whose record the zone store refused for a moment is written once it
+is back, with one usage row (a running in-process mesh)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from llmmesh.grpcserver import open_channel
+from llmmesh.sqlstore import create_store_engine
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
+from region.lifecycle_purge import ConversationPurge
+from region.lifecycle_retry import RecordRetries
+from region.zone_store import AssistantMessage, ZoneStore
+from region.zone_store import schema as zs
+from tests.stack import DEV_KEY, running_stack
+
+pytestmark = pytest.mark.asyncio
+
+SHORT, DEFAULT = "tenant-short", "tenant-default"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2031, 5, 17, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Policies:
+    """Two tenants: one keeps deleted conversations 2 days, one the region's default."""
+
+    def __init__(self) -> None:
+        self._tenants = {
+            SHORT: policy_service_pb2.Tenant(id=SHORT, conversation_retention_days=2),
+            DEFAULT: policy_service_pb2.Tenant(id=DEFAULT),
+        }
+
+    def tenants(self) -> list[policy_service_pb2.Tenant]:
+        return list(self._tenants.values())
+
+    def tenant(self, tenant_id: str) -> policy_service_pb2.Tenant | None:
+        return self._tenants.get(tenant_id)
+
+
+@pytest.fixture(params=["file", pytest.param("postgresql", marks=pytest.mark.services)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return f"sqlite:///{tmp_path / 'eu.db'}"
+    found: str = request.getfixturevalue("postgres_schema_url")
+    return found
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(url: str, clock: Clock) -> Iterator[ZoneStore]:
+    opened = ZoneStore(create_store_engine(url), "eu", "eu-west", clock=clock)
+    opened.create_schema()
+    yield opened
+    opened.dispose()
+
+
+def rows(store: ZoneStore, table: sa.Table, conversation_id: str) -> int:
+    column = table.c.id if table is zs.conversations else table.c.conversation_id
+    with store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.count()).select_from(table).where(column == conversation_id)
+            ).scalar_one()
+        )
+
+
+async def conversation_with_a_turn(store: ZoneStore, tenant: str, rid: str) -> str:
+    conv = await store.create_conversation(tenant, "m")
+    reply = AssistantMessage("an answer", "m", "FINISH_REASON_STOP", 3, 2)
+    await store.record_turn(tenant, conv.id, rid, "a question", reply, b"usage", 5)
+    return conv.id
+
+
+async def test_deleted_conversations_are_purged_after_their_tenants_retention(
+    store: ZoneStore, clock: Clock
+) -> None:
+    purge = ConversationPurge(store, Policies(), clock, default_days=30, batch=2)
+    short = [await conversation_with_a_turn(store, SHORT, f"s{n}") for n in range(3)]
+    default = await conversation_with_a_turn(store, DEFAULT, "d0")
+    live = await conversation_with_a_turn(store, SHORT, "live")
+    for cid in short:
+        await store.soft_delete_conversation(SHORT, cid)
+    await store.soft_delete_conversation(DEFAULT, default)
+
+    clock.now += timedelta(days=1)
+    assert await purge.sweep() == 0
+    clock.now += timedelta(days=1, seconds=1)
+    # Three due in batches of two; the default tenant's is kept for 30 days.
+    assert await purge.sweep() == 3
+    for cid in short:
+        assert (rows(store, zs.conversations, cid), rows(store, zs.messages, cid)) == (0, 0)
+    assert rows(store, zs.messages, default) == 2 and rows(store, zs.messages, live) == 2
+    # Usage is not content: every turn's row stays for billing.
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(zs.usage_outbox)).scalar_one() == 5
+    clock.now += timedelta(days=28)
+    assert await purge.sweep() == 1
+    assert rows(store, zs.conversations, default) == 0
+    assert rows(store, zs.conversations, live) == 1
+    assert await purge.sweep() == 0
+
+
+async def test_a_record_the_store_refused_for_a_moment_is_written_once() -> None:
+    async with running_stack() as stack:
+        store = stack.region.store
+        assert stack.region.gateway.record_retries is not None
+        failures: list[str] = []
+
+        def hook(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:
+            # The store is down for the turn's first two writes of its record.
+            if "INSERT INTO usage_outbox" in statement and len(failures) < 2:
+                failures.append(statement)
+                raise sqlite3.OperationalError("disk I/O error")
+            return False
+
+        sa.event.listen(store.engine, "do_execute", hook)
+        try:
+            async with open_channel(stack.region.address) as channel:
+                chat = chat_service_pb2_grpc.ChatServiceStub(channel)
+                me = (("authorization", f"Bearer {DEV_KEY}"),)
+                conv = (
+                    await chat.CreateConversation(chat_service_pb2.CreateConversationRequest(), metadata=me)
+                ).conversation
+                call = chat.Chat(metadata=me)
+                start = chat_service_pb2.ChatStart(
+                    request_id="req-store-down",
+                    model="auto",
+                    conversation_id=conv.id,
+                    messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="Still there?")],
+                    sampling=common_pb2.SamplingParams(max_tokens=5),
+                )
+                await call.write(chat_service_pb2.ChatRequest(start=start))
+                await call.done_writing()
+                events = [event async for event in call]
+                # The stream ends normally; the message id is unknown while the record waits.
+                assert events[-1].HasField("finished") and events[-1].finished.message_id == ""
+                assert any(e.HasField("usage") for e in events)
+                for _ in range(100):
+                    listed = await chat.ListMessages(
+                        chat_service_pb2.ListMessagesRequest(conversation_id=conv.id), metadata=me
+                    )
+                    if listed.messages:
+                        break
+                    await asyncio.sleep(0.1)
+                assert [m.role for m in listed.messages] == [
+                    common_pb2.CHAT_ROLE_USER,
+                    common_pb2.CHAT_ROLE_ASSISTANT,
+                ]
+        finally:
+            sa.event.remove(store.engine, "do_execute", hook)
+        assert len(failures) == 2
+        with store.engine.connect() as conn:
+            query = (
+                sa.select(sa.func.count())
+                .select_from(zs.usage_outbox)
+                .where(zs.usage_outbox.c.request_id == "req-store-down")
+            )
+            assert conn.execute(query).scalar_one() == 1
+
+
+async def test_retries_stop_at_their_bound_and_a_drain_names_what_is_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    attempts: list[int] = []
+
+    async def down() -> None:
+        attempts.append(1)
+        raise OSError("store down")
+
+    retries = RecordRetries(first_delay_s=0.001, max_delay_s=0.002, max_attempts=3)
+    assert await retries.keep("turn-a", down) is False
+    assert len(attempts) == 3 and retries.pending == 0
+    never = asyncio.Event()
+
+    async def hangs() -> None:
+        await never.wait()
+
+    retries.keep("turn-b", hangs)
+    assert retries.pending == 1
+    await retries.drain(0.01)
+    assert retries.pending == 0
+    assert "turn-b" in caplog.text
