@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.bench.processes import free_port
 from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.identity import PlaneIdentity, Role
-from tests.deploy.helm_render import Manifest, merge, objects, render
+from tests.deploy.helm_render import Manifest, example_values, merge, objects, render
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +87,7 @@ def _started(
     """The container's command as a process, with its environment."""
     # Interfaces and ports a pod has to itself are shared on this machine.
     env = env | {"LLMMESH_HOST": "127.0.0.1", "LLMMESH_PORT": str(free_port())}
-    env |= {"LLMMESH_PROBE_PORT": str(free_port()), "LLMMESH_METRICS_PORT": str(free_port())}
+    env |= {name: str(free_port()) for name in ("LLMMESH_PROBE_PORT", "LLMMESH_METRICS_PORT") if name in env}
     # The image's environment (Dockerfile) under the container's own.
     full = {"PATH": os.environ["PATH"], "LLMMESH_HOME": str(home), "PYTHONHASHSEED": "0", **env}
     argv = [sys.executable, "-m", "llmmesh", *container["args"]]
@@ -141,3 +142,61 @@ def test_an_engine_pod_starts_answers_its_probe_and_drains(tmp_path: Path) -> No
         f"{POD_NAME}.llmmesh-engine-sim.llmmesh.svc.cluster.local:50061"
     )
     _serves_probes_and_drains(container, env, tmp_path)
+
+
+def test_a_region_release_s_region_and_edge_start_against_the_global_plane(tmp_path: Path) -> None:
+    """Region and edge of values-us.yaml, with the global plane of
+    values-global.yaml: the region registers (its engine pods, not running
+    here, count as down), its probe answers, and the edge serves HTTP."""
+    certs_dir = tmp_path / "certs"
+    planes = _containers(merge(example_values("values-us.yaml"), {"globalPlane": {"enabled": True}}))
+    global_env = _pod_environment(
+        planes["global"],
+        _certs(certs_dir, PlaneIdentity(Role.GLOBAL, "global")),
+        {"database-url": f"sqlite:///{tmp_path / 'global.db'}"},
+    )
+    zone = {"zone-store-url": f"sqlite:///{tmp_path / 'zone-us.db'}", "redis-url": ""}
+    region_env = _pod_environment(
+        planes["region"], _certs(certs_dir, PlaneIdentity(Role.REGION, "us-east", "us", "us-east")), zone
+    )
+    edge_env = _pod_environment(planes["edge"], _certs(certs_dir, PlaneIdentity(Role.EDGE, "edge")), zone)
+    assert region_env["LLMMESH_ENGINE_ADDRESSES"].count(",") == 8 + 4 - 1  # both pools' maxReplicas
+    with _started(planes["global"], global_env, tmp_path / "global") as (glob, glob_env):
+        _wait_serving(glob, int(glob_env["LLMMESH_PROBE_PORT"]))
+        # The cluster's Service name stands for the global plane's address.
+        address = f"127.0.0.1:{glob_env['LLMMESH_PORT']}"
+        region_env["LLMMESH_GLOBAL_ADDRESS"] = edge_env["LLMMESH_GLOBAL_ADDRESS"] = address
+        with _started(planes["region"], region_env, tmp_path / "region") as (region, used):
+            _wait_serving(region, int(used["LLMMESH_PROBE_PORT"]))
+            with _started(planes["edge"], edge_env, tmp_path / "edge") as (edge, edge_used):
+                base = f"http://127.0.0.1:{edge_used['LLMMESH_PORT']}"
+                _wait_http_ok(edge, f"{base}/readyz")
+                # The region registered with the global plane, in its zone.
+                assert _registered_zone(base, "us-east") == "us"
+                for process in (edge, region):
+                    process.send_signal(signal.SIGTERM)
+                    _, stderr = process.communicate(timeout=60)
+                    assert process.returncode == 0, stderr
+
+
+def _wait_http_ok(process: subprocess.Popen[str], url: str, attempts: int = 120) -> None:
+    for _ in range(attempts):
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never answered 200")
+
+
+def _registered_zone(edge_url: str, region: str, attempts: int = 60) -> str:
+    """The zone the global plane's directory lists ``region`` in, as the edge's health shows it."""
+    for _ in range(attempts):
+        regions = httpx.get(f"{edge_url}/healthz", timeout=10).json()["regions"]
+        if region in regions:
+            zone: str = regions[region]["zone"]
+            return zone
+        time.sleep(0.5)
+    raise AssertionError(f"{region} never appeared in the region directory")
