@@ -1,9 +1,10 @@
-"""The chart's pods, run as processes: the global plane and an engine pod
-start with exactly the environment the chart renders for them (only what a
-cluster provides is stood in for: loopback and free ports for the pod's
-interface and ports, temporary files for the mounted certificates), answer
-kubelet's gRPC probe in plaintext while serving mTLS, and drain to a clean
-exit on SIGTERM."""
+"""The chart's pods, run as processes: the global plane, an engine pod, and
+a region release's region and edge start with exactly the environment the
+chart renders for them (only what a cluster provides is stood in for:
+loopback and free ports for the pod's interface and ports, temporary files
+for the mounted certificates and stores, the global plane's address for its
+Service name), answer kubelet's gRPC probe in plaintext while serving mTLS,
+and drain to a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
