@@ -38,4 +38,5 @@ GLOBAL_ACCESS = {
     "Route": (Role.EDGE, Role.ADMIN),
     "Heartbeat": (Role.REGION,),
     "ListRegions": _READERS,
+    "RemoveRegion": _ADMIN,
 }

@@ -1,10 +1,21 @@
-"""``GeoRoutingService``: a thin gRPC face on :class:`RegionDirectory`."""
+"""``GeoRoutingService``: a thin gRPC face on :class:`RegionDirectory`.
+
+Heartbeats are also kept in the global store (when a :class:`RegionReportBook`
+is given) so that a restarted global plane routes at once; removing a
+region is an operator's call, audited.
+"""
 
 from __future__ import annotations
 
+import logging
+
+import sqlalchemy as sa
+
 from globalplane import metrics as global_metrics
+from globalplane.audit import AuditLog
 from globalplane.protoconv import health_from_proto, health_to_proto, timestamp
 from globalplane.region_directory import GeoPoint, RegionDirectory, RegionReport, RegionStatus
+from globalplane.region_reports import RegionReportBook
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
 from llmmesh.access import require_caller
@@ -13,6 +24,7 @@ from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 
 SERVICE_NAME = "llmmesh.v1.GeoRoutingService"
+log = logging.getLogger(__name__)
 
 
 def report_from_proto(report: gpb.RegionReport) -> RegionReport:
@@ -62,9 +74,17 @@ def status_to_proto(status: RegionStatus) -> gpb.RegionStatus:
 class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer):
     """Region heartbeats and zone-bound routing."""
 
-    def __init__(self, directory: RegionDirectory, tenants: TenantBook) -> None:
+    def __init__(
+        self,
+        directory: RegionDirectory,
+        tenants: TenantBook,
+        reports: RegionReportBook | None = None,
+        audit: AuditLog | None = None,
+    ) -> None:
         self._directory = directory
         self._tenants = tenants
+        self._reports = reports
+        self._audit = audit
 
     async def Route(self, request: gpb.RouteRequest, context: ServicerContext) -> gpb.RouteResponse:
         async with abort_on_mesh_error(context), global_metrics.routing_refusals():
@@ -90,7 +110,9 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
                 zone=report.zone,
                 region=report.region,
             )
-            self._directory.heartbeat(report_from_proto(report))
+            heard = report_from_proto(report)
+            self._directory.heartbeat(heard)
+            await self._keep(heard)
             return gpb.HeartbeatResponse(
                 interval_ms=self._directory.interval_ms,
                 missed_heartbeats_until_down=self._directory.missed_until_down,
@@ -104,3 +126,24 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
             return gpb.ListRegionsResponse(
                 regions=[status_to_proto(s) for s in page.items], next_page_token=page.next_page_token
             )
+
+    async def RemoveRegion(
+        self, request: gpb.RemoveRegionRequest, context: ServicerContext
+    ) -> gpb.RemoveRegionResponse:
+        async with abort_on_mesh_error(context):
+            removed = self._directory.remove(request.region)
+            if self._reports is not None:
+                await self._reports.delete(request.region)
+            if self._audit is not None:
+                await self._audit.record("RemoveRegion", request.region, request)
+            return gpb.RemoveRegionResponse(region=status_to_proto(removed))
+
+    async def _keep(self, report: RegionReport) -> None:
+        """Write the heartbeat to the store; a failed write costs only a restart's head start."""
+        status = self._directory.status(report.region)
+        if self._reports is None or status is None:
+            return
+        try:
+            await self._reports.save(report, status.last_heartbeat_time)
+        except sa.exc.SQLAlchemyError as err:
+            log.warning("region %s: heartbeat not kept in the store: %s", report.region, err)

@@ -1,20 +1,23 @@
 """The region directory: regions report in; requests are routed inside their zone only.
 
-Soft state rebuilt by heartbeats, so it lives in memory even in production.
+Soft state rebuilt by heartbeats, so it answers from memory even in
+production; the global plane also keeps each region's last heartbeat in
+its store (:mod:`globalplane.region_reports`) and a restarted one starts
+from those (:meth:`RegionDirectory.restore`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import IntEnum
 
 from globalplane.clock import Clock, utc_now
 from globalplane.paging import Page, paginate
 from globalplane.tiers import require_zone
-from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from llmmesh.ids import is_valid_name
 
 _EARTH_RADIUS_KM = 6371.0088
@@ -165,6 +168,49 @@ class RegionDirectory:
             self._resumed = now
         self._regions[report.region] = (report, now)
         self._last_heard = now
+
+    def restore(self, heartbeats: Iterable[tuple[RegionReport, datetime]]) -> None:
+        """Start from heartbeats kept before a restart (each report with its time).
+
+        The directory takes itself as having been deaf since the newest of
+        them: every region keeps its last reported health until heartbeats
+        arrive again, and then has a full ``down_after`` to report in, as
+        after any silence of the whole mesh. A region whose heartbeat was
+        already ``down_after`` older than the newest was DOWN before the
+        restart, and stays so until it reports again. Regions already known
+        keep what they said since.
+        """
+        kept = [(report, seen) for report, seen in heartbeats if report.region not in self._regions]
+        if not kept:
+            return
+        newest = max(seen for _, seen in kept)
+        for report, seen in kept:
+            if newest - seen >= self.down_after:
+                report = replace(report, health=RegionHealth.DOWN)
+            self._regions[report.region] = (report, seen)
+        if self._last_heard is None or newest > self._last_heard:
+            self._last_heard = newest
+
+    def remove(self, region: str) -> RegionStatus:
+        """Forget ``region`` (a region taken out of service for good); its last status.
+
+        NOT_FOUND ``REGION_NOT_FOUND`` for a region the directory does not
+        know. A region that is still running comes back with its next
+        heartbeat: stop it first.
+        """
+        if not is_valid_name(region):
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST, f"invalid region name {region!r}", metadata={"param": "region"}
+            )
+        status = self.status(region)
+        if status is None:
+            raise NotFound(
+                Reason.REGION_NOT_FOUND,
+                f"no region {region!r} in the directory",
+                metadata={"param": "region", "region": region},
+            )
+        del self._regions[region]
+        return status
 
     def status(self, region: str) -> RegionStatus | None:
         """The region's status, or ``None`` if it never reported."""

@@ -25,6 +25,8 @@ tenants = sa.Table(
     sa.Column("monthly_token_quota", sa.BigInteger, nullable=False),
     sa.Column("allowed_models", sa.JSON, nullable=False),
     sa.Column("create_time", UtcDateTime, nullable=False),
+    # Days its deleted conversations are kept before their purge; 0: the region's default.
+    sa.Column("conversation_retention_days", sa.Integer, nullable=False, server_default="0"),
 )
 
 api_keys = sa.Table(
@@ -125,6 +127,25 @@ audit_events = sa.Table(
     sa.Column("target", sa.String(128), nullable=False),
     # The request's fields (names, limits, tiers, prices; secrets never).
     sa.Column("request_fields", sa.JSON, nullable=False),
+)
+
+region_reports = sa.Table(
+    "region_reports",
+    metadata,
+    # Each region's last heartbeat, so a restarted global plane routes at
+    # once (globalplane.region_reports); a removed region's row is deleted.
+    sa.Column("region", sa.String(64), primary_key=True),
+    sa.Column("zone", sa.String(16), nullable=False),
+    sa.Column("chat_address", sa.String(300), nullable=False),
+    sa.Column("health", sa.String(16), nullable=False),
+    sa.Column("capacity", sa.BigInteger, nullable=False),
+    sa.Column("queue_depth", sa.BigInteger, nullable=False),
+    sa.Column("models", sa.JSON, nullable=False),
+    # "lat,lon" in degrees as the region reported them (text: no float column in this store).
+    sa.Column("location", sa.String(64), nullable=True),
+    sa.Column("engine_pods", sa.Integer, nullable=False),
+    sa.Column("healthy_engine_pods", sa.Integer, nullable=False),
+    sa.Column("heartbeat_time", UtcDateTime, nullable=False),
 )
 
 CONTROL_PLANE_TABLES = (tenants, api_keys, policy_version, models, model_prices)

@@ -19,6 +19,7 @@ from globalplane.geo_routing_servicer import GeoRoutingServicer
 from globalplane.model_catalog import ModelCatalog, ModelDeployment, default_model
 from globalplane.policy_servicer import PolicyServicer
 from globalplane.region_directory import RegionDirectory
+from globalplane.region_reports import RegionReportBook
 from globalplane.registry_servicer import ModelRegistryServicer
 from globalplane.settings import GlobalSettings
 from globalplane.store import GlobalStore, default_database_url
@@ -113,6 +114,9 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
         directory = RegionDirectory(
             settings.heartbeat_interval_ms, settings.missed_heartbeats_until_down, clock
         )
+        # A restart routes at once, on the regions' last heartbeats.
+        reports = RegionReportBook(store)
+        directory.restore(await reports.load())
 
         def deployments(model: str) -> Sequence[ModelDeployment]:
             return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
@@ -135,7 +139,7 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
                 ModelRegistryServicer(catalog, audit), server
             )
             geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
-                GeoRoutingServicer(directory, tenants), server
+                GeoRoutingServicer(directory, tenants, reports, audit), server
             )
 
         server = GrpcServer(

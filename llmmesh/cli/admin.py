@@ -373,3 +373,7 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     from llmmesh.cli.admin_model import add_model_arguments  # it builds on this module's helpers
 
     add_model_arguments(groups, common)
+
+    from llmmesh.cli.admin_region import add_region_arguments
+
+    add_region_arguments(groups, common)

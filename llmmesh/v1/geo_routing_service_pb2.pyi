@@ -285,3 +285,49 @@ class ListRegionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRegionsResponse: _TypeAlias = ListRegionsResponse  # noqa: Y015
+
+@_typing.final
+class RemoveRegionRequest(_message.Message):
+    """Asks to remove a region from the directory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    """The region ("eu-west")."""
+    def __init__(
+        self,
+        *,
+        region: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveRegionRequest: _TypeAlias = RemoveRegionRequest  # noqa: Y015
+
+@_typing.final
+class RemoveRegionResponse(_message.Message):
+    """The region removed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def region(self) -> Global___RegionStatus:
+        """Its status when it was removed."""
+
+    def __init__(
+        self,
+        *,
+        region: Global___RegionStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveRegionResponse: _TypeAlias = RemoveRegionResponse  # noqa: Y015

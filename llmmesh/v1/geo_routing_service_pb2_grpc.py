@@ -51,6 +51,11 @@ class GeoRoutingServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsResponse.FromString,
                 _registered_method=True)
+        self.RemoveRegion = channel.unary_unary(
+                '/llmmesh.v1.GeoRoutingService/RemoveRegion',
+                request_serializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionResponse.FromString,
+                _registered_method=True)
 
 
 class GeoRoutingServiceServicer:
@@ -79,6 +84,14 @@ class GeoRoutingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveRegion(self, request, context):
+        """Removes a region from the directory for good (an operator's call,
+        audited); a region still running comes back with its next heartbeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GeoRoutingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +109,11 @@ def add_GeoRoutingServiceServicer_to_server(servicer, server):
                     servicer.ListRegions,
                     request_deserializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsResponse.SerializeToString,
+            ),
+            'RemoveRegion': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveRegion,
+                    request_deserializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +199,33 @@ class GeoRoutingService:
             '/llmmesh.v1.GeoRoutingService/ListRegions',
             llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsRequest.SerializeToString,
             llmmesh_dot_v1_dot_geo__routing__service__pb2.ListRegionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveRegion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.GeoRoutingService/RemoveRegion',
+            llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionRequest.SerializeToString,
+            llmmesh_dot_v1_dot_geo__routing__service__pb2.RemoveRegionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,10 @@ class GeoRoutingServiceStub:
     """Records a region's report; a region that stops reporting is marked down."""
     ListRegions: _grpc.UnaryUnaryMultiCallable[_geo_routing_service_pb2.ListRegionsRequest, _geo_routing_service_pb2.ListRegionsResponse]
     """Lists every known region with its last report."""
+    RemoveRegion: _grpc.UnaryUnaryMultiCallable[_geo_routing_service_pb2.RemoveRegionRequest, _geo_routing_service_pb2.RemoveRegionResponse]
+    """Removes a region from the directory for good (an operator's call,
+    audited); a region still running comes back with its next heartbeat.
+    """
 
 @_typing.type_check_only
 class GeoRoutingServiceAsyncStub(GeoRoutingServiceStub):
@@ -55,6 +59,10 @@ class GeoRoutingServiceAsyncStub(GeoRoutingServiceStub):
     """Records a region's report; a region that stops reporting is marked down."""
     ListRegions: _aio.UnaryUnaryMultiCallable[_geo_routing_service_pb2.ListRegionsRequest, _geo_routing_service_pb2.ListRegionsResponse]  # type: ignore[assignment]
     """Lists every known region with its last report."""
+    RemoveRegion: _aio.UnaryUnaryMultiCallable[_geo_routing_service_pb2.RemoveRegionRequest, _geo_routing_service_pb2.RemoveRegionResponse]  # type: ignore[assignment]
+    """Removes a region from the directory for good (an operator's call,
+    audited); a region still running comes back with its next heartbeat.
+    """
 
 class GeoRoutingServiceServicer(metaclass=_abc_1.ABCMeta):
     """The region directory: regions report in, edges ask where to send a
@@ -84,5 +92,15 @@ class GeoRoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_geo_routing_service_pb2.ListRegionsResponse, _abc.Awaitable[_geo_routing_service_pb2.ListRegionsResponse]]:
         """Lists every known region with its last report."""
+
+    @_abc_1.abstractmethod
+    def RemoveRegion(
+        self,
+        request: _geo_routing_service_pb2.RemoveRegionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_geo_routing_service_pb2.RemoveRegionResponse, _abc.Awaitable[_geo_routing_service_pb2.RemoveRegionResponse]]:
+        """Removes a region from the directory for good (an operator's call,
+        audited); a region still running comes back with its next heartbeat.
+        """
 
 def add_GeoRoutingServiceServicer_to_server(servicer: GeoRoutingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

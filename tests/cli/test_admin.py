@@ -376,3 +376,30 @@ def test_audit_lists_every_admin_change_page_by_page(
     header, *rows = out.strip().splitlines()
     assert header.split() == ["ID", "TIME", "ACTOR", "METHOD", "TARGET"]
     assert any(r.split()[3:] == [ADMIN_URI, "CreateTenant", made["id"]] for r in rows)
+
+
+def test_region_remove_takes_a_region_out_of_the_directory(
+    capsys: pytest.CaptureFixture[str], plane: GlobalProcess
+) -> None:
+    asyncio.run(_heartbeat(plane))
+    status, out, _ = admin(capsys, plane, "region", "remove", "eu-west")
+    assert (status, out.strip()) == (0, "removed region eu-west (zone eu, 127.0.0.1:1)")
+    listed = admin_json(capsys, plane, "regions")
+    assert isinstance(listed, list) and "eu-west" not in [s["report"]["region"] for s in listed]
+    audited = admin_json(capsys, plane, "audit")
+    assert isinstance(audited, list) and audited[-1]["method"] == "RemoveRegion"
+    assert audited[-1]["target"] == "eu-west" and audited[-1]["actor"].endswith("/admin")
+    status, _, err = admin(capsys, plane, "region", "remove", "eu-west")
+    assert status == 2 and one_error_line(err).endswith("(REGION_NOT_FOUND)")
+
+    # Only an operator may remove a region: not the region itself.
+    async def as_region() -> grpc.StatusCode:
+        async with plane.channel("region-eu-west") as channel:
+            stub = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+            try:
+                await stub.RemoveRegion(gpb.RemoveRegionRequest(region="eu-west"))
+            except grpc.aio.AioRpcError as err:
+                return err.code()
+        return grpc.StatusCode.OK
+
+    assert asyncio.run(as_region()) == grpc.StatusCode.PERMISSION_DENIED

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from globalplane.region_directory import GeoPoint, LocationHint, RegionDirectory, RegionHealth, RegionReport
-from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from tests.globalplane.manual_clock import ManualClock
 
 PARIS = GeoPoint(48.86, 2.35)
@@ -203,3 +205,60 @@ def test_property_route_never_leaves_the_zone(
     assert len(names) == len(set(names))
     if preferred in expected:
         assert names[0] == preferred
+
+
+def _heartbeats(directory: RegionDirectory) -> list[tuple[RegionReport, datetime]]:
+    return [(s.report, s.last_heartbeat_time) for s in directory.list_regions().items]
+
+
+def test_a_restarted_directory_routes_at_once_on_the_kept_heartbeats(
+    directory: RegionDirectory, clock: ManualClock
+) -> None:
+    kept = _heartbeats(directory)
+    # The restart took longer than the heartbeat timeout; nothing has reported since.
+    clock.advance(seconds=10)
+    restarted = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    with pytest.raises(FailedPrecondition):
+        restarted.route("eu")
+    restarted.restore(kept)
+    assert _names(restarted) == ["eu-central", "eu-west"]
+    # The first heartbeat after the restart gives the others a full timeout to report in.
+    restarted.heartbeat(_report("eu-central", location=FRANKFURT))
+    clock.advance(seconds=2.5)
+    assert _names(restarted) == ["eu-central", "eu-west"]
+    restarted.heartbeat(_report("eu-central", location=FRANKFURT))
+    clock.advance(seconds=1)
+    assert _names(restarted) == ["eu-central"]
+
+
+def test_staleness_is_judged_by_heartbeat_age_across_a_restart(
+    directory: RegionDirectory, clock: ManualClock
+) -> None:
+    # eu-west fell silent well before the global plane went down.
+    clock.advance(seconds=5)
+    directory.heartbeat(_report("eu-central", location=FRANKFURT))
+    directory.heartbeat(_report("us-east", zone="us"))
+    kept = _heartbeats(directory)
+    restarted = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    restarted.restore(kept)
+    assert _names(restarted) == ["eu-central"]
+    assert restarted.status("eu-west") is not None
+    assert restarted.status("eu-west").effective_health is RegionHealth.DOWN  # type: ignore[union-attr]
+    # What a region reported after the restart is not overwritten by what was kept.
+    restarted.heartbeat(_report("eu-central", health=RegionHealth.DRAINING))
+    restarted.restore(kept)
+    assert restarted.status("eu-central").report.health is RegionHealth.DRAINING  # type: ignore[union-attr]
+
+
+def test_a_removed_region_is_forgotten_until_it_reports_again(directory: RegionDirectory) -> None:
+    removed = directory.remove("eu-west")
+    assert removed.report.region == "eu-west" and removed.effective_health is RegionHealth.SERVING
+    assert _names(directory) == ["eu-central"]
+    assert "eu-west" not in [s.report.region for s in directory.list_regions().items]
+    with pytest.raises(NotFound) as missing:
+        directory.remove("eu-west")
+    assert missing.value.reason == Reason.REGION_NOT_FOUND
+    with pytest.raises(InvalidArgument):
+        directory.remove("")
+    directory.heartbeat(_report("eu-west"))
+    assert set(_names(directory)) == {"eu-central", "eu-west"}

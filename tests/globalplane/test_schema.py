@@ -40,6 +40,11 @@ ALLOWED_COLUMNS: dict[str, set[str]] = {
     "usage_totals": {"tenant_id", "period", "input_tokens", "output_tokens", "requests", "cost_usd"},
     # Admin requests only (tenants, keys, models): no RPC that carries a turn is audited.
     "audit_events": {"id", "event_time", "actor", "method", "target", "request_fields"},
+    # What a region says of itself in a heartbeat: names, an address, counts, a place, a time.
+    "region_reports": {
+        "region", "zone", "chat_address", "health", "capacity", "queue_depth", "models", "location",
+        "engine_pods", "healthy_engine_pods", "heartbeat_time",
+    },
 }  # fmt: skip
 CONTENT_WORDS = frozenset(
     {"message", "conversation", "content", "prompt", "completion", "text", "body", "transcript", "turn"}
