@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,47 @@ def test_the_mesh_image_builds_and_runs_a_plane_as_non_root() -> None:
         assert uid == "10001"
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False, timeout=120)
+
+
+def _build_context(into: Path) -> Path:
+    """The files ``.dockerignore`` lets into the build: it excludes
+    everything (``**``), names what comes back (``!path``) and excludes
+    again below them (caches)."""
+    rules = [line for line in DOCKERIGNORE.read_text().splitlines() if line and line[0] != "#"]
+    admitted = [rule[1:].rstrip("/") for rule in rules if rule.startswith("!")]
+    dropped = [rule.removeprefix("**/") for rule in rules[1:] if not rule.startswith("!")]
+    context = into / "context"
+    for name in admitted:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns(*dropped))
+        else:
+            context.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, context / name)
+    return context
+
+
+@pytest.mark.toolchain
+def test_the_build_context_alone_builds_the_wheel_the_image_installs(tmp_path: Path) -> None:
+    """``pip install .`` in the build stage sees only the context: built
+    from it, the wheel holds every plane, the generated stubs and the command."""
+    context = _build_context(tmp_path)
+    assert not list(context.rglob("__pycache__"))
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet"]
+    result = subprocess.run(
+        [*pip_wheel, "--wheel-dir", str(tmp_path / "wheels"), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "wheels").glob("llmmesh-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        assert "llmmesh = llmmesh.cli.main:main" in archive.read(entry_points).decode()
+    for plane in ("edge", "region", "globalplane", "engine"):
+        assert f"{plane}/server.py" in names
+    assert {"llmmesh/v1/chat_service_pb2.py", "llmmesh/v1/chat_service_pb2.pyi"} <= names
+    assert "llmmesh/envoy_config.py" in names  # the chart's Envoy init container runs it
