@@ -19,6 +19,12 @@ is much busier than the least-loaded one, or its KV cache is nearly full of
 running generations, the turn goes to the least-loaded pod instead, so one
 shared system prompt cannot pin a region's traffic to the single pod that
 cached it first.
+
+Disaggregated serving: when the healthy pods include prefill pods and
+decode pods (their ``GetEngineInfo.role``), a turn's prefill phase is
+placed by the policy over the prefill pods and its decode phase on the
+least-loaded decode pod (:mod:`region.disaggregation`); otherwise turns go
+to the pods that serve whole turns.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import grpc.aio
 from llmmesh.errors import Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2, engine_service_pb2
+from region.disaggregation import PhasedPod, role_of
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.kv_index import PrefixIndex, PrefixIndexError
 from region.recent_prefixes import RecentPrefixes
@@ -106,13 +113,17 @@ class RoutingDecision:
     """Where a turn goes and why. ``score_parts`` holds the chosen pod's
     ``hit`` fraction, ``load``, ``score`` and ``guard`` (1 when the hot-spot
     guard overrode the score) for the scoring policies, and ``index_down``
-    when the prefix index failed and the turn was placed on load alone."""
+    when the prefix index failed and the turn was placed on load alone;
+    ``decode_load`` when the turn is disaggregated."""
 
     pod_id: str
     policy: RoutingPolicy
     resident_tokens: int
     score_parts: Mapping[str, float]
     pod: EnginePodHandle = field(repr=False, compare=False)
+    # Disaggregated serving: the pod that runs the prefill phase (``pod`` is
+    # then a PhasedPod and ``pod_id`` the decode pod's); empty otherwise.
+    prefill_pod_id: str = ""
 
 
 class LoadBoard:
@@ -238,6 +249,35 @@ class KvAffinityRouter:
                 f"no healthy engine pod serves model {model!r} in this region",
                 retry_after_s=1.0,
             )
+        roles = {pod.pod_id: role_of(pod) for pod in candidates}
+        prefill = [pod for pod in candidates if roles[pod.pod_id] == engine_service_pb2.POD_ROLE_PREFILL]
+        decode = [pod for pod in candidates if roles[pod.pod_id] == engine_service_pb2.POD_ROLE_DECODE]
+        if prefill and decode:
+            return await self._disaggregated(prefill, decode, token_ids)
+        # Whole turns: a prefill pod only when nothing else is up.
+        whole = [pod for pod in candidates if roles[pod.pod_id] != engine_service_pb2.POD_ROLE_PREFILL]
+        return await self._place(whole or candidates, token_ids)
+
+    async def _disaggregated(
+        self, prefill: list[EnginePodHandle], decode: list[EnginePodHandle], token_ids: Sequence[int]
+    ) -> RoutingDecision:
+        """The prefill phase by the policy over the prefill pods, the decode
+        phase on the least-loaded decode pod (:mod:`region.disaggregation`)."""
+        prefill_decision = await self._place(prefill, token_ids)
+        loads = {pod.pod_id: self.loads.load_of(pod) for pod in decode}
+        chosen = min(decode, key=lambda p: (loads[p.pod_id].load(self.tuning), loads[p.pod_id].depth))
+        parts = {**prefill_decision.score_parts, "decode_load": loads[chosen.pod_id].load(self.tuning)}
+        return RoutingDecision(
+            chosen.pod_id,
+            self.policy,
+            prefill_decision.resident_tokens,
+            parts,
+            PhasedPod(prefill_decision.pod, chosen),
+            prefill_pod_id=prefill_decision.pod_id,
+        )
+
+    async def _place(self, candidates: list[EnginePodHandle], token_ids: Sequence[int]) -> RoutingDecision:
+        """The pod of ``candidates`` the policy picks for ``token_ids``."""
         if self.policy is RoutingPolicy.ROUND_ROBIN:
             pod = candidates[next(self._turn) % len(candidates)]
             return RoutingDecision(pod.pod_id, self.policy, 0, {}, pod)

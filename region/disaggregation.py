@@ -1,0 +1,127 @@
+"""Disaggregated serving at the region: a turn's prefill phase on a prefill
+pod, its decode phase on a decode pod, the KV handle passed between them.
+
+The router (:meth:`region.router.KvAffinityRouter.choose`) places the
+prefill phase by its policy over the prefill pods (prefix affinity pays off
+there, where prompts are computed) and the decode phase on the least-loaded
+decode pod, and hands the gateway a :class:`PhasedPod`: to the gateway it is
+the decode pod (its id, address, load and health are the decode pod's), but
+starting a generation on it first runs ``prefill_only`` on the prefill pod
+and starts the decode pod's generation with the ``KvTransfer`` handle the
+prefill finished with. The engine side is :mod:`engine.sim.disaggregation`.
+
+When the prefill pod fails (UNAVAILABLE) the decode pod serves the whole
+turn itself, prefilling the prompt: the prefill pod is taken out of
+placement until its next good health check, and the turn neither fails
+nor moves off the decode pod. Any other error of the prefill phase (a
+refused prompt) is the turn's error. The prefill phase produces no output,
+so nothing of it is metered: the decode phase's usage, which counts the
+prompt, is the turn's.
+"""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+
+from llmmesh.errors import MeshError, Reason, Unavailable, from_stream_error
+from llmmesh.session_client import SessionClient
+from llmmesh.v1 import engine_service_pb2 as pb
+from region.engine_pool import EnginePodHandle
+from region.engine_session import EngineSession, SessionGeneration
+
+PREFILL_SUFFIX = ":prefill"
+
+
+def role_of(pod: EnginePodHandle) -> int:
+    """The pod's role as it reported it; unstated is a whole-turn pod."""
+    return pod.info.role or pb.POD_ROLE_BOTH
+
+
+async def run_prefill(prefill: EnginePodHandle, request_id: str, start: pb.GenerateStart) -> pb.KvTransfer:
+    """Run the prefill phase of ``start`` on ``prefill``; the KV handle it
+    finished with. Raises the phase's MeshError."""
+    phase = pb.GenerateStart()
+    phase.CopyFrom(start)
+    phase.request_id = request_id + PREFILL_SUFFIX
+    phase.prefill_only = True
+    prefill.in_flight += 1
+    generation: SessionGeneration | None = None
+    try:
+        generation = await prefill.session.start(phase.request_id, pb.GenerateSessionRequest(start=phase))
+        async for event in generation:
+            kind = event.WhichOneof("event")
+            if kind == "error":
+                raise from_stream_error(event.error)
+            if kind == "finished":
+                if not event.finished.HasField("kv_transfer"):
+                    break
+                return event.finished.kv_transfer
+    finally:
+        prefill.in_flight -= 1
+        if generation is not None:
+            generation.abandon("the prefill phase ended")
+    raise Unavailable(
+        Reason.ENGINE_FAILED,
+        f"prefill pod {prefill.pod_id} finished without a KV transfer",
+        retry_after_s=1.0,
+    )
+
+
+class PhasedSession(SessionClient[pb.GenerateSessionRequest, pb.GenerationEvent]):
+    """The decode pod's session, with each start preceded by its prefill
+    phase. Only :meth:`start` is used: the stream is the decode pod's."""
+
+    def __init__(self, prefill: EnginePodHandle, decode: EngineSession) -> None:
+        # Deliberately not SessionClient.__init__: this opens no stream of its own.
+        self._prefill = prefill
+        self._decode = decode
+
+    async def start(self, request_id: str, message: pb.GenerateSessionRequest) -> SessionGeneration:
+        decode_message = pb.GenerateSessionRequest()
+        decode_message.CopyFrom(message)
+        try:
+            handle = await run_prefill(self._prefill, request_id, message.start)
+        except MeshError as error:
+            if error.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            # The decode pod prefills the prompt itself.
+            self._prefill.healthy = False
+        else:
+            decode_message.start.kv_transfer.CopyFrom(handle)
+        return await self._decode.start(request_id, decode_message)
+
+    async def close(self) -> None:
+        """Nothing to close: both pods' sessions belong to the pool."""
+
+
+class PhasedPod(EnginePodHandle):
+    """A turn's prefill pod and decode pod, seen as the decode pod with a
+    :class:`PhasedSession`. Every attribute but ``session`` reads and writes
+    the decode pod's, so the gateway's in-flight count and a failure mark
+    land on the decode pod itself."""
+
+    def __init__(self, prefill: EnginePodHandle, decode: EnginePodHandle) -> None:
+        # Deliberately not the dataclass __init__: the fields below are the decode pod's.
+        object.__setattr__(self, "prefill", prefill)
+        object.__setattr__(self, "decode", decode)
+        object.__setattr__(self, "session", PhasedSession(prefill, decode.session))
+
+    prefill: EnginePodHandle
+    decode: EnginePodHandle
+
+    def __getattribute__(self, name: str) -> object:
+        if name in _DELEGATED:
+            return getattr(object.__getattribute__(self, "decode"), name)
+        return object.__getattribute__(self, name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _DELEGATED:
+            setattr(object.__getattribute__(self, "decode"), name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+
+_DELEGATED = frozenset(
+    {"address", "channel", "stub", "health", "pod_id", "model", "healthy", "in_flight", "info"}
+)
