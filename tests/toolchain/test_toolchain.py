@@ -44,6 +44,10 @@ def test_buf_breaking_against_landed_protos() -> None:
     if not revisions:
         pytest.skip("no committed protos to compare against")
     for rev in revisions:
+        # A revision whose protos never built (one file of a two-file change
+        # landed before the other) had no contract a client could use.
+        if run(str(BIN / "buf"), "build", f".git#ref={rev}").returncode != 0:
+            continue
         assert_clean(run(str(BIN / "buf"), "breaking", "--against", f".git#ref={rev}"))
 
 
