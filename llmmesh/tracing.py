@@ -5,8 +5,9 @@ Off unless configured. A process traces when it is given an OTLP collector
 (``--otlp-endpoint``/``LLMMESH_OTLP_ENDPOINT``, or OpenTelemetry's own
 ``OTEL_EXPORTER_OTLP_ENDPOINT``), or when a test installs a provider
 (:func:`install`). Off by default because with no collector every span
-would be made only to be dropped; and when off, no span, context or
-interceptor is made at all, so tracing costs an untraced mesh nothing.
+would be made only to be dropped; and when off, no interceptor is
+installed and no span recorded, so tracing costs an untraced mesh next to
+nothing.
 When on, new traces are sampled at ``trace_sample_ratio`` at the edge (or
 whichever plane starts the trace) and every other plane follows the
 sampled flag of the W3C ``traceparent`` it is handed (parent-based), so a

@@ -56,6 +56,7 @@ import grpc
 import grpc.aio
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from llmmesh import tracing
 from llmmesh.access import require_caller
 from llmmesh.errors import (
     AlreadyExists,
@@ -424,6 +425,7 @@ class ChatGateway:
                         sampling=start.sampling,
                         priority=engine_priority(turn.caller.tier),
                         resume_output_token_ids=start.continuation.emitted_token_ids,
+                        trace_context=tracing.trace_context_message(),
                     )
                 ),
             )
@@ -575,7 +577,9 @@ class ChatGateway:
         message_id = ""
         try:
             if meter.started:
-                message_id = await self._write_record(caller, prepared, meter)
+                attributes = {"llmmesh.plane": "region", "db.operation.name": "record_turn"}
+                with tracing.span("zone store write", attributes=attributes):
+                    message_id = await self._write_record(caller, prepared, meter)
         finally:
             # A continuation's prompt was counted, as far as the original's went, where the turn began.
             prompt = max(0, meter.input_tokens - turn.accepted.counted_prompt_tokens)
