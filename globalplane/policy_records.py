@@ -25,6 +25,8 @@ class Tenant:
     """Tokens per calendar month; 0 means unlimited."""
     allowed_models: tuple[str, ...] = ()
     """Models it may use; empty means all models of its tier."""
+    conversation_retention_days: int = 0
+    """Days its deleted conversations are kept before their purge; 0 means the region's default."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class TenantUpdate:
     tpm_limit: int | None = None
     monthly_token_quota: int | None = None
     allowed_models: tuple[str, ...] | None = None
+    conversation_retention_days: int | None = None
 
 
 @dataclass(frozen=True)

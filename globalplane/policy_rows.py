@@ -25,6 +25,7 @@ def tenant_of(row: sa.Row[Any]) -> Tenant:
         tpm_limit=row.tpm_limit,
         monthly_token_quota=row.monthly_token_quota,
         allowed_models=tuple(row.allowed_models),
+        conversation_retention_days=row.conversation_retention_days,
     )
 
 
@@ -69,6 +70,7 @@ def tenant_row(tenant: Tenant) -> dict[str, object]:
         "monthly_token_quota": tenant.monthly_token_quota,
         "allowed_models": list(tenant.allowed_models),
         "create_time": tenant.create_time,
+        "conversation_retention_days": tenant.conversation_retention_days,
     }
 
 

@@ -19,7 +19,16 @@ from llmmesh.v1 import policy_service_pb2_grpc
 
 SERVICE_NAME = "llmmesh.v1.PolicyService"
 _UPDATABLE = frozenset(
-    {"name", "zone", "tier", "rpm_limit", "tpm_limit", "monthly_token_quota", "allowed_models"}
+    {
+        "name",
+        "zone",
+        "tier",
+        "rpm_limit",
+        "tpm_limit",
+        "monthly_token_quota",
+        "allowed_models",
+        "conversation_retention_days",
+    }
 )
 
 
@@ -34,6 +43,7 @@ def tenant_to_proto(tenant: Tenant) -> ppb.Tenant:
         monthly_token_quota=tenant.monthly_token_quota,
         allowed_models=tenant.allowed_models,
         create_time=timestamp(tenant.create_time),
+        conversation_retention_days=tenant.conversation_retention_days,
     )
 
 
@@ -91,6 +101,9 @@ def tenant_update_from_proto(tenant: ppb.Tenant, fields: list[str]) -> TenantUpd
         tpm_limit=tenant.tpm_limit if "tpm_limit" in named else None,
         monthly_token_quota=tenant.monthly_token_quota if "monthly_token_quota" in named else None,
         allowed_models=tuple(tenant.allowed_models) if "allowed_models" in named else None,
+        conversation_retention_days=(
+            tenant.conversation_retention_days if "conversation_retention_days" in named else None
+        ),
     )
 
 
@@ -141,6 +154,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
                 tpm_limit=spec.tpm_limit,
                 monthly_token_quota=spec.monthly_token_quota,
                 allowed_models=tuple(spec.allowed_models),
+                conversation_retention_days=spec.conversation_retention_days,
             )
             await self._audit.record("CreateTenant", tenant.id, request)
             return ppb.CreateTenantResponse(tenant=tenant_to_proto(tenant))

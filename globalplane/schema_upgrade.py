@@ -71,6 +71,19 @@ def _rebuild(conn: Connection) -> None:
     conn.exec_driver_sql(f'DROP TABLE "{old}"')
 
 
+def upgrade_tenants(conn: Connection) -> None:
+    """Give an older ``tenants`` table its conversation retention (0: the region's default)."""
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(schema.tenants.name):
+        return
+    if "conversation_retention_days" not in {c["name"] for c in inspector.get_columns(schema.tenants.name)}:
+        log.warning("adding column conversation_retention_days to %s", schema.tenants.name)
+        table = schema.tenants.name
+        conn.exec_driver_sql(
+            f"ALTER TABLE {table} ADD COLUMN conversation_retention_days INTEGER NOT NULL DEFAULT 0"
+        )
+
+
 # Columns of ``models`` added since the first version: retirement and canaries.
 _MODEL_COLUMNS_ADDED = ("retired", "canary_of", "canary_percent")
 

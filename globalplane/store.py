@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from sqlalchemy.engine import Dialect
 
 from globalplane import schema
-from globalplane.schema_upgrade import upgrade_models, upgrade_usage_records
+from globalplane.schema_upgrade import upgrade_models, upgrade_tenants, upgrade_usage_records
 from llmmesh.home import mesh_home
 from llmmesh.sqlstore import SqlStore, create_store_engine, insert_new_rows
 
@@ -64,6 +64,7 @@ class GlobalStore(SqlStore):
         self.create_tables(schema.metadata)
         self.run_transaction(upgrade_usage_records)
         self.run_transaction(upgrade_models)
+        self.run_transaction(upgrade_tenants)
         self.run_transaction(
             lambda conn: insert_new_rows(conn, schema.policy_version, [{"id": 1, "version": 0}])
         )

@@ -37,6 +37,18 @@ def _require_limit(field: str, value: int) -> None:
         )
 
 
+def _require_retention(days: int) -> None:
+    if not 0 <= days <= _MAX_RETENTION_DAYS:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"conversation_retention_days must be 0 (the region's default) to {_MAX_RETENTION_DAYS}",
+            metadata={"param": "conversation_retention_days"},
+        )
+
+
+_MAX_RETENTION_DAYS = 3650
+
+
 def _or(new: T | None, old: T) -> T:
     return old if new is None else new
 
@@ -80,6 +92,7 @@ class TenantBook:
         tpm_limit: int = 0,
         monthly_token_quota: int = 0,
         allowed_models: tuple[str, ...] = (),
+        conversation_retention_days: int = 0,
     ) -> Tenant:
         """Create a tenant pinned to ``zone``.
 
@@ -93,6 +106,7 @@ class TenantBook:
             raise InvalidArgument(Reason.INVALID_REQUEST, "tier must be set", metadata={"param": "tier"})
         for field, value in zip(_LIMIT_FIELDS, (rpm_limit, tpm_limit, monthly_token_quota), strict=True):
             _require_limit(field, value)
+        _require_retention(conversation_retention_days)
         tenant = Tenant(
             id=new_id("ten"),
             name=name,
@@ -103,6 +117,7 @@ class TenantBook:
             tpm_limit=tpm_limit,
             monthly_token_quota=monthly_token_quota,
             allowed_models=tuple(allowed_models),
+            conversation_retention_days=conversation_retention_days,
         )
 
         def create(conn: Connection) -> Tenant:
@@ -160,6 +175,8 @@ class TenantBook:
             limit: int | None = getattr(update, field)
             if limit is not None:
                 _require_limit(field, limit)
+        if update.conversation_retention_days is not None:
+            _require_retention(update.conversation_retention_days)
         if update.name is not None:
             _require_name(update.name)
 
@@ -183,6 +200,9 @@ class TenantBook:
                 tpm_limit=_or(update.tpm_limit, tenant.tpm_limit),
                 monthly_token_quota=_or(update.monthly_token_quota, tenant.monthly_token_quota),
                 allowed_models=_or(update.allowed_models, tenant.allowed_models),
+                conversation_retention_days=_or(
+                    update.conversation_retention_days, tenant.conversation_retention_days
+                ),
             )
             if updated == tenant:
                 return tenant
