@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -114,7 +113,6 @@ class SimBackend(EngineBackend):
         if spec is not None:
             self._require_running()
             await receive(self.transfers, self.pool, request)
-            request = dataclasses.replace(request, kv_transfer=None)
         async with contextlib.aclosing(self._generate(request)) as events:
             async for event in events:
                 yield event if spec is None else billed_as_transferred(event, spec)

@@ -17,7 +17,9 @@ holds the context's full blocks in its prefix cache
 (:meth:`engine.sim.kv_blocks.KvBlockPool.receive`) and generates: its
 prefill computes only the tail after the last full block (a real decode
 instance receives the tail too; that part is simplified). The turn is
-billed as cached only for the prefill pod's own hits.
+billed as cached only for the prefill pod's own hits, and the decode pod's
+lookup of the blocks it received stays out of its prefix-cache statistics
+(vLLM counts tokens a connector loaded apart from cache hits too).
 
 Defaults: 1 ms of setup per transfer (NIXL's handshake and notification)
 and 0.1 ms per 16-token block, about 2 MiB of a Llama-3-8B-class KV cache

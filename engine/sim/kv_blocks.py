@@ -112,14 +112,18 @@ class KvBlockPool:
         """Blocks that hold nothing (neither in use nor cached)."""
         return frozenset(self._empty)
 
-    def allocate(self, token_ids: Sequence[int], max_new_tokens: int) -> KvAllocation | None:
+    def allocate(
+        self, token_ids: Sequence[int], max_new_tokens: int, *, counted: bool = True
+    ) -> KvAllocation | None:
         """Admit a sequence whose tokens so far are ``token_ids``: reuse the
         cached blocks of its leading full blocks and take fresh blocks for the
         chunk it computes first, at most ``max_new_tokens`` tokens. None, with
         nothing changed, when the pool cannot hold them now.
 
         The last token is never served from cache: the engine must compute it
-        to produce the next output token (vLLM does the same).
+        to produce the next output token (vLLM does the same). ``counted``
+        False keeps the lookup out of the prefix-cache statistics (a decode
+        phase hitting the blocks it received is no cache hit).
         """
         if max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
@@ -142,8 +146,9 @@ class KvBlockPool:
         for block in fresh:
             self._acquire(block)
         allocation = KvAllocation(hits + fresh, cached_tokens=cached_tokens, hashes=hashes[: len(hits)])
-        self.query_tokens += len(token_ids)
-        self.hit_tokens += cached_tokens
+        if counted:
+            self.query_tokens += len(token_ids)
+            self.hit_tokens += cached_tokens
         self._cache_full_blocks(allocation, token_ids[:scheduled_tokens])
         return allocation
 
@@ -158,9 +163,7 @@ class KvBlockPool:
         full = len(token_ids) // self.block_size * self.block_size
         if full == 0:
             return 0
-        queries, hits = self.query_tokens, self.hit_tokens
-        allocation = self.allocate(token_ids[:full], full)
-        self.query_tokens, self.hit_tokens = queries, hits
+        allocation = self.allocate(token_ids[:full], full, counted=False)
         if allocation is None:
             return 0
         held = len(allocation.hashes)

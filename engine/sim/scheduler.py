@@ -248,7 +248,9 @@ class ContinuousBatchScheduler:
                 self._faults.generation_started()
                 self._record_finish(sequence)
                 continue
-            allocation = self._pool.allocate(sequence.token_ids, plan.budget_left)
+            # A decode phase's hits on the KV it received are not cache hits.
+            counted = sequence.request.kv_transfer is None
+            allocation = self._pool.allocate(sequence.token_ids, plan.budget_left, counted=counted)
             if allocation is None:
                 if self._running:
                     break  # wait for blocks to free up; nobody overtakes the head
