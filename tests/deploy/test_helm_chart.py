@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -298,3 +299,27 @@ def test_the_global_release_runs_no_development_tenant_unless_asked() -> None:
     asked = next(iter(objects(render_example("values-global.yaml", SECRET_VALUES), "Deployment").values()))
     env = _env(asked["spec"]["template"]["spec"]["containers"][0])
     assert env["LLMMESH_DEV_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "dev-key"
+
+
+@pytest.mark.parametrize(
+    ("overlay", "named"),
+    [
+        ({"engine": {"pool": []}}, "pool"),
+        ({"region": {"port": "50052"}}, "/region/port"),
+        ({"edge": {"env": {"PORT": "1"}}}, "'PORT' does not match pattern '^LLMMESH_"),
+        ({"engine": {"pools": [{"name": "Big_Pool", "model": "m"}]}}, "/engine/pools/0/name"),
+        ({"images": {"engine": {"repository": "r", "digest": "latest"}}}, "/images/engine/digest"),
+    ],
+)
+def test_a_wrong_value_fails_the_render_naming_it(overlay: dict[str, Any], named: str) -> None:
+    """values.schema.json: a misspelt key, a wrong type or a malformed name
+    stops the render with its path, rather than rendering something else."""
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(named)):
+        render(merge(example_values("values-us.yaml"), overlay))
+
+
+def test_a_model_path_outside_the_model_volume_fails_the_render() -> None:
+    values = example_values("values-us.yaml")
+    values["engine"]["pools"][0]["modelPath"] = "/opt/models/llama"
+    with pytest.raises(helm_python.HelmError, match="modelPath must lie under /models"):
+        render(values)
