@@ -6,7 +6,8 @@ may use, as the registry resolves them (tier and prices). For ``auto`` the
 :class:`~region.difficulty.DifficultyScorer` names the smallest tier
 expected to do the job and the turn goes to the cheapest candidate of that
 tier or above. A region serving fewer than two chat models keeps the
-registry's answer (the tenant tier's default), as before there was a fleet.
+registry's answer (the tenant tier's default), as before there was a fleet,
+or its one model when the default is not served here.
 
 Fallback: a model whose pods here are all down, or all at least
 ``fallback_queue_factor`` times their batch size deep, is overloaded; a
@@ -141,6 +142,10 @@ class ModelRouter:
             if len(candidates) < 2:
                 model = await self._resolve_allowed(start.model, caller)
                 route.reason, route.detail = DEFAULT, f"{model.name}: the {_tier_name(caller)} tier's default"
+                if candidates and model.name not in self._pool.models:
+                    # The tier's default is not served here; the region's one model is.
+                    model = candidates[0]
+                    route.detail = f"{model.name}: the region's one model"
             else:
                 model = await self._by_difficulty(start, caller, candidates, history, route)
         if not start.HasField("continuation"):

@@ -81,6 +81,7 @@ REGION_ACCESS = {
     "ListConversations": _SPEAKERS,
     "DeleteConversation": _SPEAKERS,
     "ListMessages": _SPEAKERS,
+    "ListBranches": _SPEAKERS,
     "CreateEmbeddings": _SPEAKERS,
     "Moderate": _SPEAKERS,
     "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),

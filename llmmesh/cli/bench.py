@@ -30,7 +30,7 @@ from llmmesh.bench.plan import (
     RoutingBenchPlan,
 )
 
-SCENARIOS = ("engine", "routing", "overhead", "retrieval")
+SCENARIOS = ("engine", "routing", "overhead", "retrieval", "fleet")
 QUICK_CONCURRENCY = (2,)
 QUICK_REQUESTS = 2  # per round
 QUICK_ROUNDS = 2
@@ -182,6 +182,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--conversations", type=_positive, default=None, help="conversations per tenant on the simulator (6)"
     )
     add_overhead_arguments(parser)
+    from llmmesh.bench.fleet_cli import add_fleet_arguments
+
+    add_fleet_arguments(parser)
     retrieval = parser.add_argument_group("retrieval scenario")
     retrieval.add_argument(
         "--documents",
@@ -257,6 +260,10 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the scenario ``args`` names. Exit status 2 for a bad plan, 1 when
     a system did not start, 0 otherwise; the systems' logs are kept when a
     request failed or a system did not start."""
+    if args.scenario == "fleet":
+        from llmmesh.bench.fleet_cli import run_fleet
+
+        return run_fleet(args, _progress, _run_scenario)
     if args.scenario == "retrieval":
         return _run_retrieval(args)
     if args.scenario == "overhead":

@@ -240,3 +240,55 @@ def test_no_serving_eu_region_is_a_403_that_never_reaches_us(small_mesh: Running
         assert f"region {region} (pid {mesh.pids[region]}) exited with status -9" in log
     status, out = stop_up(mesh)
     assert status == 0, out
+
+
+# ------------------------------------------------- branches and summaries
+
+
+def test_eu_branches_and_summaries_are_stored_only_in_eu(mesh: RunningMesh) -> None:
+    eu_regions = mesh.regions_in("eu")
+    before = us_footprint(mesh)
+    # Long enough that a few turns outgrow the model's window, so the thread is summarised.
+    long = "It is one of the words that you can say when they are out with all of us. " * 70
+    with httpx.Client(base_url=mesh.edge_url, headers=auth(mesh.key("eu")), timeout=120) as http:
+        cid = http.post("/v1/conversations", json={"title": "Zweige"}).json()["id"]
+        for n in range(4):
+            sent = http.post(
+                f"/v1/conversations/{cid}/messages", json={"content": f"{n}: {long}", "max_tokens": 4}
+            )
+            assert sent.status_code == 200, sent.text
+        listed = http.get(f"/v1/conversations/{cid}/messages").json()["data"]
+        question, answer = listed[-2], listed[-1]
+        regenerated = http.post(
+            f"/v1/conversations/{cid}/messages/{answer['id']}/regenerate", json={"max_tokens": 4}
+        )
+        assert regenerated.status_code == 200, regenerated.text
+        edited = http.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"content": "And to the sea?", "edit_id": question["id"], "max_tokens": 4},
+        )
+        assert edited.status_code == 200, edited.text
+        branches = http.get(f"/v1/conversations/{cid}/branches").json()["data"]
+        assert len(branches) == 3 and sum(b["current"] for b in branches) == 1
+    assert {r.headers["x-llmmesh-region"] for r in (regenerated, edited)} <= eu_regions
+
+    home = cid.split("_")[2]
+    deadline = time.monotonic() + WAIT_S
+    rows = tenant_rows(mesh.store_url("eu"), mesh.tenant_id("eu"))
+    for _ in range(int(WAIT_S / POLL_S)):
+        rows = tenant_rows(mesh.store_url("eu"), mesh.tenant_id("eu"))
+        if (
+            any(s["conversation_id"] == cid for s in rows["conversation_summaries"])
+            or time.monotonic() > deadline
+        ):
+            break
+        time.sleep(POLL_S)
+    summaries = [s for s in rows["conversation_summaries"] if s["conversation_id"] == cid]
+    assert summaries and {s["home_region"] for s in summaries} == {home}
+    messages = [m for m in rows["messages"] if m["conversation_id"] == cid]
+    # Four turns, a regenerated reply and an edited question with its reply, each under its parent.
+    assert len(messages) == 11 and {m["home_region"] for m in messages} == {home}
+    assert len({m["parent_id"] for m in messages}) == 9
+    # Nothing of it in the us store, and the us zone processed nothing.
+    assert tenant_rows(mesh.store_url("us"), mesh.tenant_id("eu")) == NO_TENANT_ROWS
+    assert us_footprint(mesh) == before
