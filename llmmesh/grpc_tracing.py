@@ -8,6 +8,13 @@ Only calls made inside a trace are traced: the planes' background calls
 (heartbeats, policy snapshots, KV events) start no trace of their own. A
 call made while tracing is off gets no interceptor at all
 (:func:`client_interceptors` is empty), so it costs nothing.
+
+Bidirectional streams are left alone: they are the token streams
+(``ChatSession``, ``GenerateSession``, ``Chat``, ``Generate``), long-lived
+and carrying many requests, whose trace context rides in each request's
+start message instead (:func:`llmmesh.tracing.trace_context_message`). An
+interceptor on them would wrap every token message, and a span of the
+call would last as long as the session, not a turn.
 """
 
 from __future__ import annotations
@@ -49,12 +56,7 @@ def _end_with_status(span: Span, code: grpc.StatusCode | None, details: str | No
     span.end()
 
 
-class _ClientTracing(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
+class _ClientTracing:
     """Every call inside a trace gets a client span and its ``traceparent``."""
 
     async def _call(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
@@ -79,23 +81,30 @@ class _ClientTracing(
         call.add_done_callback(done)
         return call
 
+
+# A channel files each interceptor under the first kind of call it serves,
+# so each kind needs an interceptor of its own.
+class _UnaryUnaryTracing(_ClientTracing, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await self._call(continuation, details, request)
 
+
+class _UnaryStreamTracing(_ClientTracing, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await self._call(continuation, details, request)
 
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await self._call(continuation, details, requests)
 
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+class _StreamUnaryTracing(_ClientTracing, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
         return await self._call(continuation, details, requests)
 
 
 def client_interceptors() -> list[Any]:
     """The interceptors a channel made now gets: the tracing one when this
     process traces, none otherwise."""
-    return [_ClientTracing()] if tracing.enabled() else []
+    if not tracing.enabled():
+        return []
+    return [_UnaryUnaryTracing(), _UnaryStreamTracing(), _StreamUnaryTracing()]
 
 
 def _remote_parent(context: grpc.aio.ServicerContext) -> Any:
@@ -145,7 +154,7 @@ def traced_unary(method: str, behavior: Callable[..., Any]) -> Callable[..., Any
 
 
 def traced_stream(method: str, behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
-    """``behavior`` (a streaming-response handler) in a server span that
+    """``behavior`` (a server-streaming handler) in a server span that
     ends when the stream ends or is cancelled."""
 
     async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:

@@ -160,8 +160,9 @@ def _checking(handler: Any, method: str, gate: _Gate) -> Any:
             return await inner(_checked(requests, context), context)
 
         behavior = stream_unary
-    if tracing.enabled():
+    if tracing.enabled() and kind != "stream_stream":
         # Traced outermost, so a refused or undecodable call is in its span too.
+        # Token streams carry their requests' trace context in their messages.
         behavior = (traced_stream if kind.endswith("stream") else traced_unary)(method, behavior)
     return handler._replace(request_deserializer=_lenient(handler.request_deserializer), **{kind: behavior})
 

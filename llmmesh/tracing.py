@@ -151,14 +151,16 @@ def trace_context_message() -> common_pb2.TraceContext | None:
     )
 
 
-def context_of_message(message: common_pb2.TraceContext) -> otel_context.Context | None:
-    """The remote parent a session request's ``TraceContext`` names."""
+def context_of_message(message: common_pb2.TraceContext) -> otel_context.Context:
+    """The remote parent a session request's ``TraceContext`` names; when
+    it names none, an empty context, so the request starts a trace of its
+    own rather than joining whatever span the session's task has current."""
     if not message.traceparent:
-        return None
+        return otel_context.Context()
     carrier = {"traceparent": message.traceparent}
     if message.tracestate:
         carrier["tracestate"] = message.tracestate
-    return extract_headers(carrier)
+    return extract_headers(carrier) or otel_context.Context()
 
 
 def current_trace_id() -> str:
