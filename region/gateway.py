@@ -497,6 +497,7 @@ class ChatGateway:
             if not produced:
                 raise error from None
             meter.reason = common_pb2.FINISH_REASON_ERROR
+            region_metrics.turn_failed(error)
             yield chat_service_pb2.ChatResponse(error=error.to_stream_error())
         finally:
             pod.in_flight -= 1
