@@ -95,6 +95,8 @@ class ChunkStream:
         self.model = model
         self.include_usage = include_usage
         self.last_id = 0
+        # Fields the finish chunk carries besides OpenAI's (llmmesh_citations, ...).
+        self.final_fields: dict[str, object] = {}
         # A content chunk is the same JSON each time but for its text: framed
         # once here around a marker, each one then costs one string encoding.
         # The text is the chunk's last string, so its marker is the last one
@@ -182,6 +184,7 @@ class ChunkStream:
         }
         _add_filter_results(choice, filtered_categories)
         chunk = self._chunk([choice])
+        chunk.update(self.final_fields)
         if reason == common_pb2.FINISH_REASON_CANCELLED and usage is not None and not self.include_usage:
             chunk["usage"] = usage_object(usage)
         return self._event(self.last_id + 1, chunk)

@@ -26,6 +26,7 @@ from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
 from edge.ratelimit_headers import ratelimit_headers
 from edge.reply_parts import ReplyCollector
+from edge.retrieval_options import retrieval_fields
 from edge.route_headers import AUTO_MODELS, route_headers
 from edge.schemas import parse_chat_request
 from edge.settings import EdgeSettings
@@ -88,6 +89,8 @@ class CompletionsHandler:
             sampling=sampling,
             user=req.end_user(),
         )
+        if req.llmmesh_retrieval is not None:
+            start.retrieval.CopyFrom(req.llmmesh_retrieval.to_proto())
         return await self.serve_turn(
             request,
             principal,
@@ -149,6 +152,7 @@ class CompletionsHandler:
         detached = request.headers.get(RESUMABLE_HEADER, "").strip().lower() in ("true", "1")
         info = StreamInfo(principal.key_id, principal.tenant.id, turn.started.region)
         chunks = ChunkStream(completion_id, created, model, include_usage)
+        chunks.final_fields = retrieval_fields(turn.started)
         await self.streams.begin(turn, chunks, info, detached=detached, arrived=arrived)
         return self.streams.response(completion_id, -1, headers, cancel_on_drop=not detached)
 
@@ -196,4 +200,5 @@ class CompletionsHandler:
             blocked_categories(turn.safety),
             logprobs=logprobs,
         )
+        body.update(retrieval_fields(turn.started))
         return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, Stric
 from edge.chat_messages import Message, TextPart, chat_messages, refused
 from edge.errors import OpenAIError
 from edge.request_types import AnyJson, Int32, Int64, ModelName, Strict, Text
+from edge.retrieval_options import RetrievalOptions
 from edge.tool_params import (
     MAX_TOOLS,
     ResponseFormat,
@@ -257,6 +258,10 @@ class ChatCompletionRequest(TurnOptions):
 
     model: ModelName
     messages: list[Message] = Field(min_length=1)
+    # The mesh's extension (edge.retrieval_options): chunks of vector stores in the context.
+    llmmesh_retrieval: RetrievalOptions | None = Field(
+        default=None, description="llmmesh's extension: put chunks of these vector stores in the context."
+    )
 
     def to_messages(self) -> list[common_pb2.ChatMessage]:
         return chat_messages(self.messages)

@@ -78,6 +78,7 @@ from llmmesh.v1 import (
     common_pb2,
     engine_service_pb2,
     model_registry_service_pb2,
+    retrieval_service_pb2,
 )
 from region import metrics as region_metrics
 from region.admission import Admission
@@ -91,6 +92,7 @@ from region.lifecycle_retry import RecordRetries
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
+from region.retrieval_context import ChatRetrievalContext
 from region.router import KvAffinityRouter
 from region.safety import SafetyFilters
 from region.settings import RegionSettings
@@ -144,6 +146,9 @@ class ChatGateway:
     """Authenticates, validates, admits, places and meters chat turns."""
 
     summaries: Summaries | None = None
+    retrieval: ChatRetrievalContext | None = None
+    """Puts vector store chunks in the context of turns that ask; set by the
+    region's server (None: such a turn is refused)."""
     record_retries: RecordRetries | None = None
     """Retries turn records the zone store refused; set by the region's server
     (None: such a record is only logged)."""
@@ -220,6 +225,7 @@ class ChatGateway:
         require_chat_model(model, self._pool.models, self._embedding_models())
         if self._safety is not None:
             await self._safety.input_filter.check(input_texts(start))
+        retrieval = await self._retrieve(start, caller, secret)
         prepared = await self._prepare(caller, model, start)
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
@@ -245,6 +251,8 @@ class ChatGateway:
             async for event in self._place_and_stream(turn, start, cancel):
                 if event.WhichOneof("event") == "started":
                     event.started.route.CopyFrom(route)
+                    if retrieval is not None:
+                        event.started.retrieval.CopyFrom(retrieval)
                 yield event
         except asyncio.CancelledError:
             turn.meter.reason = common_pb2.FINISH_REASON_CANCELLED
@@ -253,6 +261,21 @@ class ChatGateway:
             admitted.release_slot()
             if turn.record is None:
                 self._start_record(turn)
+
+    async def _retrieve(
+        self, start: chat_service_pb2.ChatStart, caller: Caller, secret: str | None
+    ) -> retrieval_service_pb2.ChatRetrievalReport | None:
+        """Excerpts of the vector stores the turn names, put in its messages
+        (:mod:`region.retrieval_context`)."""
+        if self.retrieval is not None:
+            return await self.retrieval.augment(start, caller, secret)
+        if start.HasField("retrieval"):
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                "this region serves no retrieval",
+                metadata={"param": "llmmesh_retrieval"},
+            )
+        return None
 
     async def _prepare(
         self, caller: Caller, model: model_registry_service_pb2.Model, start: chat_service_pb2.ChatStart

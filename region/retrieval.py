@@ -20,7 +20,7 @@ from llmmesh.v1 import embedding_service_pb2
 from llmmesh.v1 import retrieval_service_pb2 as pb
 from region.embeddings import EmbeddingsGateway
 from region.policy_cache import Caller, PolicyCache
-from region.retrieval_settings import RetrievalSettings
+from region.retrieval_settings import MAX_STORES_PER_SEARCH, RetrievalSettings
 from region.vector_store import VectorStoreDb
 from region.vector_store_rows import ChunkHit, FileRow, VectorStoreFileRow, VectorStoreRow
 from region.vector_store_text import chunk_text, query_terms
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 PURPOSES = ("assistants",)
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 DEFAULT_RESULTS, MAX_RESULTS = 10, 50
-MAX_STORES_PER_SEARCH = 10
 MAX_QUERY_CHARS = 4096
 MIN_CHUNK_CHARS, MAX_CHUNK_CHARS = 100, 20_000
 _EMBED_BATCH = 64

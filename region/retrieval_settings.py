@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from llmmesh.config import setting
 
+MAX_STORES_PER_SEARCH = 10
+"""Vector stores one search (or one chat turn) may name."""
+
 
 @dataclass(frozen=True)
 class RetrievalSettings:

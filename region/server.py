@@ -55,6 +55,7 @@ from region.quota import QuotaLedger
 from region.ratelimit import LocalRateLimiter, RateLimiter
 from region.ratelimit_redis import RedisRateLimiter
 from region.retrieval import RetrievalGateway
+from region.retrieval_context import ChatRetrievalContext
 from region.retrieval_servicer import RETRIEVAL_METHODS, RETRIEVAL_SERVICE_NAME, RetrievalServicer
 from region.router import KvAffinityRouter, LoadBoard, RoutingPolicy
 from region.safety import SafetyFilters, build_filters
@@ -276,6 +277,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
     vector_db = await VectorStoreDb.open(settings.zone_store_database_url(), settings.region)
     retrieval = RetrievalGateway(settings, settings.zone, policy, vector_db, embeddings)
+    gateway.retrieval = ChatRetrievalContext(retrieval, settings.retrieval_context_results)
     moderation = ModerationGateway(settings, policy, admission, safety)
     conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
