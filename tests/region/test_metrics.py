@@ -22,7 +22,7 @@ from region.metrics import REGISTRY
 from region.policy_cache import Caller
 from region.quota import QuotaLedger
 from region.ratelimit import LocalRateLimiter
-from tests.stack import DEV_KEY, Stack, wait_until
+from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,14 +45,28 @@ def registry_value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def chat(stack: Stack, text: str, max_tokens: int) -> list[chat_service_pb2.ChatResponse]:
-    request = chat_service_pb2.ChatRequest(
+def sum_samples(name: str) -> float:
+    """A counter summed over its labels, from the region registry."""
+    return sum(
+        sample.value for family in REGISTRY.collect() for sample in family.samples if sample.name == name
+    )
+
+
+def start_request(text: str, max_tokens: int) -> chat_service_pb2.ChatRequest:
+    return chat_service_pb2.ChatRequest(
         start=chat_service_pb2.ChatStart(
             model="auto",
             messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content=text)],
             sampling=common_pb2.SamplingParams(max_tokens=max_tokens),
         )
     )
+
+
+async def chat(stack: Stack, text: str, max_tokens: int) -> list[chat_service_pb2.ChatResponse]:
+    return await send(stack, start_request(text, max_tokens))
+
+
+async def send(stack: Stack, request: chat_service_pb2.ChatRequest) -> list[chat_service_pb2.ChatResponse]:
     async with open_channel(stack.region.address) as channel:
         call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(
             metadata=(("authorization", f"Bearer {DEV_KEY}"),)
@@ -143,3 +157,17 @@ async def test_gauges_follow_the_pods(stack: Stack) -> None:
     samples = scrape(endpoint.url)
     assert value(samples, "llmmesh_region_pool_pods", region=region, pool=pool, state="unhealthy") == 1
     await wait_until(lambda: pod.healthy, what="the pod back after its next health check")
+
+
+async def test_a_turn_failing_mid_stream_is_one_turn_error() -> None:
+    """Every generation fails after a few tokens (the simulator's injected
+    faults, the same for these seeds on every run): each turn ends with an
+    error event and is counted once."""
+    async with running_stack(sim_error_rate=1.0) as stack:
+        before = sum_samples("llmmesh_region_turn_errors_total")
+        for seed in (1, 2, 3):
+            request = start_request("Tell me about the mesh.", 40)
+            request.start.sampling.seed = seed
+            events = await send(stack, request)
+            assert events[0].HasField("started") and events[-1].HasField("error")
+        assert sum_samples("llmmesh_region_turn_errors_total") == before + 3
