@@ -4,7 +4,8 @@ A plane binds ``host:port`` and tells others where to dial it: the
 advertised address. By default that is the bound address, but a wildcard
 bind (``0.0.0.0``, ``::``) names no host another machine can dial, so a
 plane bound to one refuses to start unless it is given an advertised
-address (``--advertise-address HOST:PORT``).
+address (``--advertise-address HOST:PORT``, or ``HOST`` alone to
+advertise the port it bound, which suits a port picked at start).
 """
 
 from __future__ import annotations
@@ -52,10 +53,29 @@ def is_wildcard(host: str) -> bool:
     return host.strip() in WILDCARD_HOSTS
 
 
+def _advertised_parts(text: str, plane: str) -> tuple[str, int | None]:
+    """``HOST:PORT`` or ``HOST`` (port None) of an advertised address; never a wildcard host."""
+    what = f"{plane}'s advertise_address"
+    raw = text.strip()
+    port: int | None = None
+    if raw.startswith("[") and raw.endswith("]"):
+        host = raw[1:-1]
+        _check_ipv6(host, what, text)
+    elif ":" not in raw:
+        host = raw
+        if not _valid_host_name(host):
+            raise AddressError(f"{what} must be host:port or host, got {text!r}")
+    else:
+        host, port = split_host_port(raw, what)
+    if is_wildcard(host):
+        raise AddressError(f"{what} must name a host others can dial, not {host or 'nothing'!r}")
+    return host, port
+
+
 def check_advertisable(host: str, advertise_address: str, plane: str) -> None:
     """Refuse, before binding, what :func:`advertised_address` would refuse after."""
     if advertise_address:
-        split_host_port(advertise_address, f"{plane}'s advertise_address")
+        _advertised_parts(advertise_address, plane)
     elif is_wildcard(host):
         raise AddressError(
             f"{plane} binds {host or 'every interface'!r}, which no other host can dial: "
@@ -65,16 +85,18 @@ def check_advertisable(host: str, advertise_address: str, plane: str) -> None:
 
 
 def advertised_address(bound: str, advertise_address: str, plane: str) -> str:
-    """What ``plane`` tells others to dial: ``advertise_address`` when set, else ``bound``.
+    """What ``plane`` tells others to dial: ``advertise_address`` when set (with
+    the bound port when it names a host only), else ``bound``.
 
     AddressError for a malformed address, and for a wildcard bound host
     without an advertised address.
     """
+    bound_host, _, bound_port = bound.strip().rpartition(":")
     if advertise_address:
-        host, port = split_host_port(advertise_address, f"{plane}'s advertise_address")
-        return join_host_port(host, port)
+        host, port = _advertised_parts(advertise_address, plane)
+        return join_host_port(host, port if port is not None else int(bound_port))
+    check_advertisable(bound_host.strip("[]"), "", plane)
     host, port = split_host_port(bound, f"{plane}'s bound address")
-    check_advertisable(host, "", plane)
     return join_host_port(host, port)
 
 

@@ -87,16 +87,22 @@ def redis_probe(host: str, port: int) -> Probe:
     return probe
 
 
-def start_embedded_redis(sup: Supervisor, host: str, data_dir: Path) -> tuple[Plane, str]:
-    """Start ``redis-server`` under ``sup`` and wait for it; the plane and its URL."""
+def start_embedded_redis(
+    sup: Supervisor, host: str, data_dir: Path, *, private_network: bool = False
+) -> tuple[Plane, str]:
+    """Start ``redis-server`` under ``sup`` and wait for it; the plane and its URL.
+
+    ``private_network``: ``host`` is on a bridge only this machine's network
+    namespaces reach (``llmmesh up --netns``), so Redis answers them; else
+    Redis's protected mode answers only local clients."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise MeshStartError("--redis embedded needs redis-server on the PATH")
     port = free_port(host)
     argv = [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no"]
     argv += ["--dir", str(data_dir), "--loglevel", "warning"]
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        # Bound to a private bridge of llmmesh up --netns: protected mode would answer DENIED to every host.
+    if private_network:
+        # Protected mode would answer DENIED to every other namespace.
         argv += ["--protected-mode", "no"]
     plane = sup.launch_program("redis", "redis", argv, redis_probe(host, port))
     sup.wait_ready([plane])

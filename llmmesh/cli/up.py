@@ -64,6 +64,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from llmmesh.addresses import AddressError, check_advertisable, is_wildcard
 from llmmesh.certs import CertFiles
 from llmmesh.cli.certs import certs_dir, ensure_mesh_certs
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
@@ -132,6 +133,12 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "$LLMMESH_HOME/certs, created on first start",
     )
     parser.add_argument(
+        "--advertise-host",
+        default="",
+        help="host name or address the planes advertise (with the ports they bind) for other machines "
+        "to dial; needed with a --host of 0.0.0.0 or ::, which no other machine can dial",
+    )
+    parser.add_argument(
         "--netns",
         action="store_true",
         help="run the global plane, the edge and each region with its pods on a host of its own: a Linux "
@@ -156,6 +163,18 @@ def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
     else:
         config = default_mesh_config(args.engine or "sim")
     config = config.with_overrides(edge_port=args.edge_port, host=args.host)
+    advertise, netns = getattr(args, "advertise_host", ""), getattr(args, "netns", False)
+    if netns and advertise:
+        raise MeshConfigError("--netns gives every plane an address of its own: drop --advertise-host")
+    if not netns and is_wildcard(config.host) and not advertise:
+        raise MeshConfigError(
+            f"--host {config.host!r} binds every interface, which names no address to dial: "
+            "give the host other machines reach this one at with --advertise-host HOST"
+        )
+    try:
+        check_advertisable(config.host, advertise, "--advertise-host")
+    except AddressError as err:
+        raise MeshConfigError(str(err)) from None
     zone = config.zone(args.zone).name if args.zone else config.zones[0].name
     return config, zone
 
@@ -173,9 +192,11 @@ class MeshLauncher:
         *,
         insecure: bool = False,
         network: HostNetwork | None = None,
+        advertise_host: str = "",
     ) -> None:
         self.sup = sup
         self.network = network
+        self.advertise_host = advertise_host
         self.hosts: dict[str, NetHost] = {}
         self.config = config
         self.embedded_redis = embedded_redis
@@ -221,6 +242,14 @@ class MeshLauncher:
         host = self.hosts[plane]
         return host.address, host.exec_prefix()
 
+    def _bind(self, plane: str, port: int | str) -> tuple[list[str], list[str]]:
+        """The flags that bind ``plane`` (and say what it advertises), and its command prefix."""
+        host, prefix = self._host(plane)
+        flags = ["--host", host, "--port", str(port)]
+        if self.advertise_host and self.network is None:
+            flags += ["--advertise-address", self.advertise_host]
+        return flags, prefix
+
     def _make_hosts(self) -> None:
         """A host of its own for the global plane, the edge and each region (with its pods)."""
         if self.network is None:
@@ -239,8 +268,8 @@ class MeshLauncher:
             self.certs = ensure_mesh_certs(certs_dir(), self._identities())
             self.progress(f"mesh certificates in {certs_dir()} ({len(self.certs)} holders)")
         self.progress("starting the global plane")
-        host, prefix = self._host("global")
-        flags = ["--host", host, "--port", str(config.global_port), "--dev-key", self.dev_key]
+        flags, prefix = self._bind("global", config.global_port)
+        flags += ["--dev-key", self.dev_key]
         flags += self._tls_flags("global")
         flags += ["--dev-zone", self.primary_zone, "--metrics-port", "0"]
         env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
@@ -260,8 +289,8 @@ class MeshLauncher:
         self._start_pods()
         self._start_regions()
         self.progress("starting the edge")
-        host, prefix = self._host("edge")
-        flags = ["--host", host, "--port", str(config.edge_port), "--global-address", glob.address()]
+        flags, prefix = self._bind("edge", config.edge_port)
+        flags += ["--global-address", glob.address()]
         flags += self._tls_flags("edge")
         self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env(), prefix=prefix)
         self.progress(f"edge serving on {self.edge.info['url']}")
@@ -278,8 +307,11 @@ class MeshLauncher:
         if self.embedded_redis:
             self.progress("starting redis-server")
             # On separate hosts it runs in the root namespace, which every host reaches by the bridge.
-            host = self.network.gateway if self.network is not None else self.config.host
-            self.redis, self.redis_url = start_embedded_redis(self.sup, host, self.sup.run_dir)
+            net = self.network
+            host = net.gateway if net is not None else self.config.host
+            self.redis, self.redis_url = start_embedded_redis(
+                self.sup, host, self.sup.run_dir, private_network=net is not None
+            )
             self.progress(f"redis-server serving on {self.redis.address()}")
 
     def _check(self) -> None:
@@ -293,8 +325,8 @@ class MeshLauncher:
         self.progress(f"starting {len(pods)} engine pods")
         for region, (pod_id, model) in pods:
             backend = self.config.backend_of(region)
-            host, prefix = self._host(region.name)
-            flags = ["--host", host, "--port", "0", "--metrics-port", "0"]
+            flags, prefix = self._bind(region.name, 0)
+            flags += ["--metrics-port", "0"]
             flags += ["--backend", backend, "--pod-id", pod_id, *self._tls_flags(f"engine-{pod_id}")]
             plane = self.pods[pod_id] = self.sup.launch(
                 f"engine pod {pod_id}", "engine", *flags, prefix=prefix, env=pod_env(backend, model)
@@ -324,8 +356,8 @@ class MeshLauncher:
         assert self.global_plane is not None
         store = self.config.zone(region.zone).store_database_url(mesh_home())
         engines = ",".join(self.pods[pod_id].address() for pod_id in region.pod_ids())
-        host, prefix = self._host(region.name)
-        flags = ["--host", host, "--port", str(region.port), "--region", region.name]
+        flags, prefix = self._bind(region.name, region.port)
+        flags += ["--region", region.name]
         flags += ["--zone", region.zone, "--global-address", self.global_plane.address()]
         flags += ["--engine-addresses", engines, *self._tls_flags(f"region-{region.name}")]
         flags += ["--metrics-port", "0"]
@@ -475,6 +507,7 @@ def run_up(args: argparse.Namespace) -> int:
             embedded_redis=redis.embedded,
             insecure=args.insecure,
             network=network,
+            advertise_host=getattr(args, "advertise_host", ""),
         )
         status = 0
         try:

@@ -68,8 +68,16 @@ def test_a_wildcard_bind_is_never_advertised(host: str) -> None:
 def test_the_advertised_address_wins_over_the_bound_one() -> None:
     assert advertised_address("0.0.0.0:7000", "region-a.example:443", "r") == "region-a.example:443"
     assert advertised_address("10.1.2.3:7000", "", "r") == "10.1.2.3:7000"
-    with pytest.raises(AddressError, match="port"):
-        advertised_address("0.0.0.0:7000", "region-a.example", "r")
+    # A host alone advertises the port bound: a port picked at start.
+    assert advertised_address("0.0.0.0:7000", "region-a.example", "r") == "region-a.example:7000"
+    assert advertised_address("[::]:7000", "[fd00::7]", "r") == "[fd00::7]:7000"
+    assert advertised_address(":7000", "10.1.2.3:443", "r") == "10.1.2.3:443"
+
+
+@pytest.mark.parametrize("advertised", ["0.0.0.0", "0.0.0.0:80", "[::]", "host:0", "a b", "[zz]"])
+def test_an_advertised_address_must_be_dialable(advertised: str) -> None:
+    with pytest.raises(AddressError, match="advertise_address"):
+        check_advertisable("0.0.0.0", advertised, "the edge")
 
 
 @pytest.mark.asyncio
