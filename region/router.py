@@ -24,7 +24,8 @@ Disaggregated serving: when the healthy pods include prefill pods and
 decode pods (their ``GetEngineInfo.role``), a turn's prefill phase is
 placed by the policy over the prefill pods and its decode phase on the
 least-loaded decode pod (:mod:`region.disaggregation`); otherwise turns go
-to the pods that serve whole turns.
+to the pods that serve whole turns, and a premium turn may hedge onto the
+least-loaded other one (:mod:`region.hedging`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -46,6 +48,7 @@ from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2, engine_service_pb2
 from region.disaggregation import PhasedPod, role_of
 from region.engine_pool import EnginePodHandle, EnginePool
+from region.hedging import HedgedPod, HedgingPolicy
 from region.kv_index import PrefixIndex, PrefixIndexError
 from region.recent_prefixes import RecentPrefixes
 from region.tokenizer_client import TokenizerClient
@@ -198,8 +201,10 @@ class KvAffinityRouter:
         tuning: RoutingTuning | None = None,
         loads: LoadBoard | None = None,
         clock: Callable[[], float] | None = None,
+        hedging: HedgingPolicy | None = None,
     ) -> None:
         self.policy = RoutingPolicy(policy)
+        self.hedging = hedging or HedgingPolicy()
         if self.policy is RoutingPolicy.PRECISE and index is None:
             raise ValueError("the precise policy needs a prefix index")
         self.tuning = tuning or RoutingTuning()
@@ -256,7 +261,21 @@ class KvAffinityRouter:
             return await self._disaggregated(prefill, decode, token_ids)
         # Whole turns: a prefill pod only when nothing else is up.
         whole = [pod for pod in candidates if roles[pod.pod_id] != engine_service_pb2.POD_ROLE_PREFILL]
-        return await self._place(whole or candidates, token_ids)
+        decision = await self._place(whole or candidates, token_ids)
+        others = [pod for pod in whole if pod is not decision.pod]
+        if self.hedging.enabled and others:
+            backup = functools.partial(self._backup, others)
+            decision = dataclasses.replace(decision, pod=HedgedPod(decision.pod, backup, self.hedging))
+        return decision
+
+    async def _backup(self, pods: list[EnginePodHandle]) -> EnginePodHandle | None:
+        """A hedged turn's second pod: the least loaded of ``pods`` still healthy."""
+        healthy = [pod for pod in pods if pod.healthy]
+        if not healthy:
+            return None
+        return min(
+            healthy, key=lambda p: (self.loads.load_of(p).load(self.tuning), self.loads.load_of(p).depth)
+        )
 
     async def _disaggregated(
         self, prefill: list[EnginePodHandle], decode: list[EnginePodHandle], token_ids: Sequence[int]

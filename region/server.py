@@ -44,6 +44,7 @@ from region.engine_pool import EnginePool
 from region.fair_queue import FairQueue
 from region.gateway import ChatGateway
 from region.heartbeat import Heartbeater
+from region.hedging import HedgingPolicy
 from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
@@ -241,7 +242,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     )
     tokenizer = TokenizerClient(pool)
     loads = LoadBoard(pool)
-    router = KvAffinityRouter(routing, pool, index, tokenizer, loads=loads)
+    hedging = HedgingPolicy(settings.hedge_ttft_ms / 1000, settings.hedge_max_priority)
+    router = KvAffinityRouter(routing, pool, index, tokenizer, loads=loads, hedging=hedging)
     feeds = KvEventFeeds(index) if routing is RoutingPolicy.PRECISE else None
     queue = FairQueue(0, max_waiting=settings.admission_max_waiting)
     admission = Admission(limiter, QuotaLedger(billing, store, settings.quota_refresh_ms / 1000), queue)

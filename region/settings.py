@@ -40,6 +40,12 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
     routing_policy: str = setting(
         "precise", "how turns are placed on pods: precise, approximate, round_robin or least_loaded"
     )
+    hedge_ttft_ms: int = setting(
+        0, "premium turns without a first token after this many ms start on a second pod too; 0 off"
+    )
+    hedge_max_priority: int = setting(
+        0, "hedging covers engine priorities up to this (0 enterprise, 1 pro, 2 free)"
+    )
     redis_url: str = setting(
         "",
         "Redis URL shared by every region of the zone and their replicas: a key's RPM/TPM count once "

@@ -1,0 +1,152 @@
+"""Request hedging on real simulator pods (gRPC, in process): a turn whose
+pod is slow to its first token starts on a second pod after the deadline;
+the first token wins, the slow pod's generation is aborted, and only the
+winner's events (so only its usage) reach the gateway. Turns of a tier
+above the hedging priority never hedge."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import pytest_asyncio
+
+from engine.server import EnginePod, start_engine
+from engine.settings import EngineSettings
+from engine.sim.backend import SimBackend
+from globalplane.server import start_global_plane
+from globalplane.settings import GlobalSettings
+from llmmesh.grpcserver import open_channel
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from llmmesh.v1 import engine_service_pb2 as pb
+from region.engine_pool import EnginePool
+from region.hedging import HedgedPod, HedgingPolicy
+from region.router import KvAffinityRouter, RoutingPolicy
+from region.server import start_region
+from region.tokenizer_client import TokenizerClient
+from tests.stack import DEV_KEY, region_settings, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+POD = {"insecure": True, "context_window": 512, "sim_inter_token_s": 0.001, "sim_prefill_overhead_s": 0.0001}
+PROMPT = list(range(300, 380))  # 80 tokens
+
+
+@dataclass
+class Pods:
+    slow: EnginePod
+    fast: EnginePod
+    pool: EnginePool
+    router: KvAffinityRouter
+
+
+@pytest_asyncio.fixture
+async def pods() -> AsyncIterator[Pods]:
+    # 80 prompt tokens at 50 ms each: four seconds to the slow pod's first token.
+    slow = await start_engine(EngineSettings(pod_id="slow", sim_prefill_per_token_s=0.05, **POD))  # type: ignore[arg-type]
+    fast = await start_engine(EngineSettings(pod_id="fast", sim_prefill_per_token_s=0.00001, **POD))  # type: ignore[arg-type]
+    pool = EnginePool([slow.address, fast.address])
+    await pool.check()
+    await wait_until(lambda: len(pool.healthy_pods) == 2, what="pods up")
+    hedging = HedgingPolicy(after_s=0.2, max_priority=0)
+    router = KvAffinityRouter(RoutingPolicy.ROUND_ROBIN, pool, None, TokenizerClient(pool), hedging=hedging)
+    try:
+        yield Pods(slow, fast, pool, router)
+    finally:
+        await pool.close()
+        for pod in (slow, fast):
+            await pod.stop(0.5)
+
+
+def sim(pod: EnginePod) -> SimBackend:
+    assert isinstance(pod.backend, SimBackend)
+    return pod.backend
+
+
+async def run(pods: Pods, request_id: str, priority: int) -> list[pb.GenerationEvent]:
+    decision = await pods.router.choose("", PROMPT)
+    assert isinstance(decision.pod, HedgedPod) and decision.pod_id == "slow"
+    start = pb.GenerateStart(
+        request_id=request_id,
+        prompt_token_ids=PROMPT,
+        sampling=common_pb2.SamplingParams(max_tokens=8, seed=1),
+        priority=priority,
+    )
+    generation = await decision.pod.session.start(request_id, pb.GenerateSessionRequest(start=start))
+    try:
+        return [event async for event in generation]
+    finally:
+        generation.abandon("done")
+
+
+async def test_a_premium_turn_slow_to_its_first_token_is_won_by_the_second_pod(pods: Pods) -> None:
+    events = await run(pods, "hedge-1", priority=0)
+    kinds = [event.WhichOneof("event") for event in events]
+    assert kinds.count("started") == 1 and kinds[-1] == "finished"
+    started = next(event.started for event in events if event.HasField("started"))
+    assert started.pod_id == "fast"
+    # Only the winner's usage: its prompt once, its eight tokens.
+    assert events[-1].finished.usage.input_tokens == len(PROMPT)
+    assert events[-1].finished.usage.output_tokens == 8
+    assert sum(len(event.delta.token_ids) for event in events if event.HasField("delta")) == 8
+    # The loser was aborted: nothing runs or waits on the slow pod.
+    await wait_until(lambda: sim(pods.slow).load().running + sim(pods.slow).load().waiting == 0, what="abort")
+    assert all(pod.in_flight == 0 for pod in pods.pool.pods)
+
+
+async def test_a_turn_above_the_hedging_priority_waits_for_its_pod(pods: Pods) -> None:
+    events = await run(pods, "no-hedge", priority=2)
+    started = next(event.started for event in events if event.HasField("started"))
+    assert started.pod_id == "slow"
+    assert events[-1].finished.usage.output_tokens == 8
+    assert sim(pods.fast).pool.query_tokens == 0
+
+
+async def test_a_negative_deadline_is_refused() -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        HedgingPolicy(after_s=-1.0)
+
+
+async def test_a_region_hedges_an_enterprise_turn_and_bills_the_winner_once() -> None:
+    glob = await start_global_plane(
+        GlobalSettings(
+            dev_key=DEV_KEY,
+            dev_tier="enterprise",
+            heartbeat_interval_ms=200,
+            database_url="sqlite://",
+            insecure=True,
+        )
+    )
+    slow = await start_engine(EngineSettings(pod_id="us-east-slow", sim_prefill_per_token_s=0.05, **POD))  # type: ignore[arg-type]
+    fast = await start_engine(EngineSettings(pod_id="us-east-fast", sim_prefill_per_token_s=0.00001, **POD))  # type: ignore[arg-type]
+    region = await start_region(
+        region_settings(glob.address, [slow, fast], routing_policy="round_robin", hedge_ttft_ms=200)
+    )
+    try:
+        await wait_until(lambda: len(region.pool.healthy_pods) == 2, what="pods up")
+        request = chat_service_pb2.ChatRequest(
+            start=chat_service_pb2.ChatStart(
+                model="auto",
+                messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="word " * 60)],
+                sampling=common_pb2.SamplingParams(max_tokens=8),
+            )
+        )
+        async with open_channel(region.address) as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(
+                metadata=(("authorization", f"Bearer {DEV_KEY}"),)
+            )
+            await call.write(request)
+            await call.done_writing()
+            events = [event async for event in call]
+        started = next(event.started for event in events if event.HasField("started"))
+        assert started.pod_id == "us-east-fast"
+        usage = next(event.usage.usage for event in events if event.HasField("usage"))
+        assert usage.output_tokens == 8
+        assert usage.input_tokens == sim(fast).pool.query_tokens
+        await wait_until(lambda: sim(slow).load().running + sim(slow).load().waiting == 0, what="abort")
+    finally:
+        await region.stop(0.5)
+        for pod in (slow, fast):
+            await pod.stop(0.5)
+        await glob.stop(0.5)
