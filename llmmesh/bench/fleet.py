@@ -5,13 +5,14 @@ The mesh is ``llmmesh up`` with one region serving llmmesh-small and
 llmmesh-large (``pods_per_model`` simulator pods each, with the family's
 per-size step costs; :mod:`llmmesh.model_family`). Each system ("auto",
 "always_large", "always_small": the request's ``model``) sends every turn
-of the workload (:mod:`llmmesh.bench.fleet_workload`) streamed, at
-``concurrency``, in rounds whose order alternates (ABC, CBA, …) so that
-no system always runs first. A turn's cost is its usage at the prices of
+of the workload (:mod:`llmmesh.bench.fleet_workload`) streamed, at the
+same seeded Poisson arrival times (``rate`` turns a second: an open loop,
+so a system that answers faster is not sent more), in rounds whose order
+alternates (ABC, CBA, …) so that no system always runs first. A turn's cost is its usage at the prices of
 the model that served it (the registry's, from ``GET /v1/models``); TTFT is
 from sending to the first content. Every turn starts with a reference of
 its own, so that no system is served from another's prefix caches, and
-each system first sends ``concurrency`` unmeasured turns. Targets: auto costs at least 40% less
+each system first sends ``warmup`` unmeasured turns. Targets: auto costs at least 40% less
 per turn than always-large at a TTFT p90 no worse.
 """
 
@@ -22,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -48,14 +50,16 @@ class FleetBenchPlan:
     """What to run."""
 
     workload: FleetWorkload = field(default_factory=FleetWorkload)
-    concurrency: int = 4
+    rate: float = 2.0
+    """Turns sent per second (Poisson arrivals, the same schedule for every system)."""
     rounds: int = 2
     pods_per_model: int = 1
+    warmup: int = 2
     startup_timeout_s: float = 180.0
 
     def __post_init__(self) -> None:
-        if min(self.concurrency, self.rounds, self.pods_per_model) < 1:
-            raise ValueError("concurrency, rounds and pods per model must be positive")
+        if min(self.rounds, self.pods_per_model) < 1 or not self.rate > 0 or self.warmup < 0:
+            raise ValueError("rate, rounds and pods per model must be positive, warmup not negative")
 
 
 def fleet_toml(pods_per_model: int) -> str:
@@ -122,9 +126,9 @@ class FleetBench:
                 prices = await _prices(http)
                 results = {name: SystemResult() for name in SYSTEMS}
                 order = list(SYSTEMS)
-                warmup = turns[: self._plan.concurrency]
                 for name in order:
-                    await self._system(http, SYSTEMS[name], _tagged(warmup, f"warm {name}"), prices)
+                    for turn in _tagged(turns[: self._plan.warmup], f"warm {name}"):
+                        await _one(http, SYSTEMS[name], turn, prices)
                 for round_index in range(self._plan.rounds):
                     for name in order if round_index % 2 == 0 else reversed(order):
                         self._progress(f"round {round_index + 1}: {name}, {len(turns)} turns")
@@ -132,7 +136,7 @@ class FleetBench:
                         results[name].turns += await self._system(http, SYSTEMS[name], tagged, prices)
         workload = {
             **asdict(self._plan.workload),
-            "concurrency": self._plan.concurrency,
+            "rate": self._plan.rate,
             "rounds": self._plan.rounds,
         }
         return FleetReport(workload, results)
@@ -144,17 +148,18 @@ class FleetBench:
         turns: Sequence[FleetTurn],
         prices: dict[str, tuple[Decimal, Decimal]],
     ) -> list[TurnResult]:
-        queue: asyncio.Queue[FleetTurn] = asyncio.Queue()
+        # Open loop: every system gets the same arrival times, however fast it answers.
+        arrivals = random.Random(self._plan.workload.seed)
+        loop = asyncio.get_running_loop()
+        began, at = loop.time(), 0.0
+        sent = []
         for turn in turns:
-            queue.put_nowait(turn)
-        done: list[TurnResult] = []
-
-        async def worker() -> None:
-            while not queue.empty():
-                done.append(await _one(http, model, queue.get_nowait(), prices))
-
-        await asyncio.gather(*(worker() for _ in range(self._plan.concurrency)))
-        return done
+            delay = began + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent.append(asyncio.create_task(_one(http, model, turn, prices)))
+            at += arrivals.expovariate(self._plan.rate)
+        return list(await asyncio.gather(*sent))
 
 
 def _tagged(turns: Sequence[FleetTurn], tag: str) -> list[FleetTurn]:

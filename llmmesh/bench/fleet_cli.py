@@ -1,10 +1,10 @@
 """The command line of ``llmmesh bench fleet``: its flags and its plan.
 
-``--requests`` is the number of turns in the workload, ``--concurrency``
-(its first level) the turns each system has in flight, ``--rounds`` how
-often each system sends the whole workload, ``--max-tokens`` the reply
-budget of every turn; ``--quick`` is a smoke run (12 turns, one round,
-concurrency 2, 32 tokens). Explicit flags win over ``--quick``.
+``--requests`` is the number of turns in the workload, ``--rate`` the
+turns sent per second, ``--rounds`` how often each system sends the whole
+workload, ``--warmup`` the unmeasured turns each system sends first,
+``--max-tokens`` the reply budget of every turn; ``--quick`` is a smoke run
+(12 turns, one round, 32 tokens). Explicit flags win over ``--quick``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from typing import Any
 from llmmesh.bench.fleet import FleetBench, FleetBenchPlan
 from llmmesh.bench.fleet_workload import FleetWorkload
 
-QUICK = FleetBenchPlan(
-    workload=FleetWorkload(turns=12, chat_max_tokens=32, hard_max_tokens=32), concurrency=2, rounds=1
-)
+QUICK = FleetBenchPlan(workload=FleetWorkload(turns=12, chat_max_tokens=32, hard_max_tokens=32), rounds=1)
 
 
 def _share(text: str) -> float:
@@ -38,6 +36,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     fleet.add_argument("--pods-per-model", type=int, default=None, help="simulator pods per model (1)")
     fleet.add_argument("--seed", type=int, default=None, help="the workload's seed")
+    fleet.add_argument("--rate", type=float, default=None, help="turns sent per second, Poisson arrivals (2)")
 
 
 def fleet_plan_from_args(args: argparse.Namespace) -> FleetBenchPlan:
@@ -54,8 +53,10 @@ def fleet_plan_from_args(args: argparse.Namespace) -> FleetBenchPlan:
     if args.seed is not None:
         changes["seed"] = args.seed
     plan_changes: dict[str, Any] = {"workload": dataclasses.replace(workload, **changes)}
-    if args.concurrency:
-        plan_changes["concurrency"] = args.concurrency[0]
+    if args.rate is not None:
+        plan_changes["rate"] = args.rate
+    if args.warmup is not None:
+        plan_changes["warmup"] = args.warmup
     if args.rounds is not None:
         plan_changes["rounds"] = args.rounds
     if args.pods_per_model is not None:
