@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge.chunks import ChunkStream, blocked_categories, completion_object
+from edge.conversation_objects import turn_context_headers
 from edge.errors import OpenAIError
 from edge.failover import FailoverPolicy, FailoverTurn
 from edge.json_body import read_json
@@ -143,6 +144,7 @@ class CompletionsHandler:
         turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover, spans)
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
         headers.update(ratelimit_headers(turn.started))
+        headers.update(turn_context_headers(turn.started))
         headers.update(route_headers(turn.started))
         created = int(time.time())
         if not stream:

@@ -163,6 +163,21 @@ class BranchObject(BaseModel):
         )
 
 
+def turn_context_headers(started: chat_service_pb2.ChatStarted) -> dict[str, str]:
+    """What a conversation turn's answer says of its place and its history:
+    the message it follows, and how many old turns a summary stood for and
+    how many messages were left out to fit the window. None for other turns."""
+    if not started.conversation_id:
+        return {}
+    headers = {
+        "x-llmmesh-context-summarised-turns": str(started.context.summarised_turns),
+        "x-llmmesh-context-dropped-messages": str(started.context.dropped_messages),
+    }
+    if started.parent_message_id:
+        headers["x-llmmesh-parent-message-id"] = started.parent_message_id
+    return headers
+
+
 class ConversationObject(BaseModel):
     """A conversation. ``zone`` and ``home_region`` say where it is stored."""
 

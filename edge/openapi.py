@@ -69,6 +69,10 @@ _TURN_HEADERS: dict[str, Schema] = {
         ("x-ratelimit-limit-tokens", "Tokens the key may use per minute (when limited)."),
         ("x-ratelimit-remaining-tokens", "Tokens left in the window."),
         ("x-ratelimit-reset-tokens", "Time until the token window is clear."),
+        ("x-llmmesh-parent-message-id", "Of a conversation turn: the stored message it follows."),
+        ("x-llmmesh-context-summarised-turns", "Of a conversation turn: old turns its summary stood for."),
+        ("x-llmmesh-context-dropped-messages", "Of a conversation turn: history left out to fit the window."),
+        ("x-llmmesh-replayed", 'Of a retried message: "true" when answered from the stored reply.'),
     )
 }
 
@@ -162,6 +166,12 @@ _STREAM_ID: Schema = {
     "required": True,
     "description": "The id of the chat completion that started the stream.",
     "schema": STRING,
+}
+_IDEMPOTENCY_KEY: Schema = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "description": "The client's id of the turn (as client_message_id): a retry makes no second turn.",
+    "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,255}$"},
 }
 _LEAF_ID: Schema = {
     "name": "leaf_id",
@@ -283,6 +293,7 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 "Send the next message; the reply is a chat completion, streamed when asked.",
                 _turn_responses(),
                 body=(models[ConversationMessageRequest], _MESSAGE_EXAMPLE),
+                parameters=[_IDEMPOTENCY_KEY],
             ),
             "get": _operation(
                 "List one branch of a conversation's messages, oldest first: the current one, or"
@@ -298,6 +309,7 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                 " The reply is a chat completion, streamed when asked.",
                 _turn_responses(),
                 body=(models[RegenerateRequest], {"stream": True}),
+                parameters=[_IDEMPOTENCY_KEY],
             ),
         },
         "/v1/conversations/{conversation_id}/branches": {

@@ -56,6 +56,9 @@ async def test_edit_regenerate_and_branches(http: httpx.AsyncClient) -> None:
         f"/v1/conversations/{cid}/messages/{a2['id']}/regenerate", json={"stream": True}, headers=AUTH
     )
     assert regenerated.status_code == 200, regenerated.text
+    assert regenerated.headers["x-llmmesh-parent-message-id"] == q2["id"]
+    assert regenerated.headers["x-llmmesh-context-summarised-turns"] == "0"
+    assert regenerated.headers["x-llmmesh-context-dropped-messages"] == "0"
     chunks = sse_chunks(regenerated.text)
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
     current = await messages(http, cid)
