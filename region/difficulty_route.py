@@ -40,6 +40,7 @@ from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 from region.difficulty import DifficultyScorer, RuleScorer, features_of
 from region.engine_pool import EnginePool
+from region.metrics import REGISTRY
 from region.model_policy import require_allowed
 from region.policy_cache import Caller
 from region.quota import QuotaLedger
@@ -60,10 +61,9 @@ ROUTE_DECISIONS = Counter(
     "llmmesh_region_route_decisions",
     "Turns by the model chosen to serve them and why: requested, default, difficulty, budget, fallback",
     ["model", "reason"],
-    registry=None,
+    registry=REGISTRY,
 )
-"""``llmmesh_region_route_decisions_total{model,reason}``; the region's
-metrics registry registers it (``REGISTRY.register(ROUTE_DECISIONS)``)."""
+"""``llmmesh_region_route_decisions_total{model,reason}``, on the region's ``/metrics``."""
 
 BudgetLeft = Callable[[Caller], Awaitable[float | None]]
 """The share of a caller's tenant's monthly quota left; None without a quota."""
