@@ -27,6 +27,8 @@ class Tenant:
     """Models it may use; empty means all models of its tier."""
     conversation_retention_days: int = 0
     """Days its deleted conversations are kept before their purge; 0 means the region's default."""
+    memory_enabled: bool = False
+    """Whether facts about its end users are learned from their turns and put in their context."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class TenantUpdate:
     monthly_token_quota: int | None = None
     allowed_models: tuple[str, ...] | None = None
     conversation_retention_days: int | None = None
+    memory_enabled: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ def tenant_of(row: sa.Row[Any]) -> Tenant:
         monthly_token_quota=row.monthly_token_quota,
         allowed_models=tuple(row.allowed_models),
         conversation_retention_days=row.conversation_retention_days,
+        memory_enabled=bool(row.memory_enabled),
     )
 
 
@@ -71,6 +72,7 @@ def tenant_row(tenant: Tenant) -> dict[str, object]:
         "allowed_models": list(tenant.allowed_models),
         "create_time": tenant.create_time,
         "conversation_retention_days": tenant.conversation_retention_days,
+        "memory_enabled": tenant.memory_enabled,
     }
 
 

@@ -28,6 +28,7 @@ _UPDATABLE = frozenset(
         "monthly_token_quota",
         "allowed_models",
         "conversation_retention_days",
+        "memory_enabled",
     }
 )
 
@@ -44,6 +45,7 @@ def tenant_to_proto(tenant: Tenant) -> ppb.Tenant:
         allowed_models=tenant.allowed_models,
         create_time=timestamp(tenant.create_time),
         conversation_retention_days=tenant.conversation_retention_days,
+        memory_enabled=tenant.memory_enabled,
     )
 
 
@@ -104,6 +106,7 @@ def tenant_update_from_proto(tenant: ppb.Tenant, fields: list[str]) -> TenantUpd
         conversation_retention_days=(
             tenant.conversation_retention_days if "conversation_retention_days" in named else None
         ),
+        memory_enabled=tenant.memory_enabled if "memory_enabled" in named else None,
     )
 
 
@@ -155,6 +158,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
                 monthly_token_quota=spec.monthly_token_quota,
                 allowed_models=tuple(spec.allowed_models),
                 conversation_retention_days=spec.conversation_retention_days,
+                memory_enabled=spec.memory_enabled,
             )
             await self._audit.record("CreateTenant", tenant.id, request)
             return ppb.CreateTenantResponse(tenant=tenant_to_proto(tenant))

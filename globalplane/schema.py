@@ -27,6 +27,8 @@ tenants = sa.Table(
     sa.Column("create_time", UtcDateTime, nullable=False),
     # Days its deleted conversations are kept before their purge; 0: the region's default.
     sa.Column("conversation_retention_days", sa.Integer, nullable=False, server_default="0"),
+    # Whether end users' facts are kept and used (region.memory); off unless set.
+    sa.Column("memory_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 api_keys = sa.Table(

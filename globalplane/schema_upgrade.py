@@ -82,6 +82,11 @@ def upgrade_tenants(conn: Connection) -> None:
         conn.exec_driver_sql(
             f"ALTER TABLE {table} ADD COLUMN conversation_retention_days INTEGER NOT NULL DEFAULT 0"
         )
+    if "memory_enabled" not in {c["name"] for c in sa.inspect(conn).get_columns(schema.tenants.name)}:
+        log.warning("adding column memory_enabled to %s", schema.tenants.name)
+        conn.exec_driver_sql(
+            f"ALTER TABLE {schema.tenants.name} ADD COLUMN memory_enabled BOOLEAN NOT NULL DEFAULT false"
+        )
 
 
 # Columns of ``models`` added since the first version: retirement and canaries.

@@ -93,6 +93,7 @@ class TenantBook:
         monthly_token_quota: int = 0,
         allowed_models: tuple[str, ...] = (),
         conversation_retention_days: int = 0,
+        memory_enabled: bool = False,
     ) -> Tenant:
         """Create a tenant pinned to ``zone``.
 
@@ -118,6 +119,7 @@ class TenantBook:
             monthly_token_quota=monthly_token_quota,
             allowed_models=tuple(allowed_models),
             conversation_retention_days=conversation_retention_days,
+            memory_enabled=memory_enabled,
         )
 
         def create(conn: Connection) -> Tenant:
@@ -203,6 +205,7 @@ class TenantBook:
                 conversation_retention_days=_or(
                     update.conversation_retention_days, tenant.conversation_retention_days
                 ),
+                memory_enabled=_or(update.memory_enabled, tenant.memory_enabled),
             )
             if updated == tenant:
                 return tenant

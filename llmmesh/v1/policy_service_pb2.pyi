@@ -36,6 +36,7 @@ class Tenant(_message.Message):
     ALLOWED_MODELS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CONVERSATION_RETENTION_DAYS_FIELD_NUMBER: _builtins.int
+    MEMORY_ENABLED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Opaque id, "ten_<random>"."""
     name: _builtins.str
@@ -53,6 +54,10 @@ class Tenant(_message.Message):
     conversation_retention_days: _builtins.int
     """Days a soft-deleted conversation's content stays in its zone store
     before it is purged; 0 means the region's default.
+    """
+    memory_enabled: _builtins.bool
+    """Whether the mesh keeps facts about the tenant's end users (learned from
+    their turns, put in their later turns' context); off unless set.
     """
     @_builtins.property
     def allowed_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -75,10 +80,11 @@ class Tenant(_message.Message):
         allowed_models: _abc.Iterable[_builtins.str] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         conversation_retention_days: _builtins.int = ...,
+        memory_enabled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "conversation_retention_days", b"conversation_retention_days", "create_time", b"create_time", "id", b"id", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "conversation_retention_days", b"conversation_retention_days", "create_time", b"create_time", "id", b"id", "memory_enabled", b"memory_enabled", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

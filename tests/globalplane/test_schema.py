@@ -20,7 +20,7 @@ POSTGRESQL = sa.create_engine("postgresql+psycopg://").dialect  # no connection 
 ALLOWED_COLUMNS: dict[str, set[str]] = {
     "tenants": {
         "id", "name", "zone", "tier", "rpm_limit", "tpm_limit", "monthly_token_quota",
-        "allowed_models", "create_time", "conversation_retention_days",
+        "allowed_models", "create_time", "conversation_retention_days", "memory_enabled",
     },
     "api_keys": {
         "id", "tenant_id", "display_prefix", "secret_sha256", "create_time", "expire_time", "revoke_time",
