@@ -131,6 +131,7 @@ async def _tenant_create(channel: grpc.aio.Channel, args: argparse.Namespace) ->
         tpm_limit=args.tpm,
         monthly_token_quota=args.quota,
         allowed_models=models,
+        conversation_retention_days=args.retention_days,
     )
     stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
     tenant = (await stub.CreateTenant(ppb.CreateTenantRequest(tenant=spec), timeout=CALL_TIMEOUT_S)).tenant
@@ -336,6 +337,12 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--quota", type=int, default=0, help="tokens per month; 0 = unlimited")
     create.add_argument(
         "--models", default="", help="comma-separated models it may use; empty = all of its tier"
+    )
+    create.add_argument(
+        "--retention-days",
+        type=int,
+        default=0,
+        help="days deleted conversations are kept before their purge; 0 = the region's default",
     )
     create.set_defaults(admin_command=_tenant_create)
     listing = tenant.add_parser("list", parents=[common], help="list tenants")

@@ -122,7 +122,7 @@ async def _authenticate(plane: GlobalProcess, secret: str) -> ppb.AuthenticateKe
 def test_tenant_create_and_list(capsys: pytest.CaptureFixture[str], plane: GlobalProcess) -> None:
     status, out, _ = admin(
         capsys, plane, "tenant", "create", "acme", "--zone", "eu", "--tier", "pro",
-        "--rpm", "60", "--tpm", "10000", "--models", "llmmesh-tiny, other",
+        "--rpm", "60", "--tpm", "10000", "--models", "llmmesh-tiny, other", "--retention-days", "7",
     )  # fmt: skip
     assert status == 0
     header, row = out.strip().splitlines()
@@ -138,6 +138,7 @@ def test_tenant_create_and_list(capsys: pytest.CaptureFixture[str], plane: Globa
         "60",
     )  # proto3 JSON: int64 as string
     assert acme["allowed_models"] == ["llmmesh-tiny", "other"]
+    assert acme["conversation_retention_days"] == 7
     assert admin_json(capsys, plane, "tenant", "list", "--zone", "nowhere") == []
 
 
@@ -157,6 +158,7 @@ def test_duplicate_tenant_is_one_line_and_status_2(
         (["--zone", "EU"], "is not a zone name"),
         (["--zone", "eu", "--rpm", "-5"], "rpm_limit must be >= 0"),
         (["--zone", "eu", "--quota", "-1"], "monthly_token_quota must be >= 0"),
+        (["--zone", "eu", "--retention-days", "-1"], "conversation_retention_days must be 0"),
     ],
 )
 def test_bad_tenant_input_is_rejected(
