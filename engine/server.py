@@ -20,7 +20,7 @@ from engine.sim.faults import exit_process
 from engine.tiny_model import resolve_model_dir
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
-from llmmesh.addresses import advertised_address, check_advertisable
+from llmmesh.addresses import advertised_address, advertised_url, check_advertisable
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import Role
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -167,7 +167,7 @@ async def serve(settings: EngineSettings) -> None:
             settings.ready_file,
             {
                 "address": pod.address,
-                "metrics_url": pod.metrics.url,
+                "metrics_url": advertised_url(pod.metrics.url, pod.address),
                 "pod_id": pod.pod_id,
                 "backend": settings.backend,
                 "model": settings.model,

@@ -100,6 +100,16 @@ def advertised_address(bound: str, advertise_address: str, plane: str) -> str:
     return join_host_port(host, port)
 
 
+def advertised_url(bound_url: str, advertised: str) -> str:
+    """The URL others reach an HTTP endpoint (``/metrics``) at that binds beside
+    a server advertising ``advertised``: that host, the endpoint's own port."""
+    scheme, _, rest = bound_url.partition("://")
+    where, slash, path = rest.partition("/")
+    port = int(where.rpartition(":")[2])
+    host, _ = split_host_port(advertised)
+    return f"{scheme}://{join_host_port(host, port)}{slash}{path}"
+
+
 def _check_ipv6(host: str, what: str, text: str) -> None:
     try:
         ipaddress.IPv6Address(host)

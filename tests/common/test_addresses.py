@@ -11,6 +11,7 @@ from globalplane.settings import GlobalSettings
 from llmmesh.addresses import (
     AddressError,
     advertised_address,
+    advertised_url,
     check_advertisable,
     join_host_port,
     split_host_port,
@@ -97,3 +98,10 @@ async def test_a_global_plane_bound_to_every_interface_serves_its_advertised_add
         assert plane.address == "mesh-global:50051"
     finally:
         await plane.stop()
+
+
+def test_an_endpoint_beside_a_server_is_reached_at_its_advertised_host() -> None:
+    assert (
+        advertised_url("http://0.0.0.0:9100/metrics", "pod-a.mesh:50061") == "http://pod-a.mesh:9100/metrics"
+    )
+    assert advertised_url("http://[::]:9100/metrics", "[fd00::1]:1") == "http://[fd00::1]:9100/metrics"
