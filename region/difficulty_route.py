@@ -90,6 +90,27 @@ class FleetPolicy:
     named_fallback_tiers: frozenset[common_pb2.Tier.ValueType] = frozenset()
     """Tenant tiers whose turns on a named model may fall back too (``auto`` always may)."""
 
+    def __post_init__(self) -> None:
+        if not self.fallback_queue_factor > 0:
+            raise ValueError(f"fallback_queue_factor must be positive, got {self.fallback_queue_factor}")
+
+    @classmethod
+    def of(cls, fallback_queue_factor: float, named_fallback_tiers: str) -> FleetPolicy:
+        """The policy of the region's settings; ValueError naming an unknown tier."""
+        known = {
+            "free": common_pb2.TIER_FREE,
+            "pro": common_pb2.TIER_PRO,
+            "enterprise": common_pb2.TIER_ENTERPRISE,
+        }
+        tiers = set()
+        for name in (t.strip().lower() for t in named_fallback_tiers.split(",") if t.strip()):
+            if name not in known:
+                raise ValueError(
+                    f"named_fallback_tiers: unknown tier {name!r}; expected free, pro or enterprise"
+                )
+            tiers.add(known[name])
+        return cls(fallback_queue_factor, frozenset(tiers))
+
 
 def _price(model: Model) -> tuple[float, float]:
     return float(model.pricing.output_per_1k_usd or 0), float(model.pricing.input_per_1k_usd or 0)

@@ -83,7 +83,7 @@ from llmmesh.v1 import (
 from region import metrics as region_metrics
 from region.admission import Admission
 from region.conversation_turns import ConversationContext, check_branch_point, conversation_context
-from region.difficulty_route import ModelRouter, quota_budget
+from region.difficulty_route import FleetPolicy, ModelRouter, quota_budget
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
@@ -177,7 +177,12 @@ class ChatGateway:
         ``model_router`` chooses each turn's model (``auto`` by difficulty,
         fallbacks); by default one over these pods and the admission's quota."""
         self.model_router = model_router or ModelRouter(
-            models, pool, router.loads, quota_budget(admission.quota), embedding_models=embedding_models
+            models,
+            pool,
+            router.loads,
+            quota_budget(admission.quota),
+            embedding_models=embedding_models,
+            policy=FleetPolicy.of(settings.fallback_queue_factor, settings.named_fallback_tiers),
         )
         self._settings = settings
         self._embedding_models = embedding_models

@@ -46,6 +46,12 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
     hedge_max_priority: int = setting(
         0, "hedging covers engine priorities up to this (0 enterprise, 1 pro, 2 free)"
     )
+    fallback_queue_factor: float = setting(
+        2.0, "a model is overloaded when every pod of it is this many batches deep; turns then may fall back"
+    )
+    named_fallback_tiers: str = setting(
+        "", "comma-separated tenant tiers whose turns on a named model may fall back too (auto always may)"
+    )
     redis_url: str = setting(
         "",
         "Redis URL shared by every region of the zone and their replicas: a key's RPM/TPM count once "

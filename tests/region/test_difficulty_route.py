@@ -169,3 +169,14 @@ async def test_with_one_model_auto_keeps_the_default_or_the_region_s_model(regio
     chosen, route = await region.router().choose(start(HARD), caller())
     # The tier's default is not deployed here; the region's one usable model serves.
     assert (chosen.name, route.reason) == ("m-small", "default")
+
+
+def test_the_policy_reads_the_region_settings() -> None:
+    policy = FleetPolicy.of(1.5, "Pro, enterprise")
+    assert policy.fallback_queue_factor == 1.5
+    assert policy.named_fallback_tiers == {common_pb2.TIER_PRO, common_pb2.TIER_ENTERPRISE}
+    assert FleetPolicy.of(2.0, "").named_fallback_tiers == frozenset()
+    with pytest.raises(ValueError, match="unknown tier 'gold'"):
+        FleetPolicy.of(2.0, "gold")
+    with pytest.raises(ValueError, match="fallback_queue_factor"):
+        FleetPolicy.of(0.0, "")
