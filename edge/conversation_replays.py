@@ -68,12 +68,22 @@ def replay(
     request_id: str,
     stored: list[chat_service_pb2.StoredMessage],
     *,
+    asked: str | None,
     stream: bool,
     include_usage: bool,
     headers: dict[str, str],
 ) -> Response:
     """The answer of an ended turn again, from what it stored; a 409 while
-    it has stored no reply yet."""
+    it has stored no reply yet, and a 422 when the retry asks something else
+    (``asked``, its user text) than the turn stored under the key."""
+    question = next((m for m in stored if m.role == common_pb2.CHAT_ROLE_USER), None)
+    if question is not None and asked is not None and question.content != asked:
+        raise OpenAIError(
+            422,
+            "this idempotency key was used for another message; use a new key for a new message",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
     reply = next((m for m in stored if m.role == common_pb2.CHAT_ROLE_ASSISTANT), None)
     if reply is None:
         raise in_progress()

@@ -52,7 +52,7 @@ from edge.schemas import parse_body
 from edge.settings import EdgeSettings
 from llmmesh.errors import MeshError, NotFound, Reason
 from llmmesh.ids import ConversationId
-from llmmesh.v1 import chat_service_pb2
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -258,9 +258,11 @@ class ConversationsHandler:
             ),
             home_region=conversation_id.home_region,
         )
+        asked = [m.content for m in start.messages if m.role == common_pb2.CHAT_ROLE_USER]
         return replay(
             start.request_id,
             list(stored.messages),
+            asked="\n\n".join(asked) if asked else None,
             stream=body.streaming(),
             include_usage=body.include_usage(),
             headers={},

@@ -152,6 +152,9 @@ async def test_a_retried_message_makes_one_turn_and_one_usage_record(
     assert text == one["choices"][0]["message"]["content"]
     assert len(await messages(http, cid)) == 2
     assert usage_rows(stack, one["id"]) == 1
+    # The key names that message: another one under it is refused, not answered with the old reply.
+    reused = await send(http, cid, headers=key, content="Count to ten.")
+    assert (reused.status_code, reused.json()["error"]["code"]) == (422, "idempotency_key_reused")
 
     # The same through the official SDK, with the id in the body.
     client = async_client(stack)

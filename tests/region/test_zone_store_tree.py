@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from llmmesh.sqlstore import create_store_engine
-from region.zone_store import AssistantMessage, Role, ZoneStore
+from region.zone_store import AssistantMessage, Role, SummaryRow, ZoneStore
 from region.zone_store.tree import branches, current_branch, path_to
 
 pytestmark = pytest.mark.asyncio
@@ -109,3 +109,22 @@ async def test_a_store_of_message_lists_becomes_one_of_one_branch_trees(url: str
             indexes = {i["name"] for i in sa.inspect(conn).get_indexes("conversations")}
         assert "ix_conversations_deleted" in indexes
         reopened.dispose()
+
+
+async def test_a_summary_serves_every_branch_through_its_last_message(store: ZoneStore) -> None:
+    conv = await store.create_conversation(A, "m")
+    q1, a1 = await turn(store, conv.id, "r1", "one")
+    q2, a2 = await turn(store, conv.id, "r2", "two")
+    _, a2b = await turn(store, conv.id, "r3", "two, again", parent=a1)
+    q1c, a1c = await turn(store, conv.id, "r4", "one, edited", parent="")
+    when = (await store.get_conversation(A, conv.id)).created_at
+    first = SummaryRow(conv.id, a1, 1, "They spoke of one.", "m", when)
+    assert await store.save_summary(A, first)
+    assert not await store.save_summary(A, first)  # one per message summarised through
+    longer = SummaryRow(conv.id, a2, 2, "They spoke of one and two.", "m", when)
+    assert await store.save_summary(A, longer)
+    assert await store.branch_summary(A, conv.id, [q1, a1, q2, a2]) == longer
+    assert await store.branch_summary(A, conv.id, [q1, a1, "x", a2b]) == first
+    assert await store.branch_summary(A, conv.id, [q1c, a1c]) is None
+    await store.soft_delete_conversation(A, conv.id)
+    assert not await store.save_summary(A, SummaryRow(conv.id, a2b, 2, "late", "m", when))
