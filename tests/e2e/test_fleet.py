@@ -91,6 +91,8 @@ async def start_pod(model: FamilyModel, n: int) -> EnginePod:
             insecure=True,
             sim_inter_token_s=timing["sim_inter_token_s"],
             sim_prefill_per_token_s=timing["sim_prefill_per_token_s"],
+            # One generation at a time: a second turn on the model queues behind it.
+            max_num_seqs=1,
         )
     )
 
@@ -106,7 +108,9 @@ async def fleet() -> AsyncIterator[Fleet]:
         for model in (SMALL, LARGE):
             await register(glob, model)
         pods = {SMALL.name: await start_pod(SMALL, 0), LARGE.name: await start_pod(LARGE, 1)}
-        region = await start_region(region_settings(glob.address, list(pods.values())))
+        # A model is overloaded as soon as its one pod has a turn in flight.
+        settings = region_settings(glob.address, list(pods.values()), fallback_queue_factor=1.0)
+        region = await start_region(settings)
         await wait_until(lambda: len(region.pool.models) == 2 and len(region.pool.healthy_pods) == 2)
         edge = await start_edge(
             EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True)
@@ -182,3 +186,25 @@ async def test_a_down_model_falls_back_inside_the_zone(fleet: Fleet) -> None:
     # A named model does not fall back unless its tenant's tier allows it.
     named = await ask(fleet, HARD, model=LARGE.name)
     assert named.status_code == 503, named.text
+
+
+@pytest.mark.asyncio
+async def test_an_overloaded_model_falls_back_inside_the_zone(fleet: Fleet) -> None:
+    large = next(p for p in fleet.region.pool.pods if p.model == LARGE.name)
+    async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
+        body = {
+            "model": "auto",
+            "messages": [{"role": "user", "content": HARD}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        headers = {"authorization": f"Bearer {DEV_KEY}"}
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as busy:
+            assert busy.headers["x-llmmesh-route-model"] == LARGE.name
+            await wait_until(lambda: large.in_flight >= 1, what="the large model's pod is busy")
+            spill = await ask(fleet, HARD)
+            assert spill.status_code == 200, spill.text
+            assert spill.headers["x-llmmesh-route-reason"] == "fallback"
+            assert spill.headers["x-llmmesh-route-model"] == SMALL.name
+            assert "overloaded" in spill.headers["x-llmmesh-route-detail"]
+            await busy.aclose()
