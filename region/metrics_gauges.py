@@ -2,6 +2,8 @@
 Prometheus scrapes, so they never lag it. The autoscaling signals per
 engine pool (a pool is the region's pods serving one model) are here.
 
+- ``llmmesh_region_info{region,zone}``: 1; join it ``on (instance)`` to break
+  the region's own counters (which carry no region label) down by region and zone.
 - ``llmmesh_region_queue_depth{region,pool}``: turns waiting for a batch slot
   at the pool's healthy pods (their last load reports).
 - ``llmmesh_region_kv_usage_ratio{region,pool}``: mean KV-cache usage of the
@@ -49,6 +51,7 @@ class RegionReadings:
     """The parts of one running region that its gauges read."""
 
     region: str
+    zone: str
     queue: FairQueue
     pool: EnginePool
     loads: LoadBoard
@@ -98,6 +101,7 @@ class RegionGauges:
 
 def _families() -> dict[str, GaugeMetricFamily]:
     specs = (
+        ("llmmesh_region_info", "The region and its zone, always 1", ["region", "zone"]),
         ("llmmesh_region_queue_depth", "Turns waiting for a batch slot at the pool's pods", _POOL),
         ("llmmesh_region_kv_usage_ratio", "Mean KV-cache usage of the pool's healthy pods", _POOL),
         ("llmmesh_region_running", "Turns in the batches of the pool's healthy pods", _POOL),
@@ -117,6 +121,7 @@ def _families() -> dict[str, GaugeMetricFamily]:
 
 def _samples(readings: RegionReadings) -> Iterator[tuple[str, list[str], float]]:
     region = readings.region
+    yield "llmmesh_region_info", [region, readings.zone], 1
     pools: dict[str, _PoolTotals] = {}
     for pod in readings.pool.pods:
         totals = pools.setdefault(pod.model or "unknown", _PoolTotals())

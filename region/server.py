@@ -340,7 +340,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         embedding_pods,
         retrieval,
     )
-    readings = RegionReadings(settings.region, queue, pool, loads, shipper.outbox)
+    readings = RegionReadings(settings.region, settings.zone, queue, pool, loads, shipper.outbox)
     plane.lifecycle = start_lifecycle(
         settings, store, gateway, shipper, pool, models, policy, lambda: embedding_pods.models
     )

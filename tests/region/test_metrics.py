@@ -112,6 +112,7 @@ async def test_a_turn_is_counted_on_the_region_metrics_endpoint(stack: Stack) ->
     assert value(after, "llmmesh_region_usage_outbox_pending", region=region) == 0
     assert value(after, "llmmesh_region_usage_outbox_oldest_age_seconds", region=region) == 0
     assert value(after, "llmmesh_region_admission_queue_depth", region=region, tier="free") == 0
+    assert value(after, "llmmesh_region_info", region=region, zone=stack.region.settings.zone) == 1
     # Known label values are there at 0 before anything happens to them.
     assert value(after, "llmmesh_region_safety_blocks_total", stage="output", category="violence") is not None
     assert value(after, "llmmesh_region_admission_refusals_total", reason="quota") is not None
