@@ -63,6 +63,9 @@ _TURN_HEADERS: dict[str, Schema] = {
     for name, description in (
         ("x-request-id", "The completion id, also the stream id for resuming."),
         ("x-llmmesh-region", "The region that served the turn."),
+        ("x-llmmesh-route-reason", "Why its model served: requested, default, difficulty, budget, fallback."),
+        ("x-llmmesh-route-model", "The model that served the turn (auto's choice, or a fallback's)."),
+        ("x-llmmesh-route-detail", "The region's explanation: the difficulty score and what moved it."),
         ("x-ratelimit-limit-requests", "Requests the key may make per minute (when limited)."),
         ("x-ratelimit-remaining-requests", "Requests left in the window."),
         ("x-ratelimit-reset-requests", 'Time until the request window is clear, e.g. "1s", "6m0s".'),
