@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ SHORT = [
     "--duration-s", "3", "--turn-timeout-s", "60", "--restore-timeout-s", "90", "--usage-wait-s", "30",
 ]  # fmt: skip
 DRILL_TIMEOUT_S = 180.0
+RESTART_TIMEOUT_S = 60.0
 
 
 def _require_netns() -> None:
@@ -175,3 +178,34 @@ def test_every_hop_crossed_the_hosts_links(link_drill: tuple[dict[str, Any], dic
     for plane in ("edge", "global", "us-east", "us-west"):
         assert carried[plane] > 0, (plane, carried)
     assert carried["edge"] > report["tokens_received"]
+
+
+async def _route(mesh: RunningMesh, zone: str) -> list[str]:
+    async with mesh.channel(str(mesh.info["global_address"]), role_name(Role.GLOBAL)) as channel:
+        geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+        routed = await geo.Route(gpb.RouteRequest(tenant_id=mesh.tenant_id(zone)), timeout=10)
+    return [s.report.region for s in routed.regions]
+
+
+def test_a_killed_global_plane_routes_at_once_when_restarted(
+    netns_mesh: RunningMesh, link_drill: tuple[dict[str, Any], dict[str, int]]
+) -> None:
+    mesh_file = netns_mesh.home / "mesh.json"
+    killed = int(json.loads(mesh_file.read_text())["pids"]["global"])
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + RESTART_TIMEOUT_S
+    while int(json.loads(mesh_file.read_text())["pids"]["global"]) == killed:
+        assert time.monotonic() < deadline, "llmmesh up did not restart the global plane"
+        time.sleep(0.05)
+    # The restarted plane serves (mesh.json names it only then) and routes from
+    # the heartbeats kept in its store, before any region reports to it again.
+    assert set(asyncio.run(_route(netns_mesh, "us"))) == netns_mesh.regions_in("us")
+
+
+def test_taking_the_global_planes_link_down_fails_no_turn(netns_mesh: RunningMesh) -> None:
+    report = drill(netns_mesh, "--kind", "global-plane", "--mode", "link-down", "--outage-s", "8")
+    assert_clean(report)
+    host = hosts(netns_mesh)["global"]
+    assert report["target"] == f"global (host {host['address']}, link {host['link']})"
+    assert report["turns_failed_clearly"] == 0 and report["tokens_lost"] == 0
+    assert report["passed"] is True
