@@ -41,3 +41,11 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   }
   install_prometheus || { apt-get update -qq >/dev/null && install_prometheus; }
 fi
+# iproute2 (`ip`): llmmesh up --netns and tests/e2e/test_netns_drill.py put
+# each plane in a network namespace of its own.
+if ! command -v ip >/dev/null 2>&1; then
+  install_iproute2() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
+  }
+  install_iproute2 || { apt-get update -qq >/dev/null && install_iproute2; }
+fi
