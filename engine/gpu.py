@@ -1,14 +1,20 @@
 """GPU telemetry through NVML (``nvidia-ml-py``), read lazily.
 
 Without the library, a driver or a GPU, telemetry says so and why; it never
-makes numbers up.
+makes numbers up. The pod reports it in its load reports (the region's
+router weighs GPU utilisation into a pod's load where present) and on its
+``/metrics`` (:class:`GpuCollector`).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,50 @@ class NvmlProbe:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = None
+
+
+class GpuCollector(Collector):
+    """The pod's GPUs on its ``/metrics``, read from NVML at scrape time:
+    ``llmmesh_gpu_available`` (1 or 0; a pod without GPUs says so rather
+    than exporting nothing), and per GPU (labels ``gpu`` index and ``name``)
+    ``llmmesh_gpu_utilization_percent``, ``llmmesh_gpu_memory_used_bytes``
+    and ``llmmesh_gpu_memory_total_bytes``. vLLM exports no GPU series of
+    its own, so the names are the mesh's."""
+
+    def __init__(self, probe: NvmlProbe) -> None:
+        self._probe = probe
+
+    def describe(self) -> list[Metric]:
+        # The series' names, so a registry refuses a clashing collector.
+        return list(self._families(GpuTelemetry(available=False)))
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self._probe.read())
+
+    @staticmethod
+    def _families(telemetry: GpuTelemetry) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "llmmesh_gpu_available",
+            "1 when NVML reads the pod's GPUs, 0 otherwise",
+            float(telemetry.available),
+        )
+        labels = ["gpu", "name"]
+        families = {
+            "utilization_percent": GaugeMetricFamily(
+                "llmmesh_gpu_utilization_percent",
+                "GPU utilisation over NVML's last sample period",
+                labels=labels,
+            ),
+            "memory_used_bytes": GaugeMetricFamily(
+                "llmmesh_gpu_memory_used_bytes", "GPU memory in use", labels=labels
+            ),
+            "memory_total_bytes": GaugeMetricFamily(
+                "llmmesh_gpu_memory_total_bytes", "GPU memory in all", labels=labels
+            ),
+        }
+        for device in telemetry.devices:
+            values = [str(device.index), device.name]
+            families["utilization_percent"].add_metric(values, device.utilization_percent)
+            families["memory_used_bytes"].add_metric(values, float(device.memory_used_bytes))
+            families["memory_total_bytes"].add_metric(values, float(device.memory_total_bytes))
+        yield from families.values()

@@ -85,6 +85,9 @@ class RoutingTuning:
     approx_block_size: int = 16
     approx_ttl_s: float = 300.0
     approx_capacity: int = 100_000
+    # Where a pod reports GPU utilisation (NVML), its share of the load;
+    # pods without GPUs (the CPU build, the simulator) are scored without it.
+    gpu_share: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class PodLoad:
     kv_cache_usage: float
     in_flight: int
     max_num_seqs: int
+    # Mean GPU utilisation in [0, 1] from the pod's NVML reading; None without.
+    gpu_utilization: float | None = None
 
     @property
     def depth(self) -> int:
@@ -105,10 +110,15 @@ class PodLoad:
 
     def load(self, tuning: RoutingTuning) -> float:
         """Normalized load in [0, 1]: ``queue_share`` * min(1, depth /
-        max_num_seqs) + ``kv_share`` * KV usage."""
+        max_num_seqs) + ``kv_share`` * KV usage, blended with the GPU
+        utilisation at ``gpu_share`` where the pod reports one."""
         queue = min(1.0, self.depth / max(self.max_num_seqs, 1))
         kv = min(1.0, max(0.0, self.kv_cache_usage))
-        return tuning.queue_share * queue + tuning.kv_share * kv
+        load = tuning.queue_share * queue + tuning.kv_share * kv
+        if self.gpu_utilization is None:
+            return load
+        gpu = min(1.0, max(0.0, self.gpu_utilization))
+        return (1.0 - tuning.gpu_share) * load + tuning.gpu_share * gpu
 
 
 @dataclass(frozen=True)
@@ -181,7 +191,17 @@ class LoadBoard:
             kv_cache_usage=report.kv_cache_usage if report else 0.0,
             in_flight=pod.in_flight,
             max_num_seqs=pod.info.max_num_seqs,
+            gpu_utilization=gpu_utilization(report),
         )
+
+
+def gpu_utilization(report: engine_service_pb2.LoadReport | None) -> float | None:
+    """A load report's mean GPU utilisation in [0, 1]; None when the pod
+    read none (no GPU, no NVML)."""
+    if report is None or not report.gpu.available or not report.gpu.devices:
+        return None
+    devices = report.gpu.devices
+    return sum(device.utilization_percent for device in devices) / (100.0 * len(devices))
 
 
 class KvAffinityRouter:

@@ -20,7 +20,7 @@ from engine.backend import (
     HealthState,
     LoadSnapshot,
 )
-from engine.gpu import NvmlProbe
+from engine.gpu import GpuCollector, NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
 from engine.sim.disaggregation import (
@@ -74,6 +74,7 @@ class SimBackend(EngineBackend):
         self._sampler = DeterministicSampler(self.tokenizer)
         self._arrivals = itertools.count()
         self._gpu = NvmlProbe()
+        self.scheduler.metrics.registry.register(GpuCollector(self._gpu))
         self._task: asyncio.Task[None] | None = None
         self._info = EngineInfo(
             pod_id=settings.pod_id,

@@ -55,7 +55,7 @@ from engine.backend import (
     SamplingOptions,
     ToolChoiceMode,
 )
-from engine.gpu import NvmlProbe
+from engine.gpu import GpuCollector, NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
 from engine.vllm_engine import features, resumed_grammar
@@ -90,6 +90,7 @@ class VllmBackend(EngineBackend):
         self._relay_task: asyncio.Task[None] | None = None
         self._open: set[str] = set()
         self._gpu = NvmlProbe()
+        self._gpu_collector = GpuCollector(self._gpu)
         self._info: EngineInfo | None = None
         self._instance_id = secrets.token_hex(8)
         self._socket_dir: str | None = None
@@ -133,6 +134,8 @@ class VllmBackend(EngineBackend):
         self._tool_parser = tool_parser_for_template(getattr(self._tokenizer, "chat_template", None))
         self._relay = KvEventRelay(endpoint, replay_endpoint, KV_EVENT_TOPIC, self.kv_event_log)
         self._relay_task = asyncio.create_task(self._relay.run(), name="vllm-kv-event-relay")
+        # vLLM's metrics live in the process-wide registry; the GPUs beside them.
+        REGISTRY.register(self._gpu_collector)
         vllm_config = self._llm.vllm_config
         self._info = EngineInfo(
             pod_id=self._settings.pod_id,
@@ -165,6 +168,8 @@ class VllmBackend(EngineBackend):
             # interpreter is whole, not at exit.
             del llm
         self.kv_event_log.close()
+        with contextlib.suppress(KeyError):  # never started
+            REGISTRY.unregister(self._gpu_collector)
         self._gpu.close()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
