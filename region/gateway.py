@@ -89,6 +89,7 @@ from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.lifecycle_retry import RecordRetries
+from region.lifecycle_spool import SpooledTurn
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
@@ -659,21 +660,25 @@ class ChatGateway:
             cost_usd=turn_cost(model, whole.input_tokens, whole.output_tokens),
             tool_calls=meter.reply_tool_calls(),
         )
-        usage = encode(prepared.request_id, meter.input_tokens, meter.output_tokens)
+        # A turn of its own is recorded from these values alone, so a region restart can retry it.
+        spooled = None
+        if prepared.continues is None:
+            spooled = SpooledTurn(
+                caller.tenant_id,
+                prepared.conversation_id,
+                prepared.request_id,
+                prepared.user_text,
+                assistant,
+                encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
+                meter.input_tokens + meter.output_tokens,
+                prepared.tool_results,
+                prepared.parent_id,
+            )
 
         async def write() -> TurnRecord:
             if prepared.continues is None:
-                return await self._store.record_turn(
-                    caller.tenant_id,
-                    prepared.conversation_id,
-                    prepared.request_id,
-                    prepared.user_text,
-                    assistant,
-                    usage,
-                    tokens=meter.input_tokens + meter.output_tokens,
-                    tool_results=prepared.tool_results,
-                    parent_id=prepared.parent_id,
-                )
+                assert spooled is not None  # built above for every turn of its own
+                return await spooled.write(self._store)
             return await self._store.record_continuation(
                 caller.tenant_id,
                 prepared.conversation_id,
@@ -709,7 +714,7 @@ class ChatGateway:
             )
             if self.record_retries is None:
                 return ""
-            self.record_retries.keep(prepared.request_id, write)
+            self.record_retries.keep(prepared.request_id, write, spooled)
             return ""
         self._shipper.notify()
         # The end user, as OpenAI's `user` asks, for abuse tracking in the region's log.

@@ -1,6 +1,7 @@
 """A region's housekeeping of conversations: turn records retried while the
-zone store is down, summaries of long branches, and the purge of deleted
-conversations after their retention.
+zone store is down (spooled to local disk, so a restart retries them too),
+summaries of long branches, and the purge of deleted conversations after
+their retention.
 
 :func:`start_lifecycle` wires them into a running region's gateway and
 starts the purge's background sweep; :meth:`RegionLifecycle.close` stops
@@ -14,6 +15,9 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+
+import sqlalchemy as sa
 
 from llmmesh.errors import MeshError, Reason, Unavailable
 from llmmesh.model_resolver import ModelResolver
@@ -24,6 +28,7 @@ from region.engine_pool import EnginePool
 from region.gateway import ChatGateway
 from region.lifecycle_purge import ConversationPurge, TenantPolicies
 from region.lifecycle_retry import RecordRetries
+from region.lifecycle_spool import RecordSpool
 from region.settings import RegionSettings
 from region.summaries import Summaries
 from region.usage_shipper import UsageShipper
@@ -71,7 +76,10 @@ def start_lifecycle(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> RegionLifecycle:
     """Give ``gateway`` its record retries and summaries, and start the purge sweep."""
-    gateway.record_retries = RecordRetries(on_recorded=shipper.notify)
+    path = spool_path(settings)
+    retries = RecordRetries(on_recorded=shipper.notify, spool=RecordSpool(path) if path else None)
+    gateway.record_retries = retries
+    retries.resume(store)
     summaries = None
     if settings.summaries_enabled:
 
@@ -89,6 +97,19 @@ def start_lifecycle(
     lifecycle = RegionLifecycle(purge, summaries, settings.purge_interval_s)
     lifecycle.start()
     return lifecycle
+
+
+def spool_path(settings: RegionSettings) -> Path | None:
+    """Where the region spools turn records the zone store refused: in
+    ``record_spool_dir``, or beside a file-backed SQLite zone store; None
+    (retries in memory only) for a server store without a spool folder."""
+    name = f"{settings.region}.pending-turns.jsonl"
+    if settings.record_spool_dir:
+        return Path(settings.record_spool_dir) / name
+    url = sa.engine.make_url(settings.zone_store_database_url())
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return Path(url.database).parent / name
+    return None
 
 
 async def smallest_chat_model(pool: EnginePool, models: ModelResolver, embedding: Collection[str]) -> str:

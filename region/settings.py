@@ -89,6 +89,9 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
         "", "model that writes conversation summaries; empty: the smallest chat model"
     )
     summary_max_tokens: int = setting(256, "most tokens of a conversation summary")
+    record_spool_dir: str = setting(
+        "", "folder of the spool of turn records the store refused; empty: beside an SQLite zone store"
+    )
     zone_store_url: str = setting(
         "",
         "SQLAlchemy URL of the zone's conversation store; empty means sqlite:///$LLMMESH_HOME/zone-ZONE.db",

@@ -9,6 +9,7 @@ import asyncio
 import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from llmmesh.sqlstore import create_store_engine
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
 from region.lifecycle_purge import ConversationPurge
 from region.lifecycle_retry import RecordRetries
-from region.zone_store import AssistantMessage, ZoneStore
+from region.lifecycle_spool import RecordSpool, SpooledTurn
+from region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
 from region.zone_store import schema as zs
 from tests.stack import DEV_KEY, running_stack
 
@@ -200,3 +202,72 @@ async def test_retries_stop_at_their_bound_and_a_drain_names_what_is_left(
     await retries.drain(0.01)
     assert retries.pending == 0
     assert "turn-b" in caplog.text
+
+
+def spooled_turn(request_id: str, conversation_id: str | None) -> SpooledTurn:
+    reply = AssistantMessage(
+        "über 42",
+        "m",
+        "FINISH_REASON_TOOL_CALLS",
+        7,
+        3,
+        2,
+        Decimal("0.000000123456789"),
+        (ToolCallRow("call_1", "lookup", '{"q": "x"}'),),
+    )
+    return SpooledTurn(
+        "tenant-a", conversation_id, request_id, "a question", reply, b"\x00usage\xff", 10, (), None
+    )
+
+
+async def test_a_spooled_turn_reads_back_as_written(tmp_path: Path) -> None:
+    spool = RecordSpool(tmp_path / "spool" / "eu-west.pending-turns.jsonl")
+    one, two = spooled_turn("r1", "conv_x"), spooled_turn("r2", None)
+    spool.add(one)
+    spool.add(two)
+    spool.add(one)  # added twice (a retry after a crash): read once
+    with spool.path.open("a") as cut:
+        cut.write('{"tenant_id": "tenant-a", "request')  # a line cut short by a crash
+    assert spool.load() == [one, two]
+    spool.remove(one)
+    assert spool.load() == [two]
+    spool.remove(two)
+    assert not spool.path.exists()
+
+
+async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
+    store: ZoneStore, tmp_path: Path
+) -> None:
+    conv = await store.create_conversation("tenant-a", "m")
+    turn = spooled_turn("r-crash", conv.id)
+    spool = RecordSpool(tmp_path / "eu-west.pending-turns.jsonl")
+
+    async def down() -> None:
+        raise OSError("store down")
+
+    # The store stays down until the region stops: the record is left in the spool.
+    first = RecordRetries(first_delay_s=0.001, max_delay_s=0.002, spool=spool)
+    first.keep("r-crash", down, turn)
+    for _ in range(200):
+        if spool.path.exists():
+            break
+        await asyncio.sleep(0.005)
+    await first.drain(0.02)
+    assert spool.load() == [turn]
+
+    # The next start writes it, once, and empties the spool.
+    second = RecordRetries(first_delay_s=0.001, spool=RecordSpool(spool.path))
+    assert second.resume(store) == 1
+    for _ in range(200):
+        if not spool.path.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert not spool.path.exists()
+    stored = await store.messages("tenant-a", conv.id)
+    assert [(m.role, m.content) for m in stored] == [(Role.USER, "a question"), (Role.ASSISTANT, "über 42")]
+    assert stored[1].tool_calls == turn.assistant.tool_calls and stored[1].cost_usd == turn.assistant.cost_usd
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(zs.usage_outbox.c.usage).where(zs.usage_outbox.c.request_id == "r-crash")
+        ).all()
+    assert [bytes(r.usage) for r in rows] == [b"\x00usage\xff"]
