@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -111,6 +112,13 @@ def _remote_parent(context: grpc.aio.ServicerContext) -> Any:
     metadata = context.invocation_metadata() or ()
     headers = {key: value for key, value in metadata if key in ("traceparent", "tracestate")}
     return tracing.extract_headers(headers) if headers else None
+
+
+def caller_trace(context: grpc.aio.ServicerContext) -> otel_context.Context:
+    """The span a call's metadata names as its caller's (a handler that
+    traces a call of its own, such as a bidirectional stream's one turn);
+    an empty context, a trace of its own, when it names none."""
+    return _remote_parent(context) or otel_context.Context()
 
 
 def _server_span(method: str, context: grpc.aio.ServicerContext) -> Span | None:

@@ -21,16 +21,14 @@ import asyncio
 import contextlib
 import logging
 
-from opentelemetry.trace import SpanKind
-
 from llmmesh import tracing
 from llmmesh.errors import Internal, MeshError, Reason, Unavailable
-from llmmesh.genai_spans import ChatSpan, chat_attributes
 from llmmesh.json_logs import bind_request_id
 from llmmesh.session_server import SessionServer
 from llmmesh.v1 import chat_service_pb2 as pb
 from region import metrics as region_metrics
 from region.gateway import ChatGateway
+from region.turn_span import turn_span
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +103,8 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
         cancel = self._cancels.setdefault(request_id, asyncio.Event())
         bind_request_id(request_id)
         parent = tracing.context_of_message(start.trace_context) if tracing.enabled() else None
-        attributes = chat_attributes(start.start.model, plane="region", request_id=request_id)
         try:
-            with tracing.span(
-                f"chat {start.start.model}", kind=SpanKind.SERVER, parent=parent, attributes=attributes
-            ) as span:
-                recorder = ChatSpan(span)
-                tracing.remember(request_id, span)
+            with turn_span(start.start, request_id, parent) as recorder:
                 events = self._gateway.run_turn(start.start, start.api_key or None, cancel)
                 async with contextlib.aclosing(events):
                     async for event in events:

@@ -11,14 +11,17 @@ from typing import TypeAlias
 import grpc
 import grpc.aio
 
-from llmmesh import apikeys
+from llmmesh import apikeys, tracing
 from llmmesh.errors import InvalidArgument, MeshError, Reason
+from llmmesh.grpc_tracing import caller_trace
+from llmmesh.json_logs import bind_request_id
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from region import metrics as region_metrics
 from region.chat_session import ChatSessions
 from region.conversations import ConversationService
 from region.gateway import ChatGateway
+from region.turn_span import turn_span
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +68,17 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         cancel, second_start = asyncio.Event(), asyncio.Event()
         watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel, second_start))
         emitted = False
+        bind_request_id(first.start.request_id)
+        spans = contextlib.ExitStack()
+        parent = caller_trace(context) if tracing.enabled() else None
+        recorder = spans.enter_context(turn_span(first.start, first.start.request_id, parent))
         try:
             turn = self._gateway.run_turn(
                 first.start, caller_secret(context), cancel, deadline_s=context.time_remaining()
             )
             async for event in turn:
                 emitted = True
+                recorder.observe(event)
                 yield event
             if second_start.is_set():
                 raise _SECOND_START
@@ -78,12 +86,14 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             # However the stopped turn ended, the caller hears why it was stopped.
             err = _SECOND_START if second_start.is_set() else raised
             region_metrics.turn_failed(err)
+            recorder.observe(chat_service_pb2.ChatResponse(error=err.to_stream_error()))
             if emitted:
                 yield chat_service_pb2.ChatResponse(error=err.to_stream_error())
             else:
                 await err.abort(context)
         finally:
             await cancel_and_wait(watcher)
+            spans.close()
 
     async def ChatSession(
         self, request_iterator: AsyncIterator[chat_service_pb2.ChatSessionRequest], context: Context
