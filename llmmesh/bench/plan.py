@@ -69,6 +69,9 @@ class RoutingBackendPlan:
     kv_pressure: float = 0.7
     kv_blocks: int | None = None
     block_size: int = 16
+    # Policies also run disaggregated (simulator only): the same pods, half
+    # prefill and half decode, against the same policy on whole-turn pods.
+    disaggregated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -88,7 +91,9 @@ class RoutingBackendPlan:
             raise ValueError("warm-up conversations and the ramp-up must not be negative")
         if not self.kv_pressure > 0.0 or (self.kv_blocks is not None and self.kv_blocks < 1):
             raise ValueError("kv_pressure and kv_blocks must be positive")
-        unknown = set(self.policies) - set(ROUTING_POLICIES)
+        if self.disaggregated and self.pods < 2:
+            raise ValueError("disaggregated serving needs at least 2 pods (a prefill and a decode pod)")
+        unknown = (set(self.policies) | set(self.disaggregated)) - set(ROUTING_POLICIES)
         unknown_peer = set(self.peer_policies) - set(PEER_POLICIES)
         if unknown or unknown_peer:
             raise ValueError(f"unknown routing policies: {', '.join(sorted(unknown | unknown_peer))}")
@@ -104,6 +109,7 @@ SIM_ROUTING = RoutingBackendPlan(
     turns_per_conversation=3,
     max_tokens=32,
     policies=ROUTING_POLICIES,
+    disaggregated=("precise",),
 )
 VLLM_ROUTING = RoutingBackendPlan(
     pods=2,
@@ -133,3 +139,7 @@ class RoutingBenchPlan:
     def __post_init__(self) -> None:
         if self.sim is None and self.vllm is None:
             raise ValueError("nothing to run: no backend")
+        if self.vllm is not None and self.vllm.disaggregated:
+            raise ValueError(
+                "disaggregated serving runs on the simulator only (vLLM pods take no P/D phases)"
+            )

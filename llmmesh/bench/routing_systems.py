@@ -107,7 +107,7 @@ def child_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LLMMESH_") or k == "LLMMESH_HOME"}
 
 
-def sim_pod_command(spec: SimPodSpec, pod_id: str, ready_file: Path) -> list[str]:
+def sim_pod_command(spec: SimPodSpec, pod_id: str, ready_file: Path, role: str = "both") -> list[str]:
     return [
         sys.executable, "-m", "llmmesh", "engine",
         "--backend", "sim",
@@ -118,6 +118,7 @@ def sim_pod_command(spec: SimPodSpec, pod_id: str, ready_file: Path) -> list[str
         "--block-size", str(spec.block_size),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--context-window", str(spec.context_window),
+        "--pod-role", role,
         "--insecure",
     ]  # fmt: skip
 
@@ -272,9 +273,14 @@ class Launcher:
             yield pods
 
     @contextlib.asynccontextmanager
-    async def sim_pods(self, count: int, spec: SimPodSpec) -> AsyncIterator[list[Pod]]:
+    async def sim_pods(
+        self, count: int, spec: SimPodSpec, roles: Sequence[str] = ()
+    ) -> AsyncIterator[list[Pod]]:
+        """``count`` simulator pods; pod ``i`` takes ``roles[i]`` (whole turns
+        when ``roles`` is empty)."""
+        role_of = dict(zip((f"{REGION}-pod-{i}" for i in range(count)), roles, strict=False))
         async with self.engine_pods(
-            count, lambda pod_id, ready: sim_pod_command(spec, pod_id, ready)
+            count, lambda pod_id, ready: sim_pod_command(spec, pod_id, ready, role_of.get(pod_id, "both"))
         ) as pods:
             yield pods
 

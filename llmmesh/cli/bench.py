@@ -161,6 +161,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     routing.add_argument(
         "--policies", type=_policies, default=None, help="our routing policies on the simulator (all four)"
     )
+    routing.add_argument(
+        "--no-disaggregation",
+        action="store_true",
+        help="skip the simulator's run of precise on prefill and decode pods",
+    )
     routing.add_argument("--pods", type=_positive, default=None, help="simulator pods (4)")
     routing.add_argument(
         "--users", type=_positive, default=None, help="concurrent users on the simulator (16)"
@@ -237,6 +242,7 @@ def routing_plan_from_args(args: argparse.Namespace) -> RoutingBenchPlan:
         "kv_blocks": args.kv_blocks,
         "tenants": args.tenants,
         "conversations_per_tenant": args.conversations,
+        "disaggregated": () if args.no_disaggregation else None,
     }
     sim = _with(sim, {**shared, **{k: v for k, v in sim_overrides.items() if v is not None}})
     vllm = _with(vllm, shared)

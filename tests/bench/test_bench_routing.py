@@ -6,6 +6,7 @@ claims live in the benchmark's output."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmmesh.bench.openai_client import ChunkCounter
-from llmmesh.bench.plan import ROUTING_POLICIES, SIM_ROUTING, VLLM_ROUTING
+from llmmesh.bench.plan import ROUTING_POLICIES, SIM_ROUTING, VLLM_ROUTING, RoutingBenchPlan
 from llmmesh.bench.routing_clients import (
     PrefixCacheCounts,
     chat_body,
@@ -318,13 +319,34 @@ def test_routing_flags() -> None:
     assert quick.sim.tenants < SIM_ROUTING.tenants
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "routing", "--policies", "fastest"])
+    assert plan.sim.disaggregated == ("precise",)
+    whole = routing_plan_from_args(build_parser().parse_args(["bench", "routing", "--no-disaggregation"]))
+    assert whole.sim is not None and whole.sim.disaggregated == ()
+
+
+def test_disaggregation_is_compared_with_precise_at_the_same_pod_count() -> None:
+    sim = _backend(
+        "sim",
+        {
+            system_name("precise"): _result(0.2),
+            system_name("round_robin"): _result(1.2),
+            system_name("precise+pd"): _result(0.1),
+        },
+    )
+    ratios = RoutingReport("llmmesh-tiny", "what", sim, None).ratios()
+    assert ratios["sim_disaggregated_over_precise_ttft_p90"] == pytest.approx(0.5)
+    assert ratios["sim_disaggregated_over_precise_output_tok_s"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least 2 pods"):
+        dataclasses.replace(SIM_ROUTING, pods=1)
+    with pytest.raises(ValueError, match="simulator only"):
+        RoutingBenchPlan(vllm=dataclasses.replace(VLLM_ROUTING, disaggregated=("precise",)))
 
 
 # ---------------------------------------------------------------- end to end
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_tiny_routing_run_on_the_simulator() -> None:
     llmmesh = Path(sys.executable).parent / "llmmesh"
     flags = ["--quick", "--backend", "sim", "--pods", "2", "--users", "2", "--tenants", "2"]
@@ -333,7 +355,7 @@ def test_tiny_routing_run_on_the_simulator() -> None:
         [str(llmmesh), "bench", "routing", "--json", *flags],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=170,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -341,7 +363,8 @@ def test_tiny_routing_run_on_the_simulator() -> None:
     assert report["scenario"] == "routing"
     sim = report["backends"]["sim"]
     assert sim["pods"] == 2 and sim["kv"]["kv_blocks_per_pod"] == sim["engine"]["kv_blocks"]
-    assert set(sim["systems"]) == {"llmmesh/precise", "llmmesh/round_robin"}
+    # precise once more on one prefill and one decode pod.
+    assert set(sim["systems"]) == {"llmmesh/precise", "llmmesh/round_robin", "llmmesh/precise+pd"}
     for figures in sim["systems"].values():
         assert figures["requests"] == 2 * 3 and figures["errors"] == 0
         assert figures["output_tokens"] == 2 * 3 * 8
@@ -349,6 +372,8 @@ def test_tiny_routing_run_on_the_simulator() -> None:
         assert 0.0 <= figures["prefix_hit_rate"] <= 1.0
         assert figures["prefix_cache_queries"] > 0
     assert report["ratios"]["sim_round_robin_over_precise_ttft_p90"] is not None
+    assert report["ratios"]["sim_disaggregated_over_precise_ttft_p90"] is not None
+    assert report["ratios"]["sim_disaggregated_over_precise_output_tok_s"] is not None
     assert isinstance(report["targets_met"]["sim"], bool)
     assert report["targets_met"]["vllm"] is None
 
