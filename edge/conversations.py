@@ -48,6 +48,7 @@ from edge.conversation_replays import client_turn_id, replay, turn_request_id
 from edge.errors import OpenAIError
 from edge.json_body import read_json
 from edge.mesh_client import MeshClient, Principal
+from edge.route_headers import AUTO_MODELS
 from edge.schemas import parse_body
 from edge.settings import EdgeSettings
 from llmmesh.errors import MeshError, NotFound, Reason
@@ -195,6 +196,13 @@ class ConversationsHandler:
     async def list_branches(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         conversation_id = _home(principal, request.path_params["conversation_id"])
+        if "after" in request.query_params:
+            raise OpenAIError(
+                400,
+                f"branches are listed newest first in one page of up to {MAX_LIMIT}; after is not taken here",
+                param="after",
+                code="unsupported_parameter",
+            )
         message = chat_service_pb2.ListBranchesRequest(
             conversation_id=str(conversation_id), page_size=_limit(request)
         )
@@ -220,15 +228,16 @@ class ConversationsHandler:
         start.sampling.CopyFrom(body.to_sampling())
         client_id = client_turn_id(request, body.client_message_id)
         conversation = await self._conversation(principal, text_id)
-        model = await self._mesh.models.resolve(
-            getattr(body, "model", None) or conversation.model, principal.tenant.tier
-        )
+        requested = getattr(body, "model", None) or conversation.model
+        model = await self._mesh.models.resolve(requested, principal.tenant.tier)
+        # "auto" is the region's to decide, the conversation's depth included.
+        auto = requested in AUTO_MODELS
         start.request_id = (
             turn_request_id(conversation.id, client_id)
             if client_id is not None
             else "chatcmpl-" + secrets.token_hex(12)
         )
-        start.model = model.name
+        start.model = "auto" if auto else model.name
         start.conversation_id = conversation.id
         start.user = body.end_user()
         try:
@@ -236,7 +245,7 @@ class ConversationsHandler:
                 request,
                 principal,
                 start,
-                model.name,
+                "" if auto else model.name,
                 stream=body.streaming(),
                 include_usage=body.include_usage(),
                 prefer_region=conversation_id.home_region,
