@@ -25,6 +25,7 @@ from edge.embeddings import EmbeddingsHandler
 from edge.errors import OpenAIError, from_mesh_error
 from edge.files import FileRoutes
 from edge.health import path_health
+from edge.memories import MemoryRoutes
 from edge.mesh_client import MeshClient
 from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
@@ -127,6 +128,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             *conversations.routes(),
             *FileRoutes(settings, retrieval).routes(),
             *VectorStoreRoutes(settings, retrieval).routes(),
+            *MemoryRoutes(mesh).routes(),
         ],
         exception_handlers={
             OpenAIError: on_openai_error,

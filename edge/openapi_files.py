@@ -1,5 +1,6 @@
-"""The OpenAPI description of ``/v1/files`` and ``/v1/vector_stores``
-(:mod:`edge.files`, :mod:`edge.vector_stores`), merged into the edge's
+"""The OpenAPI description of ``/v1/files``, ``/v1/vector_stores`` and
+``/v1/memories`` (:mod:`edge.files`, :mod:`edge.vector_stores`,
+:mod:`edge.memories`), merged into the edge's
 document by :mod:`edge.openapi`."""
 
 from __future__ import annotations
@@ -173,6 +174,24 @@ SCHEMAS: dict[str, Schema] = {
         },
         "required": ["object", "search_query", "data", "has_more"],
     },
+    "Memory": {
+        "type": "object",
+        "properties": {
+            "id": STRING,
+            "object": {"const": "llmmesh.memory"},
+            "user": STRING,
+            "content": STRING,
+            "created_at": INT,
+            "source_request_id": STRING,
+        },
+        "required": ["id", "object", "user", "content", "created_at"],
+    },
+    "MemoryList": _list("Memory"),
+    "MemoriesDeleted": {
+        "type": "object",
+        "properties": {"object": {"const": "llmmesh.memory.deleted"}, "deleted": INT},
+        "required": ["object", "deleted"],
+    },
     "FileDeleted": _deleted("file"),
     "VectorStoreDeleted": _deleted("vector_store.deleted"),
     "VectorStoreFileDeleted": _deleted("vector_store.file.deleted"),
@@ -270,6 +289,25 @@ def paths(errors: Mapping[str, Schema]) -> dict[str, Schema]:
                 "VectorStoreFileDeleted",
                 parameters=[_STORE_ID, store_file],
             ),
+        },
+        "/v1/memories": {
+            "get": op(
+                "llmmesh: the facts kept about one end user (memory), newest first.",
+                "MemoryList",
+                parameters=[{**_query("user", "The end user."), "required": True}, *_PAGING],
+            ),
+            "delete": op(
+                "llmmesh: delete every fact kept about one end user.",
+                "MemoriesDeleted",
+                parameters=[{**_query("user", "The end user."), "required": True}],
+            ),
+        },
+        "/v1/memories/{memory_id}": {
+            "delete": op(
+                "llmmesh: delete one fact.",
+                "MemoriesDeleted",
+                parameters=[_path_param("memory_id", 'A memory id, "mem_<random>".')],
+            )
         },
         "/v1/vector_stores/{vector_store_id}/search": {
             "post": op(

@@ -89,6 +89,7 @@ from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.lifecycle_retry import RecordRetries
+from region.memory import UserMemory
 from region.lifecycle_spool import SpooledTurn
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
@@ -148,6 +149,9 @@ class ChatGateway:
 
     summaries: Summaries | None = None
     retrieval: ChatRetrievalContext | None = None
+    memory: UserMemory | None = None
+    """Learns end users' facts and recalls them into their turns, where the
+    tenant's policy enables it; set by the region's server."""
     """Puts vector store chunks in the context of turns that ask; set by the
     region's server (None: such a turn is refused)."""
     record_retries: RecordRetries | None = None
@@ -232,6 +236,8 @@ class ChatGateway:
         if self._safety is not None:
             await self._safety.input_filter.check(input_texts(start))
         retrieval = await self._retrieve(start, caller, secret)
+        if self.memory is not None:
+            await self.memory.recall_into(start, caller)
         prepared = await self._prepare(caller, model, start)
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
@@ -267,6 +273,8 @@ class ChatGateway:
             admitted.release_slot()
             if turn.record is None:
                 self._start_record(turn)
+            if self.memory is not None:
+                self.memory.learn_soon(start, caller, prepared.request_id)
 
     async def _retrieve(
         self, start: chat_service_pb2.ChatStart, caller: Caller, secret: str | None

@@ -29,6 +29,7 @@ from llmmesh.v1 import (
     embedding_service_pb2_grpc,
     geo_routing_service_pb2,
     geo_routing_service_pb2_grpc,
+    memory_service_pb2_grpc,
     model_registry_service_pb2_grpc,
     moderation_service_pb2_grpc,
     policy_service_pb2_grpc,
@@ -49,6 +50,9 @@ from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
 from region.lifecycle import RegionLifecycle, start_lifecycle
+from region.memory import UserMemory
+from region.memory_servicer import MEMORY_METHODS, MEMORY_SERVICE_NAME, MemoryServicer
+from region.memory_store import MemoryStore
 from region.metrics_gauges import GAUGES, RegionReadings, serve_region_metrics
 from region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
 from region.policy_cache import PolicyCache
@@ -89,6 +93,7 @@ REGION_ACCESS = {
     "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),
     # Files, vector stores and search: tenant content, reached as turns are.
     **dict.fromkeys(RETRIEVAL_METHODS, _SPEAKERS),
+    **dict.fromkeys(MEMORY_METHODS, _SPEAKERS),
 }
 
 
@@ -175,6 +180,8 @@ class RegionPlane:
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
+        if self.gateway.memory is not None:
+            await self.gateway.memory.drain()
         if self.retrieval is not None:
             await asyncio.to_thread(self.retrieval.db.dispose)
         if self.feeds is not None:
@@ -280,6 +287,9 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     vector_db = await VectorStoreDb.open(settings.zone_store_database_url(), settings.region)
     retrieval = RetrievalGateway(settings, settings.zone, policy, vector_db, embeddings)
     gateway.retrieval = ChatRetrievalContext(retrieval, settings.retrieval_context_results)
+    memory_store = MemoryStore(vector_db)
+    await asyncio.to_thread(memory_store.create_schema)
+    gateway.memory = UserMemory(memory_store)
     moderation = ModerationGateway(settings, policy, admission, safety)
     conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
@@ -302,10 +312,19 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         retrieval_service_pb2_grpc.add_RetrievalServiceServicer_to_server(
             RetrievalServicer(retrieval), server
         )
+        memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
+            MemoryServicer(policy, memory_store), server
+        )
 
     server = GrpcServer(
         register,
-        [SERVICE_NAME, EMBEDDINGS_SERVICE_NAME, MODERATION_SERVICE_NAME, RETRIEVAL_SERVICE_NAME],
+        [
+            SERVICE_NAME,
+            EMBEDDINGS_SERVICE_NAME,
+            MODERATION_SERVICE_NAME,
+            RETRIEVAL_SERVICE_NAME,
+            MEMORY_SERVICE_NAME,
+        ],
         settings.host,
         settings.port,
         security=security,
