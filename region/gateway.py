@@ -89,8 +89,8 @@ from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.lifecycle_retry import RecordRetries
-from region.memory import UserMemory
 from region.lifecycle_spool import SpooledTurn
+from region.memory import UserMemory
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
 from region.ratelimit import Reservation
