@@ -16,6 +16,11 @@ from contextlib import contextmanager
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from llmmesh import tracing
 
 # Property tests judge correctness, not speed: a loaded CI machine must not
 # turn a slow example into a failure.
@@ -85,3 +90,17 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
     """:func:`fresh_schema` for one test."""
     with fresh_schema(postgres_url) as url:
         yield url
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """This process traces (:mod:`llmmesh.tracing`) into an in-memory
+    exporter for the test; servers and channels made meanwhile trace."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.uninstall()

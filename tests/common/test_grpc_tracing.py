@@ -8,14 +8,13 @@ any trace is not traced."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -37,18 +36,6 @@ SERVICE = "tests.Echo"
 UNARY = f"/{SERVICE}/Echo"
 STREAM = f"/{SERVICE}/Count"
 BIDI = f"/{SERVICE}/Session"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.uninstall()
 
 
 class Echo:

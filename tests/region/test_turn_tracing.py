@@ -5,16 +5,14 @@ pod's generation span; an in-process mesh with an in-memory exporter."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from llmmesh import tracing
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from tests.region.test_chat_servicer import auth, start
@@ -24,18 +22,6 @@ pytestmark = pytest.mark.asyncio
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.uninstall()
 
 
 @pytest_asyncio.fixture
