@@ -3,21 +3,29 @@ running mesh: an ``eu`` tenant's uploaded file, its chunks and their
 vectors are stored only in the ``eu`` zone's retrieval store, the
 embeddings that indexed them ran (and were metered) only in ``eu`` regions,
 a chat turn citing them ran in ``eu``, and the ``us`` zone holds none of it
-and processed none of it."""
+and processed none of it. The same holds for the facts memory keeps about
+an eu tenant's end user."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.identity import Role, role_name
 from llmmesh.sqlstore import create_store_engine
+from llmmesh.v1 import policy_service_pb2, policy_service_pb2_grpc
+from region.memory_store import memories
 from region.vector_store_index import retrieval_database_url
 from region.vector_store_schema import RETRIEVAL_TABLES
 from tests.e2e.conftest import NO_TENANT_ROWS, RunningMesh, pod_counters, tenant_rows
 from tests.e2e.test_residency import auth
 
 pytestmark = pytest.mark.e2e
+POLL_S, WAIT_S = 0.2, 30.0
 TEXT = "Das Fahrrad von Greta Holm steht im Keller des Rathauses in Bremen."
 
 
@@ -90,3 +98,58 @@ def test_an_eu_tenants_files_chunks_and_vectors_stay_in_eu(mesh: RunningMesh) ->
     assert tenant_rows(mesh.store_url("us"), eu) == us_usage_before == NO_TENANT_ROWS
     assert pod_counters(mesh.pod_metrics_urls("us")) == us_before
     assert retrieval_rows(mesh, "us", us)["retrieval_files"] == []
+
+
+async def _set_memory(mesh: RunningMesh, tenant_id: str, enabled: bool) -> None:
+    async with mesh.channel(str(mesh.info["global_address"]), role_name(Role.GLOBAL)) as channel:
+        policy = policy_service_pb2_grpc.PolicyServiceStub(channel)
+        tenant = policy_service_pb2.Tenant(id=tenant_id, memory_enabled=enabled)
+        request = policy_service_pb2.UpdateTenantRequest(tenant=tenant, update_fields=["memory_enabled"])
+        await policy.UpdateTenant(request, timeout=10)
+
+
+def memory_rows(mesh: RunningMesh, zone: str, tenant_id: str) -> list[dict[str, object]]:
+    engine = create_store_engine(retrieval_database_url(mesh.store_url(zone)))
+    try:
+        with engine.connect() as conn:
+            query = sa.select(memories).where(memories.c.tenant_id == tenant_id)
+            return [dict(row._mapping) for row in conn.execute(query)]
+    finally:
+        engine.dispose()
+
+
+def test_an_eu_end_users_memories_stay_in_eu(mesh: RunningMesh) -> None:
+    eu = mesh.tenant_id("eu")
+    asyncio.run(_set_memory(mesh, eu, True))
+    try:
+        turn = {
+            "model": "auto",
+            "max_tokens": 4,
+            "user": "greta",
+            "messages": [{"role": "user", "content": "My name is Greta Holm and I live in Bremen."}],
+        }
+        found: list[dict[str, object]] = []
+        with httpx.Client(base_url=f"{mesh.edge_url}/v1", headers=auth(mesh.key("eu")), timeout=60) as http:
+            # The regions learn of the policy at their next snapshot: a turn
+            # until one is learned from (bounded).
+            deadline = time.monotonic() + WAIT_S
+            while not found and time.monotonic() < deadline:
+                resp = http.post("/chat/completions", json=turn)
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["x-llmmesh-region"] in mesh.regions_in("eu")
+                time.sleep(POLL_S)
+                listed = http.get("/memories", params={"user": "greta"})
+                assert listed.status_code == 200, listed.text
+                found = listed.json()["data"]
+        assert {str(f["content"]) for f in found} == {
+            "The user's name is Greta Holm.",
+            "The user lives in Bremen.",
+        }
+        rows = memory_rows(mesh, "eu", eu)
+        assert {str(r["content"]) for r in rows} == {str(f["content"]) for f in found}
+        assert {str(r["home_region"]) for r in rows} <= mesh.regions_in("eu")
+        assert memory_rows(mesh, "us", eu) == []
+        with httpx.Client(base_url=f"{mesh.edge_url}/v1", headers=auth(mesh.key("us")), timeout=60) as http:
+            assert http.get("/memories", params={"user": "greta"}).json()["data"] == []
+    finally:
+        asyncio.run(_set_memory(mesh, eu, False))
