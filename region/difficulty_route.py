@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -39,11 +39,11 @@ from llmmesh.errors import MeshError
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 from region.difficulty import DifficultyScorer, RuleScorer, features_of
+from region.difficulty_inputs import BudgetLeft, HistorySize, no_history
 from region.engine_pool import EnginePool
 from region.metrics import REGISTRY
 from region.model_policy import require_allowed
 from region.policy_cache import Caller
-from region.quota import QuotaLedger
 from region.router import LoadBoard
 
 log = logging.getLogger(__name__)
@@ -64,21 +64,6 @@ ROUTE_DECISIONS = Counter(
     registry=REGISTRY,
 )
 """``llmmesh_region_route_decisions_total{model,reason}``, on the region's ``/metrics``."""
-
-BudgetLeft = Callable[[Caller], Awaitable[float | None]]
-"""The share of a caller's tenant's monthly quota left; None without a quota."""
-
-
-def quota_budget(ledger: QuotaLedger) -> BudgetLeft:
-    """:data:`BudgetLeft` read from the region's quota ledger."""
-
-    async def left(caller: Caller) -> float | None:
-        quota = caller.tenant.monthly_token_quota
-        if quota <= 0:
-            return None
-        return max(0.0, 1.0 - await ledger.used(caller.tenant_id) / quota)
-
-    return left
 
 
 @dataclass(frozen=True)
@@ -134,6 +119,7 @@ class ModelRouter:
         scorer: DifficultyScorer | None = None,
         policy: FleetPolicy | None = None,
         decisions: Counter = ROUTE_DECISIONS,
+        history: HistorySize = no_history,
     ) -> None:
         self._models = models
         self._pool = pool
@@ -143,13 +129,13 @@ class ModelRouter:
         self.scorer: DifficultyScorer = scorer or RuleScorer()
         self.policy = policy or FleetPolicy()
         self._decisions = decisions
+        self._history = history
 
     async def choose(
-        self, start: chat_service_pb2.ChatStart, caller: Caller, history: tuple[int, int] = (0, 0)
+        self, start: chat_service_pb2.ChatStart, caller: Caller
     ) -> tuple[Model, chat_service_pb2.RouteDecision]:
         """The model for ``start`` and why. Raises what resolving the
-        requested name raises (unknown, not allowed, retired). ``history``
-        is a stored conversation's (characters, user turns), when known."""
+        requested name raises (unknown, not allowed, retired)."""
         requested = start.model or "auto"
         route = chat_service_pb2.RouteDecision(requested_model=requested)
         named = start.model not in AUTO_NAMES
@@ -168,6 +154,7 @@ class ModelRouter:
                     model = candidates[0]
                     route.detail = f"{model.name}: the region's one model"
             else:
+                history = await self._history(caller, start)
                 model = await self._by_difficulty(start, caller, candidates, history, route)
         if not start.HasField("continuation"):
             model = await self._fall_back(model, candidates, route)

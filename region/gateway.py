@@ -83,7 +83,8 @@ from llmmesh.v1 import (
 from region import metrics as region_metrics
 from region.admission import Admission
 from region.conversation_turns import ConversationContext, check_branch_point, conversation_context
-from region.difficulty_route import FleetPolicy, ModelRouter, quota_budget
+from region.difficulty_inputs import quota_budget, stored_history
+from region.difficulty_route import FleetPolicy, ModelRouter
 from region.engine_pool import EnginePodHandle, EnginePool
 from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
@@ -188,6 +189,7 @@ class ChatGateway:
             quota_budget(admission.quota),
             embedding_models=embedding_models,
             policy=FleetPolicy.of(settings.fallback_queue_factor, settings.named_fallback_tiers),
+            history=stored_history(store),
         )
         self._settings = settings
         self._embedding_models = embedding_models

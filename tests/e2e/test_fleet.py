@@ -208,3 +208,21 @@ async def test_an_overloaded_model_falls_back_inside_the_zone(fleet: Fleet) -> N
             assert spill.headers["x-llmmesh-route-model"] == SMALL.name
             assert "overloaded" in spill.headers["x-llmmesh-route-detail"]
             await busy.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_conversation_turn_on_auto_is_routed_by_its_depth_too(fleet: Fleet) -> None:
+    headers = {"authorization": f"Bearer {DEV_KEY}"}
+    async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
+        created = await client.post("/v1/conversations", json={"model": "auto"}, headers=headers)
+        assert created.status_code in (200, 201), created.text
+        path = f"/v1/conversations/{created.json()['id']}/messages"
+        route = []
+        for n in range(9):
+            body = {"content": f"Nice, tell me more about your day, part {chr(97 + n)}.", "max_tokens": 4}
+            turn = await client.post(path, json=body, headers=headers)
+            assert turn.status_code == 200, turn.text
+            route.append((turn.headers["x-llmmesh-route-reason"], turn.headers["x-llmmesh-route-model"]))
+        assert route[0] == ("difficulty", SMALL.name)
+        # Eight turns deep the conversation itself counts; chit-chat stays on the small model.
+        assert "deep conversation" in turn.headers["x-llmmesh-route-detail"]
