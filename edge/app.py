@@ -30,11 +30,13 @@ from edge.mesh_client import MeshClient
 from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
+from edge.ops import OpsRoutes
 from edge.request_span import RequestSpanMiddleware
 from edge.retrieval_calls import RetrievalCalls
 from edge.settings import EdgeSettings
 from edge.stream_routes import StreamRoutes
 from edge.vector_stores import VectorStoreRoutes
+from edge.web_routes import web_routes
 from llmmesh.errors import MeshError
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,8 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             *FileRoutes(settings, retrieval).routes(),
             *VectorStoreRoutes(settings, retrieval).routes(),
             *MemoryRoutes(mesh).routes(),
+            *web_routes(),
+            *OpsRoutes(settings, mesh).routes(),
         ],
         exception_handlers={
             OpenAIError: on_openai_error,

@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic import BaseModel
 
-from edge import openapi_files, openapi_vectors
+from edge import openapi_files, openapi_vectors, openapi_web
 from edge.conversation_objects import (
     BranchObject,
     ConversationMessageRequest,
@@ -391,6 +391,7 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
             )
         },
         **openapi_files.paths(_ERRORS),
+        **openapi_web.paths(_ERRORS),
     }
 
 
@@ -408,8 +409,16 @@ def openapi_document() -> Schema:
         },
         "paths": _paths(model_refs),
         "components": {
-            "schemas": {**schemas, **openapi_vectors.SCHEMAS, **openapi_files.SCHEMAS},
-            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                **schemas,
+                **openapi_vectors.SCHEMAS,
+                **openapi_files.SCHEMAS,
+                **openapi_web.SCHEMAS,
+            },
+            "securitySchemes": {
+                "apiKey": {"type": "http", "scheme": "bearer"},
+                **openapi_web.SECURITY_SCHEMES,
+            },
         },
         "security": [{"apiKey": []}],
     }

@@ -68,6 +68,9 @@ class EdgeSettings(MeshTlsSettings):
         300.0,
         "while the global plane is unreachable, keys and routes it answered this recently are still used",
     )
+    ops_key: str = setting(
+        "", "operator key (Bearer) of the operator page's /ops/api; empty: that API refuses every request"
+    )
 
     def __post_init__(self) -> None:
         for name in (

@@ -41,6 +41,14 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   }
   install_prometheus || { apt-get update -qq >/dev/null && install_prometheus; }
 fi
+# Debian's chromium and its chromedriver: the browser test of the web pages
+# (tests/e2e/test_web_chat.py) drives them; no browser is downloaded.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  install_chromium() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+  }
+  install_chromium || { apt-get update -qq >/dev/null && install_chromium; }
+fi
 # iproute2 (`ip`): llmmesh up --netns and tests/e2e/test_netns_drill.py put
 # each plane in a network namespace of its own.
 if ! command -v ip >/dev/null 2>&1; then
