@@ -17,7 +17,7 @@ from opentelemetry.util.types import AttributeValue
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 SYSTEM = "llmmesh"
-"""``gen_ai.system`` of the mesh's spans (a pod's spans name its engine)."""
+"""``gen_ai.system`` of the mesh's spans, the pods' included (their engine is the pod's own setting)."""
 
 
 def chat_attributes(
