@@ -18,33 +18,27 @@ from typing import Any
 
 import grpc.aio
 
-from llmmesh.cli.admin import CALL_TIMEOUT_S, _as_dict, _table
+from llmmesh.cli.admin import _TIER_NAMES, _TIERS, CALL_TIMEOUT_S, _as_dict, _table
 from llmmesh.pages import collect_pages
 from llmmesh.v1 import common_pb2, model_registry_service_pb2_grpc
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 
-_MODEL_TIERS = {
+MODEL_TIERS = {
     "small": mpb.MODEL_TIER_SMALL,
     "large": mpb.MODEL_TIER_LARGE,
     "frontier": mpb.MODEL_TIER_FRONTIER,
 }
-_MODEL_TIER_NAMES = {v: k for k, v in _MODEL_TIERS.items()}
-_TENANT_TIERS = {
-    "free": common_pb2.TIER_FREE,
-    "pro": common_pb2.TIER_PRO,
-    "enterprise": common_pb2.TIER_ENTERPRISE,
-}
-_TENANT_TIER_NAMES = {v: k for k, v in _TENANT_TIERS.items()}
+_MODEL_TIER_NAMES = {v: k for k, v in MODEL_TIERS.items()}
 
 
 def _tenant_tiers(text: str) -> list[common_pb2.Tier.ValueType]:
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in _TENANT_TIERS]
+    unknown = [n for n in names if n not in _TIERS]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown tier {unknown[0]!r}; expected a comma-separated list of {', '.join(_TENANT_TIERS)}"
+            f"unknown tier {unknown[0]!r}; expected a comma-separated list of {', '.join(_TIERS)}"
         )
-    return [_TENANT_TIERS[n] for n in names]
+    return [_TIERS[n] for n in names]
 
 
 def _percent(text: str) -> int:
@@ -66,7 +60,7 @@ def model_rows(models: Sequence[mpb.Model]) -> str:
             m.pricing.input_per_1k_usd,
             m.pricing.output_per_1k_usd,
             m.context_window,
-            ",".join(_TENANT_TIER_NAMES.get(t, "?") for t in m.default_for_tiers) or "-",
+            ",".join(_TIER_NAMES.get(t, "?") for t in m.default_for_tiers) or "-",
             "retired" if m.retired else "live",
             f"{m.canary_percent}% of {m.canary_of}" if m.canary_of else "-",
             ",".join(f"{d.region}:{d.engine_pods}" for d in m.deployments) or "-",
@@ -138,7 +132,7 @@ async def _register(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
         )
     model = mpb.Model(
         name=args.name,
-        tier=_MODEL_TIERS[args.tier],
+        tier=MODEL_TIERS[args.tier],
         context_window=args.context_window,
         pricing=mpb.ModelPricing(input_per_1k_usd=args.input_price, output_per_1k_usd=args.output_price),
         tokenizer_family=args.family,
@@ -179,7 +173,7 @@ def add_model_arguments(groups: Any, common: argparse.ArgumentParser) -> None:
 
     register = actions.add_parser("register", parents=[common], help="add a model the registry does not know")
     register.add_argument("name", help="the name clients ask for, like llmmesh-large")
-    register.add_argument("--tier", required=True, choices=sorted(_MODEL_TIERS), help="size class")
+    register.add_argument("--tier", required=True, choices=sorted(MODEL_TIERS), help="size class")
     register.add_argument("--input-price", required=True, help="USD per 1,000 input tokens, a decimal")
     register.add_argument("--output-price", required=True, help="USD per 1,000 output tokens, a decimal")
     register.add_argument("--context-window", type=int, default=4096, help="most tokens of prompt and output")

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from llmmesh.cli.admin_model import MODEL_TIERS
 from llmmesh.grpcserver import open_channel
 from llmmesh.home import mesh_home
 from llmmesh.identity import Role, role_name
@@ -25,8 +26,6 @@ from llmmesh.model_family import FAMILY, TINY, FamilyModel
 from llmmesh.mtls import MeshSecurity
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import model_registry_service_pb2_grpc
-
-_TIERS = {"small": mpb.MODEL_TIER_SMALL, "large": mpb.MODEL_TIER_LARGE, "frontier": mpb.MODEL_TIER_FRONTIER}
 
 
 def pod_env(backend: str, model: str) -> dict[str, str]:
@@ -58,7 +57,7 @@ def registry_entry(member: FamilyModel) -> mpb.Model:
     """The registry's model for a family member: its tier and prices, no tier's default."""
     return mpb.Model(
         name=member.name,
-        tier=_TIERS[member.tier],
+        tier=MODEL_TIERS[member.tier],
         context_window=member.context_window,
         pricing=mpb.ModelPricing(
             input_per_1k_usd=member.input_per_1k_usd, output_per_1k_usd=member.output_per_1k_usd
