@@ -19,27 +19,28 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from llmmesh.errors import NotFound
 from llmmesh.sqlstore import SqlStore
 from region.vector_store_index import ChunkIndex, IndexedChunk, index_for, open_retrieval_engine
+from region.vector_store_queries import (
+    FILE_COLUMNS,
+    MEMBER_COLUMNS,
+    before,
+    file_row,
+    member_row,
+    store_row,
+    touch,
+)
 from region.vector_store_rows import (
-    FILE_NOT_FOUND,
-    VECTOR_STORE_FILE_NOT_FOUND,
-    VECTOR_STORE_NOT_FOUND,
     ChunkHit,
-    FileCounts,
     FileRow,
     Page,
     VectorStoreFileRow,
     VectorStoreRow,
 )
 from region.vector_store_schema import chunks, files, metadata, vector_store_files, vector_stores
-from region.vector_store_text import reciprocal_rank_fusion
+from region.vector_store_search import hybrid_search
 
 Clock = Callable[[], datetime]
-
-CANDIDATES_PER_RANKING = 50
-"""Chunks each ranking contributes to the fusion: a generous multiple of the results asked."""
 
 
 def _now() -> datetime:
@@ -91,11 +92,11 @@ class VectorStoreDb(SqlStore):
         return row
 
     async def get_file(self, tenant_id: str, file_id: str) -> FileRow:
-        return await self.transaction(lambda conn: _file(conn, tenant_id, file_id))
+        return await self.transaction(lambda conn: file_row(conn, tenant_id, file_id))
 
     async def file_content(self, tenant_id: str, file_id: str) -> tuple[FileRow, bytes]:
         def read(conn: Connection) -> tuple[FileRow, bytes]:
-            row = _file(conn, tenant_id, file_id)
+            row = file_row(conn, tenant_id, file_id)
             content = conn.execute(sa.select(files.c.content).where(files.c.id == file_id)).scalar_one()
             return row, bytes(content)
 
@@ -103,12 +104,12 @@ class VectorStoreDb(SqlStore):
 
     async def list_files(self, tenant_id: str, purpose: str, limit: int, after: str) -> Page[FileRow]:
         def read(conn: Connection) -> Page[FileRow]:
-            query = sa.select(*_FILE_COLUMNS).where(files.c.tenant_id == tenant_id)
+            query = sa.select(*FILE_COLUMNS).where(files.c.tenant_id == tenant_id)
             if purpose:
                 query = query.where(files.c.purpose == purpose)
             if after:
-                last = _file(conn, tenant_id, after)
-                query = query.where(_before(files, last.created_at, last.id))
+                last = file_row(conn, tenant_id, after)
+                query = query.where(before(files, last.created_at, last.id))
             rows = conn.execute(query.order_by(files.c.created_at.desc(), files.c.id.desc()).limit(limit + 1))
             found = [FileRow(*r) for r in rows]
             return Page(found[:limit], found[limit - 1].id if len(found) > limit else "")
@@ -117,7 +118,7 @@ class VectorStoreDb(SqlStore):
 
     async def delete_file(self, tenant_id: str, file_id: str) -> None:
         def write(conn: Connection) -> None:
-            _file(conn, tenant_id, file_id)
+            file_row(conn, tenant_id, file_id)
             self._drop_chunks(conn, tenant_id, chunks.c.file_id == file_id)
             conn.execute(
                 sa.delete(vector_store_files).where(
@@ -153,25 +154,25 @@ class VectorStoreDb(SqlStore):
         return row
 
     async def get_vector_store(self, tenant_id: str, store_id: str) -> VectorStoreRow:
-        return await self.transaction(lambda conn: _store(conn, tenant_id, store_id))
+        return await self.transaction(lambda conn: store_row(conn, tenant_id, store_id))
 
     async def list_vector_stores(self, tenant_id: str, limit: int, after: str) -> Page[VectorStoreRow]:
         def read(conn: Connection) -> Page[VectorStoreRow]:
             query = sa.select(vector_stores.c.id).where(vector_stores.c.tenant_id == tenant_id)
             if after:
-                last = _store(conn, tenant_id, after)
-                query = query.where(_before(vector_stores, last.created_at, last.id))
+                last = store_row(conn, tenant_id, after)
+                query = query.where(before(vector_stores, last.created_at, last.id))
             ids = conn.execute(
                 query.order_by(vector_stores.c.created_at.desc(), vector_stores.c.id.desc()).limit(limit + 1)
             ).scalars()
-            found = [_store(conn, tenant_id, i) for i in ids]
+            found = [store_row(conn, tenant_id, i) for i in ids]
             return Page(found[:limit], found[limit - 1].id if len(found) > limit else "")
 
         return await self.transaction(read)
 
     async def delete_vector_store(self, tenant_id: str, store_id: str) -> None:
         def write(conn: Connection) -> None:
-            _store(conn, tenant_id, store_id)
+            store_row(conn, tenant_id, store_id)
             self._drop_chunks(conn, tenant_id, chunks.c.vector_store_id == store_id)
             conn.execute(
                 sa.delete(vector_store_files).where(vector_store_files.c.vector_store_id == store_id)
@@ -208,8 +209,8 @@ class VectorStoreDb(SqlStore):
         )
 
         def write(conn: Connection) -> VectorStoreFileRow:
-            _store(conn, tenant_id, store_id)
-            _file(conn, tenant_id, file_id)
+            store_row(conn, tenant_id, store_id)
+            file_row(conn, tenant_id, file_id)
             where = sa.and_(chunks.c.vector_store_id == store_id, chunks.c.file_id == file_id)
             self._drop_chunks(conn, tenant_id, where)
             conn.execute(
@@ -250,7 +251,7 @@ class VectorStoreDb(SqlStore):
                 ).scalar_one()
                 indexed.append(IndexedChunk(int(chunk_id), store_id, text, vector))
             self.index.add(conn, indexed)
-            _touch(conn, store_id, now)
+            touch(conn, store_id, now)
             return row
 
         return await self.transaction(write)
@@ -259,11 +260,11 @@ class VectorStoreDb(SqlStore):
         self, tenant_id: str, store_id: str, limit: int, after: str
     ) -> Page[VectorStoreFileRow]:
         def read(conn: Connection) -> Page[VectorStoreFileRow]:
-            _store(conn, tenant_id, store_id)
+            store_row(conn, tenant_id, store_id)
             vsf = vector_store_files
-            query = sa.select(*_MEMBER_COLUMNS).where(vsf.c.vector_store_id == store_id)
+            query = sa.select(*MEMBER_COLUMNS).where(vsf.c.vector_store_id == store_id)
             if after:
-                last = _member(conn, store_id, after)
+                last = member_row(conn, store_id, after)
                 query = query.where(
                     sa.or_(
                         vsf.c.created_at < last.created_at,
@@ -280,8 +281,8 @@ class VectorStoreDb(SqlStore):
 
     async def remove_file(self, tenant_id: str, store_id: str, file_id: str) -> None:
         def write(conn: Connection) -> None:
-            _store(conn, tenant_id, store_id)
-            _member(conn, store_id, file_id)
+            store_row(conn, tenant_id, store_id)
+            member_row(conn, store_id, file_id)
             where = sa.and_(chunks.c.vector_store_id == store_id, chunks.c.file_id == file_id)
             self._drop_chunks(conn, tenant_id, where)
             conn.execute(
@@ -289,7 +290,7 @@ class VectorStoreDb(SqlStore):
                     vector_store_files.c.vector_store_id == store_id, vector_store_files.c.file_id == file_id
                 )
             )
-            _touch(conn, store_id, self._clock())
+            touch(conn, store_id, self._clock())
 
         await self.transaction(write)
 
@@ -298,7 +299,7 @@ class VectorStoreDb(SqlStore):
 
         def read(conn: Connection) -> None:
             for store_id in store_ids:
-                _store(conn, tenant_id, store_id)
+                store_row(conn, tenant_id, store_id)
 
         await self.transaction(read)
 
@@ -317,45 +318,12 @@ class VectorStoreDb(SqlStore):
 
         def read(conn: Connection) -> list[ChunkHit]:
             for store_id in store_ids:
-                _store(conn, tenant_id, store_id)
-            depth = max(CANDIDATES_PER_RANKING, limit)
-            nearest = self.index.nearest(conn, tenant_id, store_ids, vector, depth)
-            similarity = dict(nearest)
-            matched = self.index.matching(conn, tenant_id, store_ids, terms, depth)
-            fused = reciprocal_rank_fusion([c for c, _ in nearest], matched)[:limit]
-            if not fused:
-                return []
-            rows = conn.execute(
-                sa.select(
-                    chunks.c.id,
-                    chunks.c.vector_store_id,
-                    chunks.c.file_id,
-                    files.c.filename,
-                    chunks.c.chunk_index,
-                    chunks.c.text,
-                )
-                .join(files, files.c.id == chunks.c.file_id)
-                .where(chunks.c.tenant_id == tenant_id, chunks.c.id.in_([f.chunk_id for f in fused]))
-            ).all()
-            by_id = {int(r[0]): r for r in rows}
+                store_row(conn, tenant_id, store_id)
+            hits = hybrid_search(conn, self.index, tenant_id, store_ids, vector, terms, limit)
             now = self._clock()
             for store_id in store_ids:
-                _touch(conn, store_id, now)
-            return [
-                ChunkHit(
-                    f.chunk_id,
-                    by_id[f.chunk_id][1],
-                    by_id[f.chunk_id][2],
-                    by_id[f.chunk_id][3],
-                    by_id[f.chunk_id][4],
-                    by_id[f.chunk_id][5],
-                    f.score,
-                    similarity.get(f.chunk_id, 0.0),
-                    f.text_rank,
-                )
-                for f in fused
-                if f.chunk_id in by_id
-            ]
+                touch(conn, store_id, now)
+            return hits
 
         return await self.transaction(read)
 
@@ -369,76 +337,3 @@ class VectorStoreDb(SqlStore):
         for width, ids in by_width.items():
             self.index.remove(conn, ids, width)
         conn.execute(sa.delete(chunks).where(chunks.c.tenant_id == tenant_id, where))
-
-
-_FILE_COLUMNS = (files.c.id, files.c.filename, files.c.purpose, files.c.bytes, files.c.created_at)
-_MEMBER_COLUMNS = (
-    vector_store_files.c.vector_store_id,
-    vector_store_files.c.file_id,
-    vector_store_files.c.status,
-    vector_store_files.c.usage_bytes,
-    vector_store_files.c.last_error,
-    vector_store_files.c.max_chunk_chars,
-    vector_store_files.c.chunk_overlap_chars,
-    vector_store_files.c.chunks,
-    vector_store_files.c.created_at,
-)
-
-
-def _before(table: sa.Table, created_at: datetime, row_id: str) -> sa.ColumnElement[bool]:
-    """Rows after (created_at, id) in newest-first order."""
-    return sa.or_(
-        table.c.created_at < created_at, sa.and_(table.c.created_at == created_at, table.c.id < row_id)
-    )
-
-
-def _file(conn: Connection, tenant_id: str, file_id: str) -> FileRow:
-    row = conn.execute(
-        sa.select(*_FILE_COLUMNS).where(files.c.id == file_id, files.c.tenant_id == tenant_id)
-    ).first()
-    if row is None:
-        raise NotFound(FILE_NOT_FOUND, f"no file {file_id!r}", metadata={"param": "file_id"})
-    return FileRow(*row)
-
-
-def _store(conn: Connection, tenant_id: str, store_id: str) -> VectorStoreRow:
-    vs = vector_stores
-    row = conn.execute(sa.select(vs).where(vs.c.id == store_id, vs.c.tenant_id == tenant_id)).first()
-    if row is None:
-        raise NotFound(
-            VECTOR_STORE_NOT_FOUND, f"no vector store {store_id!r}", metadata={"param": "vector_store_id"}
-        )
-    vsf = vector_store_files
-    counts = conn.execute(
-        sa.select(vsf.c.status, sa.func.count(), sa.func.coalesce(sa.func.sum(vsf.c.usage_bytes), 0))
-        .where(vsf.c.vector_store_id == store_id)
-        .group_by(vsf.c.status)
-    ).all()
-    by_status = {status: (int(n), int(used)) for status, n, used in counts}
-    return VectorStoreRow(
-        row.id,
-        row.name,
-        json.loads(row.metadata_json),
-        row.created_at,
-        row.last_active_at,
-        FileCounts(by_status.get("completed", (0, 0))[0], by_status.get("failed", (0, 0))[0]),
-        sum(used for _, used in by_status.values()),
-    )
-
-
-def _member(conn: Connection, store_id: str, file_id: str) -> VectorStoreFileRow:
-    vsf = vector_store_files
-    row = conn.execute(
-        sa.select(*_MEMBER_COLUMNS).where(vsf.c.vector_store_id == store_id, vsf.c.file_id == file_id)
-    ).first()
-    if row is None:
-        raise NotFound(
-            VECTOR_STORE_FILE_NOT_FOUND,
-            f"file {file_id!r} is not in vector store {store_id!r}",
-            metadata={"param": "file_id"},
-        )
-    return VectorStoreFileRow(*row)
-
-
-def _touch(conn: Connection, store_id: str, now: datetime) -> None:
-    conn.execute(sa.update(vector_stores).where(vector_stores.c.id == store_id).values(last_active_at=now))
