@@ -172,13 +172,13 @@ class RegionDirectory:
     def restore(self, heartbeats: Iterable[tuple[RegionReport, datetime]]) -> None:
         """Start from heartbeats kept before a restart (each report with its time).
 
-        The directory takes itself as having been deaf since the newest of
-        them: every region keeps its last reported health until heartbeats
-        arrive again, and then has a full ``down_after`` to report in, as
-        after any silence of the whole mesh. A region whose heartbeat was
-        already ``down_after`` older than the newest was DOWN before the
-        restart, and stays so until it reports again. Regions already known
-        keep what they said since.
+        The directory was deaf from the newest of them until now, so every
+        region has a full ``down_after`` from now (or from the first
+        heartbeat, after a longer silence) to report in, and keeps its last
+        reported health until then, as after any silence of the whole mesh.
+        A region whose heartbeat was already ``down_after`` older than the
+        newest was DOWN before the restart, and stays so until it reports
+        again. Regions already known keep what they said since.
         """
         kept = [(report, seen) for report, seen in heartbeats if report.region not in self._regions]
         if not kept:
@@ -190,6 +190,7 @@ class RegionDirectory:
             self._regions[report.region] = (report, seen)
         if self._last_heard is None or newest > self._last_heard:
             self._last_heard = newest
+        self._resumed = self._clock()
 
     def remove(self, region: str) -> RegionStatus:
         """Forget ``region`` (a region taken out of service for good); its last status.

@@ -62,25 +62,36 @@ def _link_bytes(link: str) -> int:
 
 @pytest.fixture(scope="module")
 def netns_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    """A default mesh on six hosts (no Redis: the hosts reach only each other)."""
+    """A default mesh on six hosts, without Redis like the other drills' mesh."""
     _require_netns()
     home = tmp_path_factory.mktemp("llmmesh-netns")
     flags = ["--netns", "--engine", "sim", "--edge-port", "0", "--dev-key", "sk-llmmesh-netns"]
     running = start_up(home, *flags, "--redis", "none")
+    netns = running.info["netns"]
+    assert isinstance(netns, dict)
     try:
         yield running
     finally:
-        status, out = stop_up(running)
-        netns = running.info["netns"]
-        assert isinstance(netns, dict)
-        # Removed on exit: no namespace and no link of this run is left behind.
-        namespaces = _ip("netns", "list")
-        links = _ip("-o", "link", "show")
-        assert status == 0, out
-        for host in netns["hosts"].values():
-            assert host["netns"] not in namespaces
-            assert f" {host['link']}@" not in links and f" {host['link']}:" not in links
-        assert f" {netns['bridge']}:" not in links
+        try:
+            status, out = stop_up(running)
+        finally:
+            left = _leftovers(netns)
+            # Only this run's names: a mesh that could not clean up must not leak into the next run.
+            for name in left:
+                if name.startswith("llmmesh-"):
+                    _ip("netns", "del", name)
+                else:
+                    _ip("link", "del", name)
+    assert status == 0, out
+    # Removed on exit: no namespace and no link of this run is left behind.
+    assert left == [], left
+
+
+def _leftovers(netns: dict[str, Any]) -> list[str]:
+    namespaces, links = _ip("netns", "list").split(), _ip("-o", "link", "show")
+    left = [h["netns"] for h in netns["hosts"].values() if h["netns"] in namespaces]
+    names = [*(h["link"] for h in netns["hosts"].values()), netns["bridge"]]
+    return left + [n for n in names if f" {n}@" in links or f" {n}:" in links]
 
 
 def hosts(mesh: RunningMesh) -> dict[str, dict[str, str]]:

@@ -262,3 +262,24 @@ def test_a_removed_region_is_forgotten_until_it_reports_again(directory: RegionD
         directory.remove("")
     directory.heartbeat(_report("eu-west"))
     assert set(_names(directory)) == {"eu-central", "eu-west"}
+
+
+def test_regions_silent_only_while_the_global_plane_was_down_stay_routable(clock: ManualClock) -> None:
+    directory = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    directory.heartbeat(_report("eu-west"))
+    clock.advance(seconds=2)
+    directory.heartbeat(_report("eu-central"))
+    kept = _heartbeats(directory)
+    # Killed now, serving again 1.5 s later: eu-west's last heartbeat is 3.5 s old.
+    clock.advance(seconds=1.5)
+    restarted = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    restarted.restore(kept)
+    assert set(_names(restarted)) == {"eu-central", "eu-west"}
+    # The first heartbeat comes 2.9 s after the restart: eu-west has 3 s from it.
+    clock.advance(seconds=2.9)
+    restarted.heartbeat(_report("eu-central"))
+    clock.advance(seconds=2.9)
+    restarted.heartbeat(_report("eu-central"))
+    assert set(_names(restarted)) == {"eu-central", "eu-west"}
+    clock.advance(seconds=0.2)
+    assert _names(restarted) == ["eu-central"]
