@@ -77,7 +77,8 @@
         if (!data) continue;
         if (data === "[DONE]") return;
         const payload = JSON.parse(data);
-        if (payload && payload.error) throw new ApiError(resp.status, payload);
+        // An error event ends the stream (the answer's status was already 200).
+        if (payload && payload.error) throw new ApiError(0, payload);
         yield payload;
       }
     }

@@ -198,6 +198,9 @@
       if (m.role === "system" || m.role === "developer") continue;
       const div = bubble(m.role, m.content || "", m.id);
       if (m.finish_reason) div.dataset.finish = m.finish_reason;
+      if (m.finish_reason && m.finish_reason !== "stop") {
+        div.append(el("div", { class: "finish" }, `finished: ${m.finish_reason}`));
+      }
       const actions = el("div", { class: "actions" });
       if (m.role === "user") {
         const edit = el("button", { type: "button", class: "edit" }, "Edit");
