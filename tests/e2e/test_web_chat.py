@@ -304,12 +304,20 @@ def test_chat_page_streams_branches_and_finds_the_conversation_again(
         lambda c: [m[1] for m in page.messages()] == [question_id, second_id], "the regenerated branch"
     )
 
-    # A file uploads through /v1/files.
+    # A file the mesh refuses shows the edge's error object; a good one uploads.
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(128, 256)))
+    page.find("#file").send_keys(str(binary))
+    page.find("#upload-button").click()
+    refusal = page.until(lambda c: page.error(), "the upload's refusal")
+    assert refusal.startswith("400 invalid_request_error"), refusal
+    page.shot("upload-refused")
     upload = tmp_path / "notes.txt"
     upload.write_text("The mesh keeps every conversation in its tenant's zone.\n")
     page.find("#file").send_keys(str(upload))
     page.find("#upload-button").click()
     file_id = page.until(lambda c: page.find("#upload-status").get_attribute("data-file-id"), "the upload")
+    assert not page.error()
     stored = httpx.get(f"{web_mesh.edge_url}/v1/files/{file_id}", headers=auth, timeout=10)
     assert stored.status_code == 200 and stored.json()["filename"] == "notes.txt", stored.text
     page.shot("uploaded")
