@@ -221,10 +221,18 @@ class RetrievalGateway:
         chunking: tuple[int, int],
         user: str,
     ) -> VectorStoreFileRow:
-        """The file's text chunked, embedded and written to the store in one transaction."""
+        """The file's text chunked, embedded and written to the store in one
+        transaction. A file the embedding model refuses (a chunk longer than
+        it embeds) is kept as a failed member saying why, as OpenAI keeps one."""
         _, content = await self.db.file_content(caller.tenant_id, file_id)
         pieces = chunk_text(content.decode("utf-8"), *chunking)
-        vectors = await self.embed(secret, pieces, user)
+        try:
+            vectors = await self.embed(secret, pieces, user)
+        except InvalidArgument as err:
+            log.info("file %s not added to %s: %s", file_id, store_id, err.message)
+            return await self.db.add_file(
+                caller.tenant_id, store_id, file_id, [], chunking, error=err.message
+            )
         row = await self.db.add_file(
             caller.tenant_id, store_id, file_id, list(zip(pieces, vectors, strict=True)), chunking
         )

@@ -136,3 +136,21 @@ async def test_another_tenant_cannot_see_or_search_them(stack: Stack) -> None:
             assert caught.value.code == "vector_store_not_found"
             with pytest.raises(openai.NotFoundError):
                 await other.vector_stores.files.create(vector_store_id=store.id, file_id=ids["japan.txt"])
+
+
+async def test_a_file_the_embedding_model_refuses_is_kept_as_failed(stack: Stack) -> None:
+    async with async_client(stack) as client:
+        long = await client.files.create(file=("long.txt", ("word " * 5000).encode()), purpose="assistants")
+        store = await client.vector_stores.create(name="big")
+        added = await client.vector_stores.files.create(
+            vector_store_id=store.id,
+            file_id=long.id,
+            chunking_strategy={
+                "type": "static",
+                "static": {"max_chunk_size_tokens": 4096, "chunk_overlap_tokens": 0},
+            },
+        )
+        assert added.status == "failed" and added.last_error is not None
+        assert "tokens" in added.last_error.message and added.usage_bytes == 0
+        counts = (await client.vector_stores.retrieve(store.id)).file_counts
+        assert (counts.failed, counts.completed, counts.total) == (1, 0, 1)
