@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram prompt lookup) and a 32K context on a real
+"""Speculative decoding (n-gram prompt lookup, a draft model) and a 32K context on a real
 vLLM-CPU pod: one pod serving a tiny model built with 32 768 positions,
 ``--max-model-len 32768 --speculative-method ngram``. Greedy speculation is
 lossless, so its output equals vLLM's own greedy output without it; a
@@ -163,3 +163,37 @@ async def test_what_speculation_cannot_do_is_refused_by_name(
     error = from_rpc_error(raised.value)
     assert error.metadata["param"] == param
     assert "speculative decoding" in error.message
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_a_draft_model_speculates_without_changing_a_greedy_token(
+    stub: pb_grpc.EngineServiceStub, long_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM-CPU runs a draft model too: a one-layer model with the same
+    tokenizer proposes, the target verifies."""
+    spec = tiny_model.TinyModelSpec(context_window=LONG_CONTEXT, num_layers=1)
+    draft = tiny_model.build_tiny_model(tmp_path / "draft", spec)
+    # The n-gram pod's greedy output, which equals vLLM's without speculation.
+    expected, _ = await generate(stub, "draft-reference", SHORT_PROMPT, max_tokens=16, ignore_eos=True)
+    pod = await asyncio.to_thread(
+        start_pod,
+        long_model_dir,
+        tmp_path,
+        "--max-num-seqs", "2",
+        "--max-model-len", str(LONG_CONTEXT),
+        "--speculative-method", "draft_model",
+        "--speculative-model", str(draft),
+        "--num-speculative-tokens", "3",
+    )  # fmt: skip
+    try:
+        channel = open_channel(pod.address)
+        try:
+            draft_stub = pb_grpc.EngineServiceStub(channel)
+            tokens, _ = await generate(draft_stub, "draft-1", SHORT_PROMPT, max_tokens=16, ignore_eos=True)
+        finally:
+            await channel.close()
+        assert tokens == expected
+        assert spec_metric(pod.metrics_url, "vllm:spec_decode_num_draft_tokens_total") > 0
+    finally:
+        assert await asyncio.to_thread(stop_pod, pod) == 0, pod.log()
