@@ -575,7 +575,13 @@ def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path
         lines.append(f"  redis          {mesh['redis_url']}  (embedded)")
     elif not launcher.redis_url:
         lines.append("  redis          none: rate limits count per region, not per key")
-    lines += [f"  edge           {mesh['edge_url']}", f"  OpenAI base    {mesh['edge_url']}/v1"]
+    lines += [
+        f"  edge           {mesh['edge_url']}",
+        f"  OpenAI base    {mesh['edge_url']}/v1",
+        f"  web chat       {mesh['edge_url']}/chat",
+        f"  operator page  {mesh['edge_url']}/ops"
+        + ("" if os.environ.get("LLMMESH_OPS_KEY") else "  (off: start with LLMMESH_OPS_KEY set to open it)"),
+    ]
     for tenant in launcher.tenants:
         lines.append(f"  dev API key    {tenant.key}  (tenant {tenant.name}, zone {tenant.zone})")
     lines += [
