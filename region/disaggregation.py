@@ -4,7 +4,8 @@ pod, its decode phase on a decode pod, the KV handle passed between them.
 The router (:meth:`region.router.KvAffinityRouter.choose`) places the
 prefill phase by its policy over the prefill pods (prefix affinity pays off
 there, where prompts are computed) and the decode phase on the least-loaded
-decode pod, and hands the gateway a :class:`PhasedPod`: to the gateway it is
+decode pod, and hands the gateway the decode pod's :class:`~region.engine_pool.PodView`
+with a :class:`PhasedSession` (:func:`phased_pod`): to the gateway it is
 the decode pod (its id, address, load and health are the decode pod's), but
 starting a generation on it first runs ``prefill_only`` on the prefill pod
 and starts the decode pod's generation with the ``KvTransfer`` handle the
@@ -27,7 +28,7 @@ import grpc.aio
 from llmmesh.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.session_client import SessionClient
 from llmmesh.v1 import engine_service_pb2 as pb
-from region.engine_pool import EnginePodHandle
+from region.engine_pool import EnginePodHandle, PodView
 from region.engine_session import EngineSession, SessionGeneration
 
 PREFILL_SUFFIX = ":prefill"
@@ -95,33 +96,6 @@ class PhasedSession(SessionClient[pb.GenerateSessionRequest, pb.GenerationEvent]
         """Nothing to close: both pods' sessions belong to the pool."""
 
 
-class PhasedPod(EnginePodHandle):
-    """A turn's prefill pod and decode pod, seen as the decode pod with a
-    :class:`PhasedSession`. Every attribute but ``session`` reads and writes
-    the decode pod's, so the gateway's in-flight count and a failure mark
-    land on the decode pod itself."""
-
-    def __init__(self, prefill: EnginePodHandle, decode: EnginePodHandle) -> None:
-        # Deliberately not the dataclass __init__: the fields below are the decode pod's.
-        object.__setattr__(self, "prefill", prefill)
-        object.__setattr__(self, "decode", decode)
-        object.__setattr__(self, "session", PhasedSession(prefill, decode.session))
-
-    prefill: EnginePodHandle
-    decode: EnginePodHandle
-
-    def __getattribute__(self, name: str) -> object:
-        if name in _DELEGATED:
-            return getattr(object.__getattribute__(self, "decode"), name)
-        return object.__getattribute__(self, name)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _DELEGATED:
-            setattr(object.__getattribute__(self, "decode"), name, value)
-        else:
-            object.__setattr__(self, name, value)
-
-
-_DELEGATED = frozenset(
-    {"address", "channel", "stub", "health", "pod_id", "model", "healthy", "in_flight", "info"}
-)
+def phased_pod(prefill: EnginePodHandle, decode: EnginePodHandle) -> PodView:
+    """The decode pod, its session preceded by the prefill phase on ``prefill``."""
+    return PodView(decode, PhasedSession(prefill, decode.session))

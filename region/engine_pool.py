@@ -8,6 +8,7 @@ judge's model calls).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,34 @@ class EnginePodHandle:
     info: engine_service_pb2.GetEngineInfoResponse = field(
         default_factory=engine_service_pb2.GetEngineInfoResponse
     )
+
+
+class PodView(EnginePodHandle):
+    """A pod with another session in front of its own (a disaggregated
+    turn's phases, a hedged turn's second pod): every other attribute reads
+    and writes the pod's, so the gateway's in-flight count and a failure
+    mark land on the pod itself."""
+
+    def __init__(self, pod: EnginePodHandle, session: EngineSession) -> None:
+        # Deliberately not the dataclass __init__: the fields are the pod's.
+        object.__setattr__(self, "pod", pod)
+        object.__setattr__(self, "session", session)
+
+    pod: EnginePodHandle
+
+    def __getattribute__(self, name: str) -> object:
+        if name in _VIEWED:
+            return getattr(object.__getattribute__(self, "pod"), name)
+        return object.__getattribute__(self, name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _VIEWED:
+            setattr(object.__getattribute__(self, "pod"), name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+
+_VIEWED = frozenset({f.name for f in dataclasses.fields(EnginePodHandle)} - {"session"})
 
 
 class EnginePool:

@@ -11,8 +11,9 @@ enterprise only; :func:`region.fair_queue.engine_priority`) and the router
 has a second pod for it. A pod that fails before its first token does not
 win; the other still may.
 
-The router hands the gateway a :class:`HedgedPod`: the first pod, whose
-session starts a :class:`HedgedGeneration` in place of a plain one.
+The router hands the gateway the first pod's :class:`~region.engine_pool.PodView`
+(:func:`hedged_pod`), whose session starts a :class:`HedgedGeneration` in
+place of a plain one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from llmmesh.errors import MeshError
 from llmmesh.session_client import SessionClient, SessionRequest
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2 as pb
-from region.engine_pool import EnginePodHandle
+from region.engine_pool import EnginePodHandle, PodView
 from region.engine_session import SessionGeneration
 
 log = logging.getLogger(__name__)
@@ -201,29 +202,6 @@ class HedgedSession(SessionClient[pb.GenerateSessionRequest, pb.GenerationEvent]
         """Nothing to close: the pods' sessions belong to the pool."""
 
 
-class HedgedPod(EnginePodHandle):
-    """The first pod of a turn that may hedge, with a :class:`HedgedSession`.
-    Every attribute but ``session`` reads and writes the first pod's."""
-
-    def __init__(self, first: EnginePodHandle, backup: BackupPod, policy: HedgingPolicy) -> None:
-        # Deliberately not the dataclass __init__: the fields are the first pod's.
-        object.__setattr__(self, "first", first)
-        object.__setattr__(self, "session", HedgedSession(first, backup, policy))
-
-    first: EnginePodHandle
-
-    def __getattribute__(self, name: str) -> object:
-        if name in _DELEGATED:
-            return getattr(object.__getattribute__(self, "first"), name)
-        return object.__getattribute__(self, name)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _DELEGATED:
-            setattr(object.__getattribute__(self, "first"), name, value)
-        else:
-            object.__setattr__(self, name, value)
-
-
-_DELEGATED = frozenset(
-    {"address", "channel", "stub", "health", "pod_id", "model", "healthy", "in_flight", "info"}
-)
+def hedged_pod(first: EnginePodHandle, backup: BackupPod, policy: HedgingPolicy) -> PodView:
+    """The first pod, its session hedging premium turns onto ``backup()``."""
+    return PodView(first, HedgedSession(first, backup, policy))

@@ -46,9 +46,9 @@ import grpc.aio
 from llmmesh.errors import Reason, Unavailable
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2, engine_service_pb2
-from region.disaggregation import PhasedPod, role_of
+from region.disaggregation import phased_pod, role_of
 from region.engine_pool import EnginePodHandle, EnginePool
-from region.hedging import HedgedPod, HedgingPolicy
+from region.hedging import HedgingPolicy, hedged_pod
 from region.kv_index import PrefixIndex, PrefixIndexError
 from region.recent_prefixes import RecentPrefixes
 from region.tokenizer_client import TokenizerClient
@@ -135,7 +135,7 @@ class RoutingDecision:
     score_parts: Mapping[str, float]
     pod: EnginePodHandle = field(repr=False, compare=False)
     # Disaggregated serving: the pod that runs the prefill phase (``pod`` is
-    # then a PhasedPod and ``pod_id`` the decode pod's); empty otherwise.
+    # then the decode pod's PodView and ``pod_id`` the decode pod's); empty otherwise.
     prefill_pod_id: str = ""
 
 
@@ -285,7 +285,7 @@ class KvAffinityRouter:
         others = [pod for pod in whole if pod is not decision.pod]
         if self.hedging.enabled and others:
             backup = functools.partial(self._backup, others)
-            decision = dataclasses.replace(decision, pod=HedgedPod(decision.pod, backup, self.hedging))
+            decision = dataclasses.replace(decision, pod=hedged_pod(decision.pod, backup, self.hedging))
         return decision
 
     async def _backup(self, pods: list[EnginePodHandle]) -> EnginePodHandle | None:
@@ -311,7 +311,7 @@ class KvAffinityRouter:
             self.policy,
             prefill_decision.resident_tokens,
             parts,
-            PhasedPod(prefill_decision.pod, chosen),
+            phased_pod(prefill_decision.pod, chosen),
             prefill_pod_id=prefill_decision.pod_id,
         )
 

@@ -20,8 +20,8 @@ from globalplane.settings import GlobalSettings
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
-from region.engine_pool import EnginePool
-from region.hedging import HedgedPod, HedgingPolicy
+from region.engine_pool import EnginePool, PodView
+from region.hedging import HedgingPolicy
 from region.router import KvAffinityRouter, RoutingPolicy
 from region.server import start_region
 from region.tokenizer_client import TokenizerClient
@@ -66,7 +66,7 @@ def sim(pod: EnginePod) -> SimBackend:
 
 async def run(pods: Pods, request_id: str, priority: int) -> list[pb.GenerationEvent]:
     decision = await pods.router.choose("", PROMPT)
-    assert isinstance(decision.pod, HedgedPod) and decision.pod_id == "slow"
+    assert isinstance(decision.pod, PodView) and decision.pod_id == "slow"
     start = pb.GenerateStart(
         request_id=request_id,
         prompt_token_ids=PROMPT,
