@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import sqlalchemy as sa
 
+from globalplane import schema
 from globalplane.model_catalog import Model, ModelCatalog, ModelTier, default_model
 from globalplane.settings import GlobalSettings
 from globalplane.store import GlobalStore
@@ -97,3 +100,33 @@ async def test_a_canary_must_point_at_a_live_plain_model(catalog: ModelCatalog) 
     with pytest.raises(FailedPrecondition) as err:
         await catalog.upsert_model(dataclasses.replace(LARGE, retired=True))
     assert "c1" in err.value.message
+
+
+@pytest.mark.asyncio
+async def test_an_older_models_table_gains_the_fleet_columns(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'global.db'}"
+    engine = sa.create_engine(url)
+    old = sa.MetaData()
+    for table in schema.metadata.sorted_tables:
+        if table.name == "models":
+            added = ("retired", "canary_of", "canary_percent")
+            kept = [
+                sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+                for c in table.columns
+                if c.name not in added
+            ]
+            sa.Table(table.name, old, *kept)
+        else:
+            table.to_metadata(old)
+    old.create_all(engine)
+    engine.dispose()
+    store = await GlobalStore.open(url)
+    try:
+        catalog = ModelCatalog(store)
+        await catalog.add_missing([default_model(GlobalSettings())])
+        tiny = await catalog.get_model("llmmesh-tiny")
+        assert (tiny.retired, tiny.canary_of, tiny.canary_percent) == (False, "", 0)
+        columns = {c["name"] for c in sa.inspect(store.engine).get_columns("models")}
+        assert {"retired", "canary_of", "canary_percent"} <= columns
+    finally:
+        store.dispose()
