@@ -8,7 +8,9 @@ answer past its TTL but younger than ``stale_s`` is used the same way
 (stale-while-revalidate): what a name means changes only when an operator
 changes the registry, so the first turn after an idle spell need not wait
 for it; a name the refresh finds gone is refused from the next turn on.
-Requests that find a name unknown or too old at the same time wait for one
+A refusal (unknown, retired, not for the tier) is remembered the same way
+(:mod:`llmmesh.model_refusals`), and refreshes run outside the request's
+trace. Requests that find a name unknown or too old at the same time wait for one
 call, not one each.
 """
 
@@ -22,6 +24,7 @@ import grpc
 import grpc.aio
 
 from llmmesh.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.model_refusals import RefusalCache, detached
 from llmmesh.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.refresh import SingleFlight, refresh_due
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
@@ -46,6 +49,7 @@ class ModelResolver:
         self._stale_s = stale_s
         self._clock = clock
         self._cache: dict[tuple[str, int], tuple[float, model_registry_service_pb2.Model]] = {}
+        self._refusals = RefusalCache()
         self.outage = OutageGate(clock=clock)
         self._refresh: SingleFlight[model_registry_service_pb2.Model] = SingleFlight("model resolver")
 
@@ -54,12 +58,17 @@ class ModelResolver:
         (NOT_FOUND ``UNKNOWN_MODEL``…), or UNAVAILABLE when it cannot be asked
         and nothing is cached."""
         key = (name or "auto", int(tier))
+        refused = self._refusals.age_of(key, self._clock())
+        if refused is not None and refused < self._ttl_s:
+            if refresh_due(refused, self._ttl_s) and not self.outage.down:
+                detached(lambda: self._refresh.start(key, lambda: self._ask(key, tier, None)))
+            raise self._refusals.error(key)
         hit = self._cache.get(key)
         if hit is not None:
             age = self._clock() - hit[0]
             if age < self._stale_s:
                 if refresh_due(age, self._ttl_s) and not self.outage.down:
-                    self._refresh.start(key, lambda: self._ask(key, tier, hit))
+                    detached(lambda: self._refresh.start(key, lambda: self._ask(key, tier, hit)))
                 return hit[1]
         # Requests that find the name unknown or too old together wait for one call.
         return await asyncio.shield(self._refresh.start(key, lambda: self._ask(key, tier, hit)))
@@ -82,6 +91,7 @@ class ModelResolver:
         except grpc.aio.AioRpcError as err:
             if err.code() not in _UNREACHABLE:
                 self._cache.pop(key, None)
+                self._refusals.remember(key, self._clock(), err)
                 raise from_rpc_error(err) from err
             self.outage.failed()
             if hit is not None:
@@ -91,6 +101,7 @@ class ModelResolver:
             ) from err
         self.outage.answered()
         model: model_registry_service_pb2.Model = resp.model
+        self._refusals.forget(key)
         self._cache[key] = (self._clock(), model)
         return model
 
