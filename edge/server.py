@@ -18,7 +18,7 @@ from edge.mesh_client import MeshClient
 from edge.request_id import RequestIdMiddleware
 from edge.settings import EdgeSettings
 from llmmesh import lifecycle
-from llmmesh.addresses import advertised_address, check_advertisable, join_host_port
+from llmmesh.addresses import advertised_address, check_advertisable, join_host_port, split_host_port
 from llmmesh.identity import Role
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 async def start_edge(settings: EdgeSettings) -> EdgeServer:
     """Start an edge in this process and return it serving."""
     check_advertisable(settings.host, settings.advertise_address, "the edge")
+    split_host_port(settings.global_address, "global_address")
     security = settings.mesh_security("edge")
     security.expect_role(Role.EDGE)
     sock = listening_socket(settings.host, settings.port)

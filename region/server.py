@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
-from llmmesh.addresses import advertised_address, check_advertisable
+from llmmesh.addresses import advertised_address, check_advertisable, split_host_port
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.identity import Role, role_name
@@ -213,6 +213,9 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         )
     plane_name = f"region {settings.region}"
     check_advertisable(settings.host, settings.advertise_address, plane_name)
+    split_host_port(settings.global_address, "global_address")
+    for engine_address in settings.engine_address_list():
+        split_host_port(engine_address, "engine_addresses")
     security = settings.mesh_security(f"region-{settings.region}")
     own = security.expect_role(Role.REGION)
     if own is not None and (own.zone, own.region) != (settings.zone, settings.region):

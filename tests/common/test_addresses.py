@@ -16,6 +16,7 @@ from llmmesh.addresses import (
     join_host_port,
     split_host_port,
 )
+from llmmesh.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -105,3 +106,20 @@ def test_an_endpoint_beside_a_server_is_reached_at_its_advertised_host() -> None
         advertised_url("http://0.0.0.0:9100/metrics", "pod-a.mesh:50061") == "http://pod-a.mesh:9100/metrics"
     )
     assert advertised_url("http://[::]:9100/metrics", "[fd00::1]:1") == "http://[fd00::1]:9100/metrics"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["region", "--global-address", "nohost", "--engine-addresses", "127.0.0.1:5"], "global_address"),
+        (["region", "--engine-addresses", "127.0.0.1:5,pod-b:0"], "engine_addresses"),
+        (["edge", "--global-address", "x y:1"], "global_address"),
+        (["global", "--host", "0.0.0.0", "--database-url", "sqlite://"], "--advertise-address"),
+    ],
+)
+def test_a_plane_given_an_address_it_cannot_use_says_which_and_exits_2(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([argv[0], "--insecure", *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"llmmesh {argv[0]}: ") and said in err
