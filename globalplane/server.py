@@ -28,7 +28,7 @@ from globalplane.tiers import TenantTier
 from globalplane.usage_ledger import UsageLedger
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
-from llmmesh.addresses import advertised_address, check_advertisable
+from llmmesh.addresses import advertised_address, advertised_url, check_advertisable
 from llmmesh.errors import AlreadyExists, Reason, Unauthenticated
 from llmmesh.grpcserver import GrpcServer
 from llmmesh.identity import Role
@@ -63,6 +63,11 @@ class GlobalPlane:
     directory: RegionDirectory
     server: GrpcServer
     metrics: MetricsEndpoint | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        """Where others scrape this plane's /metrics: its advertised host, the endpoint's port."""
+        return advertised_url(self.metrics.url, self.address) if self.metrics else ""
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain: refuse new calls and give running ones ``grace_s`` to finish; then close the store."""
@@ -167,8 +172,9 @@ async def serve(settings: GlobalSettings) -> None:
     stop = lifecycle.stop_event()
     plane = await start_global_plane(settings)
     lifecycle.settle_heap()
-    metrics_url = plane.metrics.url if plane.metrics else ""
-    lifecycle.write_ready_file(settings.ready_file, {"address": plane.address, "metrics_url": metrics_url})
+    lifecycle.write_ready_file(
+        settings.ready_file, {"address": plane.address, "metrics_url": plane.metrics_url}
+    )
     log.info("global plane serving on %s", plane.address)
     try:
         await stop.wait()

@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 
 from llmmesh import lifecycle
 from llmmesh.access import AccessPolicy
-from llmmesh.addresses import advertised_address, check_advertisable, split_host_port
+from llmmesh.addresses import advertised_address, advertised_url, check_advertisable, split_host_port
 from llmmesh.errors import InvalidArgument, Reason
 from llmmesh.grpcserver import GrpcServer, open_channel
 from llmmesh.identity import Role, role_name
@@ -132,6 +132,11 @@ class RegionPlane:
     retrieval: RetrievalGateway | None = None
     metrics: MetricsEndpoint | None = None
     lifecycle: RegionLifecycle | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        """Where others scrape this region's /metrics: its advertised host, the endpoint's port."""
+        return advertised_url(self.metrics.url, self.address) if self.metrics else ""
 
     def info(self) -> chat_service_pb2.GetRegionInfoResponse:
         healthy = len(self.pool.healthy_pods)
@@ -405,7 +410,7 @@ async def serve(settings: RegionSettings) -> None:
             "address": plane.address,
             "region": settings.region,
             "zone": settings.zone,
-            "metrics_url": plane.metrics.url if plane.metrics else "",
+            "metrics_url": plane.metrics_url,
         },
     )
     await stop.wait()

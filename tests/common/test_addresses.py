@@ -92,11 +92,20 @@ async def test_a_global_plane_bound_to_every_interface_refuses_to_start_unadvert
 @pytest.mark.asyncio
 async def test_a_global_plane_bound_to_every_interface_serves_its_advertised_address() -> None:
     settings = GlobalSettings(
-        host="0.0.0.0", port=0, insecure=True, database_url="sqlite://", advertise_address="mesh-global:50051"
+        host="0.0.0.0",
+        port=0,
+        insecure=True,
+        database_url="sqlite://",
+        advertise_address="mesh-global:50051",
+        metrics_port=0,
     )
     plane = await start_global_plane(settings)
     try:
         assert plane.address == "mesh-global:50051"
+        # Its /metrics, bound beside it on every interface, is named by the advertised host too.
+        assert plane.metrics is not None and plane.metrics.url.startswith("http://0.0.0.0:")
+        port = plane.metrics.url.rpartition(":")[2].split("/")[0]
+        assert plane.metrics_url == f"http://mesh-global:{port}/metrics"
     finally:
         await plane.stop()
 
