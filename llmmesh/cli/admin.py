@@ -132,6 +132,7 @@ async def _tenant_create(channel: grpc.aio.Channel, args: argparse.Namespace) ->
         monthly_token_quota=args.quota,
         allowed_models=models,
         conversation_retention_days=args.retention_days,
+        memory_enabled=args.memory,
     )
     stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
     tenant = (await stub.CreateTenant(ppb.CreateTenantRequest(tenant=spec), timeout=CALL_TIMEOUT_S)).tenant
@@ -343,6 +344,11 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="days deleted conversations are kept before their purge; 0 = the region's default",
+    )
+    create.add_argument(
+        "--memory",
+        action="store_true",
+        help="keep facts about the tenant's end users and put them in their turns (off by default)",
     )
     create.set_defaults(admin_command=_tenant_create)
     listing = tenant.add_parser("list", parents=[common], help="list tenants")

@@ -123,6 +123,7 @@ def test_tenant_create_and_list(capsys: pytest.CaptureFixture[str], plane: Globa
     status, out, _ = admin(
         capsys, plane, "tenant", "create", "acme", "--zone", "eu", "--tier", "pro",
         "--rpm", "60", "--tpm", "10000", "--models", "llmmesh-tiny, other", "--retention-days", "7",
+        "--memory",
     )  # fmt: skip
     assert status == 0
     header, row = out.strip().splitlines()
@@ -139,6 +140,7 @@ def test_tenant_create_and_list(capsys: pytest.CaptureFixture[str], plane: Globa
     )  # proto3 JSON: int64 as string
     assert acme["allowed_models"] == ["llmmesh-tiny", "other"]
     assert acme["conversation_retention_days"] == 7
+    assert acme["memory_enabled"] is True
     assert admin_json(capsys, plane, "tenant", "list", "--zone", "nowhere") == []
 
 
