@@ -25,6 +25,8 @@ from engine.settings import EngineSettings
 from globalplane.settings import GlobalSettings
 from llmmesh import envoy_config
 from llmmesh.envoy_tls import ProxyTls, sds_documents
+from llmmesh.json_logs import LogSettings
+from llmmesh.tracing import TracingSettings
 from region.settings import RegionSettings
 from tests.deploy.helm_render import (
     CHART,
@@ -48,8 +50,11 @@ SETTINGS: dict[str, type[Any]] = {
     "engine": EngineSettings,
     "edge": EdgeSettings,
 }
-# Variables read outside the settings objects.
-PROCESS_VARIABLES = {"LLMMESH_HOME"}
+# Variables read outside the settings objects: the home, and the traces and
+# logs settings every plane's command reads (llmmesh/cli/main.py).
+PROCESS_VARIABLES = {"LLMMESH_HOME"} | {
+    "LLMMESH_" + f.name.upper() for each in (TracingSettings, LogSettings) for f in dataclasses.fields(each)
+}
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 # --skip-download: nothing fetched from the vendor's service (offline, as CI is).
 CHECKOV_OPTIONS = ("--quiet", "--compact", "--skip-download", "--output", "json")

@@ -63,6 +63,24 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* LLMMESH_* variables for traces and logs (values' observability block).
+A component's `env` naming one of them would be a second, conflicting
+value: the render fails instead. */}}
+{{- define "llmmesh.observabilityEnv" -}}
+{{- $o := .root.Values.observability }}
+{{- range $name := list "LLMMESH_OTLP_ENDPOINT" "LLMMESH_TRACE_SAMPLE_RATIO" "LLMMESH_LOG_FORMAT" }}
+{{- if hasKey $.env $name }}
+{{- fail (printf "%s is set by the observability values; remove it from the component's env" $name) }}
+{{- end }}
+{{- end }}
+- name: LLMMESH_OTLP_ENDPOINT
+  value: {{ $o.otlpEndpoint | quote }}
+- name: LLMMESH_TRACE_SAMPLE_RATIO
+  value: {{ $o.traceSampleRatio | toString | quote }}
+- name: LLMMESH_LOG_FORMAT
+  value: {{ $o.logFormat | quote }}
+{{- end -}}
+
 {{/* The port kubelet's gRPC probe asks: the plaintext probe port under mTLS. */}}
 {{- define "llmmesh.probePort" -}}
 {{- if .root.Values.mtls.enabled -}}
