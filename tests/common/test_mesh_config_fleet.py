@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,18 @@ def test_family_models_register_with_their_tier_and_prices() -> None:
     entry = registry_entry(LARGE)
     assert (entry.tier, entry.pricing.output_per_1k_usd) == (mpb.MODEL_TIER_LARGE, LARGE.output_per_1k_usd)
     assert not entry.default_for_tiers
+
+
+def test_a_vllm_pod_of_a_family_model_gets_its_built_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMMESH_HOME", str(tmp_path))
+    env = pod_env("vllm", SMALL.name)
+    built = Path(env["LLMMESH_MODEL_PATH"])
+    assert built == tmp_path / "models" / SMALL.name
+    assert json.loads((built / "config.json").read_text())["num_hidden_layers"] == SMALL.num_layers
+    # Built once: the second pod of the model finds it.
+    stamp = (built / "config.json").stat().st_mtime_ns
+    assert pod_env("vllm", SMALL.name) == env and (built / "config.json").stat().st_mtime_ns == stamp
+    # llmmesh-tiny is the engine's own default build.
+    assert pod_env("vllm", "llmmesh-tiny") == {"LLMMESH_MODEL": "llmmesh-tiny"}
