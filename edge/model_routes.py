@@ -70,14 +70,15 @@ class ModelRoutes:
     async def list(self, request: Request) -> Response:
         await authenticate(request, self._mesh)
         models = await self._mesh.list_models()
-        return JSONResponse({"object": "list", "data": [model_object(m) for m in models]})
+        # A retired model is kept in the registry (its prices explain old bills) but served no more.
+        return JSONResponse({"object": "list", "data": [model_object(m) for m in models if not m.retired]})
 
     async def get(self, request: Request) -> Response:
         """One model by name; a 404 ``model_not_found`` when there is none."""
         await authenticate(request, self._mesh)
         name = request.path_params["model"]
         for model in await self._mesh.list_models():
-            if model.name == name:
+            if model.name == name and not model.retired:
                 return JSONResponse(model_object(model))
         raise OpenAIError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
 

@@ -226,3 +226,16 @@ async def test_a_conversation_turn_on_auto_is_routed_by_its_depth_too(fleet: Fle
         assert route[0] == ("difficulty", SMALL.name)
         # Eight turns deep the conversation itself counts; chit-chat stays on the small model.
         assert "deep conversation" in turn.headers["x-llmmesh-route-detail"]
+
+
+@pytest.mark.asyncio
+async def test_a_retired_model_is_neither_listed_nor_served(fleet: Fleet) -> None:
+    await admin(fleet.glob, "model", "retire", LARGE.name)
+    async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
+        headers = {"authorization": f"Bearer {DEV_KEY}"}
+        listed = (await client.get("/v1/models", headers=headers)).json()["data"]
+        assert LARGE.name not in {m["id"] for m in listed} and SMALL.name in {m["id"] for m in listed}
+        one = await client.get(f"/v1/models/{LARGE.name}", headers=headers)
+        assert one.status_code == 404 and one.json()["error"]["code"] == "model_not_found"
+    named = await ask(fleet, CHIT_CHAT, model=LARGE.name)
+    assert named.status_code == 400 and named.json()["error"]["code"] == "model_retired"
