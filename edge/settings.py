@@ -94,6 +94,13 @@ class EdgeSettings(MeshTlsSettings):
             raise ValueError("route_stale_ms must be at least route_cache_ms")
         if bool(self.https_cert_file) != bool(self.https_key_file):
             raise ValueError("https_cert_file and https_key_file go together: set both or neither")
+        if self.probe_port:
+            # Inherited with the mesh identity, but the edge serves HTTP, not gRPC.
+            raise ValueError(
+                f"probe_port ({self.probe_port}) is for gRPC planes: the edge serves no gRPC, so nothing "
+                "would answer grpc.health.v1 there; probe the edge's HTTP port (TCP, or /healthz) "
+                "and unset LLMMESH_PROBE_PORT / --probe-port"
+            )
 
     @property
     def https(self) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -63,7 +65,19 @@ def _cmd_edge(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from llmmesh.cli.up import run_up
 
+    _pass_log_and_trace_flags_on(args)
     return run_up(args)
+
+
+def _pass_log_and_trace_flags_on(args: argparse.Namespace) -> None:
+    """``llmmesh --log-format json --otlp-endpoint URL up``: the planes ``up``
+    starts inherit its environment, not its flags, so the flags go there
+    (otherwise every plane would log text and trace nothing, unannounced)."""
+    for settings in (LogSettings, TracingSettings):
+        for field in dataclasses.fields(settings):
+            value = getattr(args, field.name, None)
+            if value is not None:
+                os.environ[config.ENV_PREFIX + field.name.upper()] = str(value)
 
 
 def _cmd_admin(args: argparse.Namespace) -> int:
