@@ -284,6 +284,7 @@ def paths(errors: Mapping[str, Schema]) -> dict[str, Schema]:
             "get": op("The vector store's files.", "VectorStoreFileList", parameters=[_STORE_ID, *_PAGING]),
         },
         "/v1/vector_stores/{vector_store_id}/files/{file_id}": {
+            "get": op("One file of the vector store.", "VectorStoreFile", parameters=[_STORE_ID, store_file]),
             "delete": op(
                 "Remove a file from the vector store.",
                 "VectorStoreFileDeleted",

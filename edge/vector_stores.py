@@ -137,6 +137,7 @@ class VectorStoreRoutes:
             Route(base + "/{vector_store_id}", self.delete, methods=["DELETE"]),
             Route(base + "/{vector_store_id}/files", self.add_file, methods=["POST"]),
             Route(base + "/{vector_store_id}/files", self.list_files, methods=["GET"]),
+            Route(base + "/{vector_store_id}/files/{file_id}", self.get_file, methods=["GET"]),
             Route(base + "/{vector_store_id}/files/{file_id}", self.remove_file, methods=["DELETE"]),
             Route(base + "/{vector_store_id}/search", self.search, methods=["POST"]),
         ]
@@ -214,6 +215,14 @@ class VectorStoreRoutes:
         answer, _ = await self._calls.call(principal, lambda s: s.ListVectorStoreFiles, message)
         items = [store_file_object(m) for m in answer.vector_store_files]
         return JSONResponse(list_page(items, answer.next_page_token))
+
+    async def get_file(self, request: Request) -> Response:
+        principal = await self._calls.principal(request)
+        message = pb.GetVectorStoreFileRequest(
+            vector_store_id=request.path_params["vector_store_id"], file_id=request.path_params["file_id"]
+        )
+        answer, _ = await self._calls.call(principal, lambda s: s.GetVectorStoreFile, message)
+        return JSONResponse(store_file_object(answer.vector_store_file))
 
     async def remove_file(self, request: Request) -> Response:
         principal = await self._calls.principal(request)

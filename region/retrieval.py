@@ -193,6 +193,13 @@ class RetrievalGateway:
         )
         return pb.CreateVectorStoreFileResponse(vector_store_file=member_proto(row))
 
+    async def get_store_file(
+        self, request: pb.GetVectorStoreFileRequest, secret: str | None
+    ) -> pb.GetVectorStoreFileResponse:
+        tenant = self.caller(secret).tenant_id
+        row = await self.db.get_member(tenant, request.vector_store_id, request.file_id)
+        return pb.GetVectorStoreFileResponse(vector_store_file=member_proto(row))
+
     async def list_store_files(
         self, request: pb.ListVectorStoreFilesRequest, secret: str | None
     ) -> pb.ListVectorStoreFilesResponse:

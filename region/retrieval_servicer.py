@@ -80,6 +80,11 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
     ) -> pb.CreateVectorStoreFileResponse:
         return await _answer(self._g.add_file, request, context)
 
+    async def GetVectorStoreFile(
+        self, request: pb.GetVectorStoreFileRequest, context: Context
+    ) -> pb.GetVectorStoreFileResponse:
+        return await _answer(self._g.get_store_file, request, context)
+
     async def ListVectorStoreFiles(
         self, request: pb.ListVectorStoreFilesRequest, context: Context
     ) -> pb.ListVectorStoreFilesResponse:

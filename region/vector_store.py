@@ -279,6 +279,15 @@ class VectorStoreDb(SqlStore):
 
         return await self.transaction(read)
 
+    async def get_member(self, tenant_id: str, store_id: str, file_id: str) -> VectorStoreFileRow:
+        """The file's membership in the tenant's store; NOT_FOUND when either is missing."""
+
+        def read(conn: Connection) -> VectorStoreFileRow:
+            store_row(conn, tenant_id, store_id)
+            return member_row(conn, store_id, file_id)
+
+        return await self.transaction(read)
+
     async def remove_file(self, tenant_id: str, store_id: str, file_id: str) -> None:
         def write(conn: Connection) -> None:
             store_row(conn, tenant_id, store_id)

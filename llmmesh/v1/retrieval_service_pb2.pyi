@@ -771,6 +771,56 @@ class CreateVectorStoreFileResponse(_message.Message):
 Global___CreateVectorStoreFileResponse: _TypeAlias = CreateVectorStoreFileResponse  # noqa: Y015
 
 @_typing.final
+class GetVectorStoreFileRequest(_message.Message):
+    """Describes one file of a vector store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    FILE_ID_FIELD_NUMBER: _builtins.int
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    file_id: _builtins.str
+    """The file's id."""
+    def __init__(
+        self,
+        *,
+        vector_store_id: _builtins.str = ...,
+        file_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_id", b"file_id", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVectorStoreFileRequest: _TypeAlias = GetVectorStoreFileRequest  # noqa: Y015
+
+@_typing.final
+class GetVectorStoreFileResponse(_message.Message):
+    """One file of a vector store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_FILE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def vector_store_file(self) -> Global___VectorStoreFile:
+        """The membership."""
+
+    def __init__(
+        self,
+        *,
+        vector_store_file: Global___VectorStoreFile | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["vector_store_file", b"vector_store_file"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["vector_store_file", b"vector_store_file"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVectorStoreFileResponse: _TypeAlias = GetVectorStoreFileResponse  # noqa: Y015
+
+@_typing.final
 class ListVectorStoreFilesRequest(_message.Message):
     """Lists the files of a vector store."""
 

@@ -89,6 +89,11 @@ class RetrievalServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileResponse.FromString,
                 _registered_method=True)
+        self.GetVectorStoreFile = channel.unary_unary(
+                '/llmmesh.v1.RetrievalService/GetVectorStoreFile',
+                request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileResponse.FromString,
+                _registered_method=True)
         self.ListVectorStoreFiles = channel.unary_unary(
                 '/llmmesh.v1.RetrievalService/ListVectorStoreFiles',
                 request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFilesRequest.SerializeToString,
@@ -184,6 +189,13 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetVectorStoreFile(self, request, context):
+        """Describes one file of a vector store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListVectorStoreFiles(self, request, context):
         """Lists the files of a vector store, newest first.
         """
@@ -257,6 +269,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.CreateVectorStoreFile,
                     request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileResponse.SerializeToString,
+            ),
+            'GetVectorStoreFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVectorStoreFile,
+                    request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileResponse.SerializeToString,
             ),
             'ListVectorStoreFiles': grpc.unary_unary_rpc_method_handler(
                     servicer.ListVectorStoreFiles,
@@ -549,6 +566,33 @@ class RetrievalService:
             '/llmmesh.v1.RetrievalService/CreateVectorStoreFile',
             llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileRequest.SerializeToString,
             llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVectorStoreFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.RetrievalService/GetVectorStoreFile',
+            llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileRequest.SerializeToString,
+            llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,8 @@ class RetrievalServiceStub:
     """Deletes a vector store and its chunks (the files stay)."""
     CreateVectorStoreFile: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.CreateVectorStoreFileRequest, _retrieval_service_pb2.CreateVectorStoreFileResponse]
     """Adds a file to a vector store: chunks it and embeds the chunks."""
+    GetVectorStoreFile: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.GetVectorStoreFileRequest, _retrieval_service_pb2.GetVectorStoreFileResponse]
+    """Describes one file of a vector store."""
     ListVectorStoreFiles: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.ListVectorStoreFilesRequest, _retrieval_service_pb2.ListVectorStoreFilesResponse]
     """Lists the files of a vector store, newest first."""
     DeleteVectorStoreFile: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.DeleteVectorStoreFileRequest, _retrieval_service_pb2.DeleteVectorStoreFileResponse]
@@ -95,6 +97,8 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Deletes a vector store and its chunks (the files stay)."""
     CreateVectorStoreFile: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.CreateVectorStoreFileRequest, _retrieval_service_pb2.CreateVectorStoreFileResponse]  # type: ignore[assignment]
     """Adds a file to a vector store: chunks it and embeds the chunks."""
+    GetVectorStoreFile: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.GetVectorStoreFileRequest, _retrieval_service_pb2.GetVectorStoreFileResponse]  # type: ignore[assignment]
+    """Describes one file of a vector store."""
     ListVectorStoreFiles: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.ListVectorStoreFilesRequest, _retrieval_service_pb2.ListVectorStoreFilesResponse]  # type: ignore[assignment]
     """Lists the files of a vector store, newest first."""
     DeleteVectorStoreFile: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.DeleteVectorStoreFileRequest, _retrieval_service_pb2.DeleteVectorStoreFileResponse]  # type: ignore[assignment]
@@ -189,6 +193,14 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_service_pb2.CreateVectorStoreFileResponse, _abc.Awaitable[_retrieval_service_pb2.CreateVectorStoreFileResponse]]:
         """Adds a file to a vector store: chunks it and embeds the chunks."""
+
+    @_abc_1.abstractmethod
+    def GetVectorStoreFile(
+        self,
+        request: _retrieval_service_pb2.GetVectorStoreFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_service_pb2.GetVectorStoreFileResponse, _abc.Awaitable[_retrieval_service_pb2.GetVectorStoreFileResponse]]:
+        """Describes one file of a vector store."""
 
     @_abc_1.abstractmethod
     def ListVectorStoreFiles(

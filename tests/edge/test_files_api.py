@@ -66,6 +66,10 @@ async def test_vector_store_search_finds_the_answer_in_the_tenants_files(stack: 
         )
         added = await client.vector_stores.files.create(vector_store_id=store.id, file_id=ids["rust.txt"])
         assert added.status == "completed" and added.usage_bytes == len(DOCS["rust.txt"])
+        polled = await client.vector_stores.files.create_and_poll(
+            vector_store_id=store.id, file_id=ids["rust.txt"], poll_interval_ms=10
+        )
+        assert polled.status == "completed" and polled.id == ids["rust.txt"]
         page = await client.vector_stores.search(
             store.id, query="What is the capital of Japan?", max_num_results=3
         )
