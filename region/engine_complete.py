@@ -21,9 +21,10 @@ _ROLES = {
 }
 
 
-def engine_completer(pool: EnginePool, model: str, timeout_s: float = 30.0) -> CompleteFn:
+def engine_completer(pool: EnginePool, model: str, timeout_s: float = 30.0, priority: int = 0) -> CompleteFn:
     """A :data:`region.safety.CompleteFn` that asks a healthy pod serving
-    ``model`` (any model when empty)."""
+    ``model`` (any model when empty), at engine ``priority`` (0, the highest,
+    by default: the region's own checks come first)."""
 
     async def complete(turns: list[tuple[str, str]], max_tokens: int) -> str:
         messages = []
@@ -43,7 +44,7 @@ def engine_completer(pool: EnginePool, model: str, timeout_s: float = 30.0) -> C
                         model=model or pod.model,
                         messages=messages,
                         sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                        priority=0,
+                        priority=priority,
                     )
                 )
             )

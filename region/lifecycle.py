@@ -25,6 +25,7 @@ from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import common_pb2
 from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
+from region.fair_queue import UNKNOWN_TIER_PRIORITY
 from region.gateway import ChatGateway
 from region.lifecycle_purge import ConversationPurge, TenantPolicies
 from region.lifecycle_retry import RecordRetries
@@ -84,7 +85,8 @@ def start_lifecycle(
     if settings.summaries_enabled:
 
         async def complete(model: str, turns: list[tuple[str, str]], max_tokens: int) -> str:
-            return await engine_completer(pool, model)(turns, max_tokens)
+            # Housekeeping: behind every tenant's turn at the pods.
+            return await engine_completer(pool, model, priority=UNKNOWN_TIER_PRIORITY)(turns, max_tokens)
 
         async def model() -> str:
             return settings.summary_model or await smallest_chat_model(pool, models, embedding_models())
