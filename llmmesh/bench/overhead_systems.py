@@ -143,7 +143,7 @@ async def running_mesh(
     for path in ready.values():
         path.unlink(missing_ok=True)
     async with (
-        launcher.global_plane(certs) as global_address,
+        launcher.global_plane(certs, env) as global_address,
         launcher.child("engine", sim_engine_command(plan, ready["engine"], certs), env) as engine,
     ):
         engine_address = await _ready_value(engine, ready["engine"], "address", timeout_s)

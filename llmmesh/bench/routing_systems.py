@@ -227,13 +227,16 @@ class Launcher:
         return info
 
     @contextlib.asynccontextmanager
-    async def global_plane(self, certs: Path | None = None) -> AsyncIterator[str]:
+    async def global_plane(
+        self, certs: Path | None = None, env: dict[str, str] | None = None
+    ) -> AsyncIterator[str]:
         """The global plane, on mTLS with its certificate in ``certs`` or
-        plaintext; yields its address."""
+        plaintext, with the environment ``env`` (default: this process's;
+        a traced mesh passes its planes' tracing one); yields its address."""
         ready = self.run_dir / "global.ready.json"
         ready.unlink(missing_ok=True)
         argv = global_command(self.run_dir / "global.db", ready, certs)
-        async with self.child("global", argv) as child:
+        async with self.child("global", argv, env) as child:
             yield str((await self._ready(child, ready))["address"])
 
     @contextlib.asynccontextmanager

@@ -834,7 +834,9 @@ def test_quick_traced_run_exports_the_traced_meshs_spans_and_reports_what_tracin
     added = (traced["ttft_p50_s"] - twin["ttft_p50_s"]) * 1000
     assert ratios["traced_added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
     assert ratios["traced_added_ttft_p50_ci95_low_ms"] <= ratios["traced_added_ttft_p50_ci95_high_ms"]
-    # Only the traced mesh's planes trace.
+    # Only the traced mesh's planes trace, its global plane (billing, routing) included.
     for system in ("mesh", "mesh_twin", "mesh_traced"):
-        [edge_log] = (tmp_path / "transport" / system).glob("*-edge.log")
-        assert ("tracing to http://" in edge_log.read_text(errors="replace")) == (system == "mesh_traced")
+        for plane in ("edge", "global"):
+            [plane_log] = (tmp_path / "transport" / system).glob(f"*-{plane}.log")
+            traces = "tracing to http://" in plane_log.read_text(errors="replace")
+            assert traces == (system == "mesh_traced"), (system, plane)
