@@ -124,6 +124,50 @@ def append_tool_results(
     return stored
 
 
+def store_turn_messages(
+    conn: Connection,
+    conversation: ConversationRow,
+    request_id: str,
+    user_message: str | None,
+    reply: AssistantMessage,
+    tool_results: Sequence[ToolResult],
+    parent_id: str | None,
+    now: datetime,
+) -> list[MessageRow]:
+    """A turn's messages under ``request_id``, in the tree's order: its tool
+    messages, its user message (``user_message``; one the request stored
+    before is kept), then ``reply``, which completes in place a partial
+    reply the request stored before (a failed-over turn's). The first new
+    message follows ``parent_id`` (as :func:`append_message` takes it), each
+    other the one before it. ALREADY_EXISTS when the request stored them in
+    another conversation."""
+    tenant_id = conversation.tenant_id
+    stored = append_tool_results(conn, conversation, request_id, tool_results, now, parent_id)
+    parent = stored[-1].id if stored else parent_id
+    asked = message_of_request(conn, tenant_id, request_id, Role.USER)
+    if asked is not None and asked.conversation_id != conversation.id:
+        raise duplicate_request(request_id)
+    if asked is None and user_message is not None:
+        asked = append_message(conn, conversation, Role.USER, user_message, request_id, now, parent_id=parent)
+    if asked is not None:
+        stored.append(asked)
+        parent = asked.id
+    partial = message_of_request(conn, tenant_id, request_id, Role.ASSISTANT)
+    if partial is None:
+        stored.append(
+            append_message(
+                conn, conversation, Role.ASSISTANT, reply.content, request_id, now, reply, parent_id=parent
+            )
+        )
+    elif partial.conversation_id != conversation.id:
+        raise duplicate_request(request_id)
+    else:
+        replace_reply(conn, partial.id, reply)
+        stored.append(message_of_request(conn, tenant_id, request_id, Role.ASSISTANT) or partial)
+    touch(conn, conversation.id, now)
+    return stored
+
+
 def replace_reply(conn: Connection, message_id: str, reply: AssistantMessage) -> None:
     """Make a stored assistant message the whole reply (a continuation completes a partial one)."""
     conn.execute(

@@ -48,12 +48,11 @@ from region.zone_store.paging import decode_position, encode_position
 from region.zone_store.purge import DeletedConversation, deleted_page, purge
 from region.zone_store.queries import (
     append_message,
-    append_tool_results,
     conversation_of,
     message_of,
     message_of_request,
     messages_of_request,
-    replace_reply,
+    store_turn_messages,
     touch,
     turn_tokens,
 )
@@ -368,31 +367,9 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored = append_tool_results(conn, conversation, request_id, tool_results, now, parent_id)
-            parent = stored[-1].id if stored else parent_id
-            if user_message is not None:
-                existing = message_of_request(conn, tenant_id, request_id, Role.USER)
-                if existing is None:
-                    existing = append_message(
-                        conn, conversation, Role.USER, user_message, request_id, now, parent_id=parent
-                    )
-                elif existing.conversation_id != conversation.id:
-                    raise duplicate_request(request_id)
-                stored.append(existing)
-                parent = existing.id
-            stored.append(
-                append_message(
-                    conn,
-                    conversation,
-                    Role.ASSISTANT,
-                    assistant.content,
-                    request_id,
-                    now,
-                    assistant,
-                    parent_id=parent,
-                )
+            stored = store_turn_messages(
+                conn, conversation, request_id, user_message, assistant, tool_results, parent_id, now
             )
-            touch(conn, conversation.id, now)
             return TurnRecord(request_id, False, tuple(stored))
 
         return await self.grouped(record)
@@ -473,38 +450,9 @@ class ZoneStore(SqlStore):
             if conversation is None:
                 log.warning("turn %s: conversation gone; only its usage is recorded", request_id)
                 return TurnRecord(request_id, False, ())
-            stored = append_tool_results(conn, conversation, original, tool_results, now, parent_id)
-            parent = stored[-1].id if stored else parent_id
-            asked = message_of_request(conn, tenant_id, original, Role.USER)
-            if asked is not None and asked.conversation_id != conversation.id:
-                raise duplicate_request(original)
-            if asked is None and user_message is not None:
-                asked = append_message(
-                    conn, conversation, Role.USER, user_message, original, now, parent_id=parent
-                )
-            if asked is not None:
-                stored.append(asked)
-                parent = asked.id
-            partial = message_of_request(conn, tenant_id, original, Role.ASSISTANT)
-            if partial is None:
-                stored.append(
-                    append_message(
-                        conn,
-                        conversation,
-                        Role.ASSISTANT,
-                        reply.content,
-                        original,
-                        now,
-                        reply,
-                        parent_id=parent,
-                    )
-                )
-            elif partial.conversation_id != conversation.id:
-                raise duplicate_request(original)
-            else:
-                replace_reply(conn, partial.id, reply)
-                stored.append(message_of_request(conn, tenant_id, original, Role.ASSISTANT) or partial)
-            touch(conn, conversation.id, now)
+            stored = store_turn_messages(
+                conn, conversation, original, user_message, reply, tool_results, parent_id, now
+            )
             return TurnRecord(request_id, False, tuple(stored))
 
         return await self.grouped(record)
