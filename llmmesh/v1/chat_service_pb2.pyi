@@ -1140,8 +1140,8 @@ class ListMessagesRequest(_message.Message):
     Empty: the current branch (the one ending at the newest message).
     """
     request_id: _builtins.str
-    """List only the messages this request id stored (any branch); the other
-    filters then do not apply.
+    """List only the messages this request id stored, whichever branch they
+    are on; not with leaf_id.
     """
     def __init__(
         self,
