@@ -24,11 +24,11 @@ from engine.gpu import GpuCollector, NvmlProbe
 from engine.kv_events import KvEventBatch, KvEventLog
 from engine.settings import EngineSettings
 from engine.sim.disaggregation import (
+    KvReceiver,
     KvTransferModel,
-    billed_as_transferred,
+    decode_events,
     prefill_events,
     prefill_request,
-    receive,
 )
 from engine.sim.faults import CrashCallback, FaultPlan
 from engine.sim.kv_blocks import KvBlockPool
@@ -91,6 +91,12 @@ class SimBackend(EngineBackend):
         self.transfers = KvTransferModel(
             settings.sim_kv_transfer_overhead_s, settings.sim_kv_transfer_per_block_s
         )
+        self.receiver = KvReceiver(
+            self.transfers,
+            self.pool,
+            lambda: self.scheduler.running + self.scheduler.waiting < settings.max_num_seqs,
+            settings.sim_inter_token_s,
+        )
 
     async def start(self) -> None:
         if self._task is None:
@@ -111,12 +117,18 @@ class SimBackend(EngineBackend):
                     yield event
             return
         spec = request.kv_transfer
-        if spec is not None:
-            self._require_running()
-            await receive(self.transfers, self.pool, request)
-        async with contextlib.aclosing(self._generate(request)) as events:
+        if spec is None:
+            async with contextlib.aclosing(self._generate(request)) as events:
+                async for event in events:
+                    yield event
+            return
+        self._require_running()
+        pinned = await self.receiver.receive(request)
+        async with contextlib.aclosing(
+            decode_events(self._generate(request), self.pool, pinned, spec)
+        ) as events:
             async for event in events:
-                yield event if spec is None else billed_as_transferred(event, spec)
+                yield event
 
     def _require_running(self) -> None:
         if self._task is None or self._task.done():
