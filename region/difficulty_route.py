@@ -17,13 +17,21 @@ candidate that is not: the cheapest larger one, else the largest smaller
 one. Candidates are this region's, so a fallback never leaves the zone. A
 turn with nowhere to go keeps its model and meets the usual refusal.
 
+A model can also fail after the choice: every pod of it fails the turn
+before its first event (down since the last health check, say). The gateway
+then asks :meth:`ModelRouter.after_failure`, which applies the same rule to
+the models not yet failed (one with room first, else one with a healthy pod
+that may queue the turn), so a turn that may fall back is served by another
+model of this region instead of a 503; a continuation keeps its model.
+
 Canaries: a model handed out with canaries (the registry's
 ``Model.canaries``) gives each its percent of turns, chosen by a stable
 hash of the request id, when the canary is deployed here.
 
 The decision travels as a :class:`RouteDecision` (``ChatStarted.route``;
 the edge's ``x-llmmesh-route-reason``) and is counted in
-``llmmesh_region_route_decisions_total{model,reason}``.
+``llmmesh_region_route_decisions_total{model,reason}`` (a turn moved by
+:meth:`ModelRouter.after_failure` counts once more, as ``fallback``).
 """
 
 from __future__ import annotations
@@ -193,11 +201,45 @@ class ModelRouter:
         others = [m for m in candidates if m.name != model.name and not self.overloaded(m.name)]
         if not others:
             return model
-        larger = [m for m in others if _by_cost(m) > _by_cost(model)]
-        chosen = min(larger, key=_by_cost) if larger else max(others, key=_by_cost)
+        chosen = _nearest(model, others)
         log.info("model %s is overloaded or down here; turn falls back to %s", model.name, chosen.name)
         route.reason = FALLBACK
         route.detail = f"{model.name} overloaded or down in the region; {chosen.name} serves ({route.detail})"
+        return chosen
+
+    async def after_failure(
+        self,
+        start: chat_service_pb2.ChatStart,
+        caller: Caller,
+        failed: Model,
+        tried: Collection[str],
+        route: chat_service_pb2.RouteDecision,
+    ) -> Model | None:
+        """Another model of the region for a turn whose chosen ``failed``
+        model lost every pod here before the turn's first event, or None
+        when the turn may not fall back (a continuation; a named model of a
+        tier the policy does not name) or no other model can take it.
+        ``tried`` names the models that already failed this turn. Says so
+        in ``route`` and counts the decision."""
+        if start.HasField("continuation"):
+            return None
+        if start.model not in AUTO_NAMES and not self._may_fall_back(caller):
+            return None
+        excluded = {failed.name, *tried}
+        others = [m for m in await self._candidates(caller) if m.name not in excluded]
+        healthy = {p.model for p in self._pool.healthy_pods if p.pod_id}
+        with_room = [m for m in others if not self.overloaded(m.name)]
+        reachable = with_room or [m for m in others if m.name in healthy]
+        if not reachable:
+            return None
+        chosen = _nearest(failed, reachable)
+        log.warning("every pod of %s failed the turn here; it falls back to %s", failed.name, chosen.name)
+        route.reason = FALLBACK
+        route.detail = (
+            f"{failed.name} failed on every pod in the region before output; {chosen.name} serves"
+            f" ({route.detail})"
+        )
+        self._decisions.labels(chosen.name, FALLBACK).inc()
         return chosen
 
     async def _canary(
@@ -249,6 +291,12 @@ class ModelRouter:
         model = await self._models.resolve(name, caller.tier)
         require_allowed(model, list(caller.tenant.allowed_models))
         return model
+
+
+def _nearest(model: Model, others: Sequence[Model]) -> Model:
+    """The cheapest of ``others`` larger than ``model``, else the largest smaller one."""
+    larger = [m for m in others if _by_cost(m) > _by_cost(model)]
+    return min(larger, key=_by_cost) if larger else max(others, key=_by_cost)
 
 
 def _tier_name(caller: Caller) -> str:

@@ -262,7 +262,7 @@ class ChatGateway:
                 start.continuation.emitted_tool_calls, caller.tenant_id, prepared.original_request_id
             )
         try:
-            async for event in self._place_and_stream(turn, start, cancel):
+            async for event in self._place_and_stream(turn, start, cancel, route):
                 if event.WhichOneof("event") == "started":
                     event.started.route.CopyFrom(route)
                     if retrieval is not None:
@@ -406,15 +406,27 @@ class ChatGateway:
             )
 
     async def _place_and_stream(
-        self, turn: Turn, start: chat_service_pb2.ChatStart, cancel: asyncio.Event
+        self,
+        turn: Turn,
+        start: chat_service_pb2.ChatStart,
+        cancel: asyncio.Event,
+        route: chat_service_pb2.RouteDecision,
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
-        prepared = turn.prepared
         resume = tuple(start.continuation.emitted_token_ids)
         tried: set[str] = set()
+        failed_models: set[str] = set()
         while True:
-            decision = await self._router.choose(
-                prepared.model.name, [*prepared.token_ids, *resume], exclude=tried
-            )
+            prepared = turn.prepared
+            try:
+                decision = await self._router.choose(
+                    prepared.model.name, [*prepared.token_ids, *resume], exclude=tried
+                )
+            except Unavailable as error:
+                # No pod of the model is left here: another model may take the turn.
+                if not await self._move_to_another_model(turn, start, route, failed_models):
+                    raise error from None
+                tried.clear()
+                continue
             pod = decision.pod
             region_metrics.routed(
                 prepared.model.name,
@@ -433,6 +445,37 @@ class ChatGateway:
                 log.warning(
                     "turn %s: pod %s failed before output; trying another", prepared.request_id, pod.pod_id
                 )
+
+    async def _move_to_another_model(
+        self,
+        turn: Turn,
+        start: chat_service_pb2.ChatStart,
+        route: chat_service_pb2.RouteDecision,
+        failed_models: set[str],
+    ) -> bool:
+        """Give a turn whose model has no pod left here before its first
+        event to another model of this region, when the turn may fall back
+        (:meth:`ModelRouter.after_failure`): prepared for that model and
+        accepted again under the same request id (taking over the
+        acceptance that streamed nothing). False when it stays put."""
+        failed = turn.prepared.model
+        model = await self.model_router.after_failure(start, turn.caller, failed, failed_models, route)
+        failed_models.add(failed.name)
+        if model is None:
+            return False
+        again = chat_service_pb2.ChatStart()
+        again.CopyFrom(start)
+        again.request_id = turn.prepared.request_id
+        try:
+            prepared = await self._prepare(turn.caller, model, again)
+            turn.holder, turn.accepted = await self._accept(turn.caller, prepared, again)
+        except MeshError as error:
+            log.warning("turn %s cannot fall back to %s: %s", again.request_id, model.name, error.message)
+            return False
+        turn.prepared = prepared
+        arrived_s = turn.meter.latency.arrived_s if turn.meter.latency else time.monotonic()
+        turn.meter.latency = region_metrics.TurnLatency(model.name, arrived_s)
+        return True
 
     async def _run_on_pod(
         self,
