@@ -3,8 +3,11 @@ pod, its decode phase on a decode pod, the KV handle passed between them.
 
 The router (:meth:`region.router.KvAffinityRouter.choose`) places the
 prefill phase by its policy over the prefill pods (prefix affinity pays off
-there, where prompts are computed) and the decode phase on the least-loaded
-decode pod, and hands the gateway the decode pod's :class:`~region.engine_pool.PodView`
+there, where prompts are computed) and the decode phase on a decode pod:
+under ``precise`` scored by the prompt's blocks already resident there (a
+decode pod pulls only the blocks it lacks, and turns sharing a prefix
+share its blocks in the decode pod's cache) and by load, else the least
+loaded. It hands the gateway the decode pod's :class:`~region.engine_pool.PodView`
 with a :class:`PhasedSession` (:func:`phased_pod`): to the gateway it is
 the decode pod (its id, address, load and health are the decode pod's), but
 starting a generation on it first runs ``prefill_only`` on the prefill pod

@@ -22,8 +22,9 @@ cached it first.
 
 Disaggregated serving: when the healthy pods include prefill pods and
 decode pods (their ``GetEngineInfo.role``), a turn's prefill phase is
-placed by the policy over the prefill pods and its decode phase on the
-least-loaded decode pod (:mod:`region.disaggregation`); otherwise turns go
+placed by the policy over the prefill pods and its decode phase on a
+decode pod (by resident blocks and load under ``precise``, else the least
+loaded; :mod:`region.disaggregation`); otherwise turns go
 to the pods that serve whole turns, and a premium turn may hedge onto the
 least-loaded other one (:mod:`region.hedging`).
 """
@@ -301,10 +302,11 @@ class KvAffinityRouter:
         self, prefill: list[EnginePodHandle], decode: list[EnginePodHandle], token_ids: Sequence[int]
     ) -> RoutingDecision:
         """The prefill phase by the policy over the prefill pods, the decode
-        phase on the least-loaded decode pod (:mod:`region.disaggregation`)."""
+        phase on the decode pod :meth:`_place_decode` picks
+        (:mod:`region.disaggregation`)."""
         prefill_decision = await self._place(prefill, token_ids)
         loads = {pod.pod_id: self.loads.load_of(pod) for pod in decode}
-        chosen = min(decode, key=lambda p: (loads[p.pod_id].load(self.tuning), loads[p.pod_id].depth))
+        chosen = await self._place_decode(decode, loads, token_ids)
         parts = {**prefill_decision.score_parts, "decode_load": loads[chosen.pod_id].load(self.tuning)}
         return RoutingDecision(
             chosen.pod_id,
@@ -314,6 +316,23 @@ class KvAffinityRouter:
             phased_pod(prefill_decision.pod, chosen),
             prefill_pod_id=prefill_decision.pod_id,
         )
+
+    async def _place_decode(
+        self, decode: list[EnginePodHandle], loads: dict[str, PodLoad], token_ids: Sequence[int]
+    ) -> EnginePodHandle:
+        """The decode pod: under ``precise``, scored like any pod by the
+        prompt's blocks already resident there (a decode pod pulls only the
+        blocks it lacks, and a tenant's turns share their prefix in its
+        cache) and by load; otherwise, or with the index down, the least loaded."""
+        if self.policy is RoutingPolicy.PRECISE:
+            assert self._index is not None
+            try:
+                resident = await self._index.match(token_ids)
+            except PrefixIndexError as err:
+                log.warning("prefix index unavailable, placing the decode phase on load: %s", err)
+            else:
+                return self._score(decode, loads, resident, len(token_ids)).pod
+        return min(decode, key=lambda p: (loads[p.pod_id].load(self.tuning), loads[p.pod_id].depth))
 
     async def _place(self, candidates: list[EnginePodHandle], token_ids: Sequence[int]) -> RoutingDecision:
         """The pod of ``candidates`` the policy picks for ``token_ids``."""
