@@ -318,6 +318,6 @@ async def test_a_huge_model_name_is_refused_before_any_global_plane_call(
     error = assert_refused(outcome, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_REQUEST, "model")
     assert len(error.message) < 300
     assert asked == []
-    # A well-formed name still goes to the registry.
+    # A well-formed name still goes to the registry (auto, and the models it weighs).
     assert (await turn(stack.region.address, secret, start())).error is None
-    assert asked == ["auto"]
+    assert "auto" in asked
