@@ -20,7 +20,8 @@ placement until its next good health check, and the turn neither fails
 nor moves off the decode pod. Any other error of the prefill phase (a
 refused prompt) is the turn's error. The prefill phase produces no output,
 so nothing of it is metered: the decode phase's usage, which counts the
-prompt, is the turn's.
+prompt, is the turn's. Started turns and prefill fallbacks are counted
+(:mod:`region.metrics_phases`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import grpc.aio
 from llmmesh.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.session_client import SessionClient
 from llmmesh.v1 import engine_service_pb2 as pb
+from region import metrics_phases
 from region.engine_pool import EnginePodHandle, PodView
 from region.engine_session import EngineSession, SessionGeneration
 
@@ -84,6 +86,7 @@ class PhasedSession(SessionClient[pb.GenerateSessionRequest, pb.GenerationEvent]
     async def start(self, request_id: str, message: pb.GenerateSessionRequest) -> SessionGeneration:
         decode_message = pb.GenerateSessionRequest()
         decode_message.CopyFrom(message)
+        fallback = False
         try:
             handle = await run_prefill(self._prefill, request_id, message.start)
         except MeshError as error:
@@ -91,9 +94,12 @@ class PhasedSession(SessionClient[pb.GenerateSessionRequest, pb.GenerationEvent]
                 raise
             # The decode pod prefills the prompt itself.
             self._prefill.healthy = False
+            fallback = True
         else:
             decode_message.start.kv_transfer.CopyFrom(handle)
-        return await self._decode.start(request_id, decode_message)
+        generation = await self._decode.start(request_id, decode_message)
+        metrics_phases.disaggregated_turn(fallback)
+        return generation
 
     async def close(self) -> None:
         """Nothing to close: both pods' sessions belong to the pool."""

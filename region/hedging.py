@@ -6,6 +6,8 @@ step).
 
 Only the winner's events reach the gateway, so the turn is metered and
 billed once, for the winner: the loser's prompt and tokens are never seen.
+Hedges started, won by the backup and losers aborted are counted
+(:mod:`region.metrics_phases`).
 A turn hedges when its engine priority is at most ``max_priority`` (0:
 enterprise only; :func:`region.fair_queue.engine_priority`) and the router
 has a second pod for it. A pod that fails before its first token does not
@@ -28,6 +30,7 @@ from llmmesh.errors import MeshError
 from llmmesh.session_client import SessionClient, SessionRequest
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import engine_service_pb2 as pb
+from region import metrics_phases
 from region.engine_pool import EnginePodHandle, PodView
 from region.engine_session import SessionGeneration
 
@@ -129,6 +132,7 @@ class HedgedGeneration(SessionRequest[pb.GenerateSessionRequest, pb.GenerationEv
             second = await self._start_backup()
             if second is not None:
                 self._legs.append(second)
+                metrics_phases.hedge_started()
         pending = {leg.reader for leg in self._legs}
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -141,6 +145,9 @@ class HedgedGeneration(SessionRequest[pb.GenerateSessionRequest, pb.GenerationEv
         for leg in self._legs:
             if leg is not winner:
                 await self._drop(leg, "the hedged turn was won by another pod")
+                metrics_phases.hedge_loser_aborted()
+        if winner is not first:
+            metrics_phases.hedge_won()
         if len(self._legs) > 1:
             log.info("turn %s: hedged; %s won", self.request_id, winner.pod.pod_id)
         failure = winner.reader.exception()

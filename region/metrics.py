@@ -28,6 +28,10 @@ pods, the usage outbox) are in :mod:`region.metrics_gauges`.
 - ``llmmesh_region_usage_ship_failures_total``: usage shipments that failed (retried later).
 - ``llmmesh_region_usage_shipping_lag_seconds``: seconds from a turn's end to
   billing accepting its usage record.
+
+Hedged and disaggregated turns are counted in :mod:`region.metrics_phases`
+(``llmmesh_region_hedges_*``, ``llmmesh_region_hedge_losers_aborted_total``,
+``llmmesh_region_disaggregated_turns_total``, ``llmmesh_region_kv_transfer_fallbacks_total``).
 """
 
 from __future__ import annotations

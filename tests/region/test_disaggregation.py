@@ -19,6 +19,8 @@ from globalplane.settings import GlobalSettings
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as engine_pb
+from region.disaggregation import phased_pod
+from region.metrics import REGISTRY
 from region.server import RegionPlane, start_region
 from tests.stack import DEV_KEY, region_settings, wait_until
 
@@ -79,6 +81,11 @@ async def chat(address: str, text: str) -> list[chat_service_pb2.ChatResponse]:
         return [event async for event in call]
 
 
+def counted(name: str) -> float:
+    """A region counter's value (the registry is the process's)."""
+    return REGISTRY.get_sample_value(f"llmmesh_region_{name}_total") or 0.0
+
+
 def backend(pod: EnginePod) -> SimBackend:
     assert isinstance(pod.backend, SimBackend)
     return pod.backend
@@ -91,7 +98,9 @@ async def test_a_turn_is_prefilled_on_the_prefill_pod_and_decoded_on_the_decode_
         "us-east-decode-0": engine_pb.POD_ROLE_DECODE,
     }
     text = "Tell me about the mesh and its regions, " * 6
+    turns, fallbacks = counted("disaggregated_turns"), counted("kv_transfer_fallbacks")
     events = await chat(mesh.region.address, text)
+    assert (counted("disaggregated_turns"), counted("kv_transfer_fallbacks")) == (turns + 1, fallbacks)
     started = next(event.started for event in events if event.HasField("started"))
     assert started.pod_id == "us-east-decode-0"
     tokens = sum(len(event.delta.token_ids) for event in events if event.HasField("delta"))
@@ -118,3 +127,28 @@ async def test_without_its_prefill_pod_the_decode_pod_serves_whole_turns(mesh: P
     started = next(event.started for event in events if event.HasField("started"))
     assert started.pod_id == "us-east-decode-0"
     assert events[-1].HasField("finished")
+
+
+async def test_a_prefill_pod_failing_after_placement_is_a_counted_fallback(mesh: PdMesh) -> None:
+    pool = mesh.region.pool
+    prefill, decode = (
+        next(p for p in pool.pods if p.pod_id == f"us-east-{n}-0") for n in ("prefill", "decode")
+    )
+    await mesh.prefill.stop(0.5)
+    turns, fallbacks = counted("disaggregated_turns"), counted("kv_transfer_fallbacks")
+    start = engine_pb.GenerateStart(
+        request_id="fallback-1",
+        prompt_token_ids=list(range(300, 340)),
+        sampling=common_pb2.SamplingParams(max_tokens=4, seed=1),
+    )
+    view = phased_pod(prefill, decode)
+    generation = await view.session.start("fallback-1", engine_pb.GenerateSessionRequest(start=start))
+    try:
+        events = [event async for event in generation]
+    finally:
+        generation.abandon("done")
+    assert events[-1].finished.usage.output_tokens == 4
+    # The decode pod computed the prompt itself, and the prefill pod is out of placement.
+    assert backend(mesh.decode).pool.query_tokens == 40
+    assert not prefill.healthy
+    assert (counted("disaggregated_turns"), counted("kv_transfer_fallbacks")) == (turns + 1, fallbacks + 1)

@@ -22,6 +22,7 @@ from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from region.engine_pool import EnginePool, PodView
 from region.hedging import HedgingPolicy
+from region.metrics import REGISTRY
 from region.router import KvAffinityRouter, RoutingPolicy
 from region.server import start_region
 from region.tokenizer_client import TokenizerClient
@@ -64,6 +65,12 @@ def sim(pod: EnginePod) -> SimBackend:
     return pod.backend
 
 
+def hedge_counts() -> tuple[float, ...]:
+    """Hedges started, won by the backup pod, and losers aborted so far."""
+    names = ("hedges_started", "hedges_won", "hedge_losers_aborted")
+    return tuple(REGISTRY.get_sample_value(f"llmmesh_region_{name}_total") or 0.0 for name in names)
+
+
 async def run(pods: Pods, request_id: str, priority: int) -> list[pb.GenerationEvent]:
     decision = await pods.router.choose("", PROMPT)
     assert isinstance(decision.pod, PodView) and decision.pod_id == "slow"
@@ -81,7 +88,9 @@ async def run(pods: Pods, request_id: str, priority: int) -> list[pb.GenerationE
 
 
 async def test_a_premium_turn_slow_to_its_first_token_is_won_by_the_second_pod(pods: Pods) -> None:
+    before = hedge_counts()
     events = await run(pods, "hedge-1", priority=0)
+    assert hedge_counts() == tuple(count + 1 for count in before)
     kinds = [event.WhichOneof("event") for event in events]
     assert kinds.count("started") == 1 and kinds[-1] == "finished"
     started = next(event.started for event in events if event.HasField("started"))
@@ -96,7 +105,9 @@ async def test_a_premium_turn_slow_to_its_first_token_is_won_by_the_second_pod(p
 
 
 async def test_a_turn_above_the_hedging_priority_waits_for_its_pod(pods: Pods) -> None:
+    before = hedge_counts()
     events = await run(pods, "no-hedge", priority=2)
+    assert hedge_counts() == before
     started = next(event.started for event in events if event.HasField("started"))
     assert started.pod_id == "slow"
     assert events[-1].finished.usage.output_tokens == 8
