@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from globalplane import metrics as global_metrics
 from globalplane.audit import AuditLog
 from globalplane.protoconv import health_from_proto, health_to_proto, timestamp
-from globalplane.region_directory import GeoPoint, RegionDirectory, RegionReport, RegionStatus
+from globalplane.region_directory import GeoPoint, ModelPodCount, RegionDirectory, RegionReport, RegionStatus
 from globalplane.region_reports import RegionReportBook
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
@@ -40,6 +40,9 @@ def report_from_proto(report: gpb.RegionReport) -> RegionReport:
         location=GeoPoint(location.latitude, location.longitude) if location is not None else None,
         engine_pods=report.engine_pods,
         healthy_engine_pods=report.healthy_engine_pods,
+        model_pods=tuple(
+            ModelPodCount(m.model, m.engine_pods, m.healthy_engine_pods) for m in report.model_pods
+        ),
     )
 
 
@@ -54,6 +57,10 @@ def report_to_proto(report: RegionReport) -> gpb.RegionReport:
         models=report.models,
         engine_pods=report.engine_pods,
         healthy_engine_pods=report.healthy_engine_pods,
+        model_pods=[
+            gpb.ModelPods(model=m.model, engine_pods=m.engine_pods, healthy_engine_pods=m.healthy_engine_pods)
+            for m in report.model_pods
+        ],
     )
     if report.location is not None:
         proto.location.CopyFrom(

@@ -52,6 +52,15 @@ class GeoPoint:
 
 
 @dataclass(frozen=True)
+class ModelPodCount:
+    """How many of a region's engine pods serve one model."""
+
+    model: str
+    engine_pods: int
+    healthy_engine_pods: int = 0
+
+
+@dataclass(frozen=True)
 class RegionReport:
     """What a region says about itself in a heartbeat."""
 
@@ -65,11 +74,21 @@ class RegionReport:
     location: GeoPoint | None = None
     engine_pods: int = 0
     healthy_engine_pods: int = 0
+    model_pods: tuple[ModelPodCount, ...] = ()
+    """Pods per model; empty from a region that does not say (then every model counts all its pods).
+    Not kept in the store: a restored report counts all pods until the region's next heartbeat."""
 
     @property
     def load(self) -> float:
         """Waiting requests per unit of capacity; a region without capacity is full."""
         return self.queue_depth / self.capacity if self.capacity > 0 else math.inf
+
+    def engine_pods_of(self, model: str) -> int:
+        """The region's engine pods serving ``model``: as reported per model,
+        else (a region that reports no per-model counts) all of them."""
+        if not self.model_pods:
+            return self.engine_pods
+        return next((m.engine_pods for m in self.model_pods if m.model == model), 0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,27 @@ def _validate(report: RegionReport) -> None:
     for name in ("capacity", "queue_depth", "engine_pods", "healthy_engine_pods"):
         if getattr(report, name) < 0:
             raise InvalidArgument(Reason.INVALID_REQUEST, f"{name} must be >= 0", metadata={"param": name})
+    _validate_model_pods(report)
+
+
+def _validate_model_pods(report: RegionReport) -> None:
+    seen: set[str] = set()
+    for n, count in enumerate(report.model_pods):
+        param = f"model_pods[{n}]"
+        if not count.model.strip() or count.model in seen:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"{param}.model must name a model, once: got {count.model[:64]!r}",
+                metadata={"param": f"{param}.model"},
+            )
+        seen.add(count.model)
+        if not 0 <= count.healthy_engine_pods <= count.engine_pods <= report.engine_pods:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                f"{param}: need 0 <= healthy_engine_pods ({count.healthy_engine_pods}) <= engine_pods "
+                f"({count.engine_pods}) <= the region's engine_pods ({report.engine_pods})",
+                metadata={"param": param},
+            )
 
 
 class RegionDirectory:

@@ -124,7 +124,11 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
         directory.restore(await reports.load())
 
         def deployments(model: str) -> Sequence[ModelDeployment]:
-            return [ModelDeployment(s.report.region, s.report.engine_pods) for s in directory.serving(model)]
+            # Each region's pods of this model, as its heartbeat counts them.
+            return [
+                ModelDeployment(s.report.region, s.report.engine_pods_of(model))
+                for s in directory.serving(model)
+            ]
 
         catalog = ModelCatalog(store, deployments, clock)
         await catalog.add_missing([default_model(settings), *embedding_models(settings)])

@@ -52,6 +52,14 @@ class EmbeddingPods:
         """Embedding models some pod of the region serves."""
         return sorted({e.info.model for _, e in self._known.values() if e is not None})
 
+    def pods_by_model(self) -> dict[str, list[EnginePodHandle]]:
+        """The pods (up or down) embedding with each embedding model."""
+        found: dict[str, list[EnginePodHandle]] = {}
+        for _, known in self._known.values():
+            if known is not None:
+                found.setdefault(known.info.model, []).append(known.pod)
+        return found
+
     def serves(self, model: str) -> bool:
         """Whether any pod of the region (up or down) embeds with ``model``."""
         return model in self.models

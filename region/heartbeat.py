@@ -1,17 +1,43 @@
-"""Periodic heartbeats to the global region directory."""
+"""Periodic heartbeats to the global region directory, and the per-model
+pod counts they carry (the registry's deployments of each model)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import grpc
 
 from llmmesh.tasks import cancel_and_wait
 from llmmesh.v1 import geo_routing_service_pb2, geo_routing_service_pb2_grpc
+from region.engine_pool import EnginePodHandle
 
 log = logging.getLogger(__name__)
+
+
+def model_pods(
+    pods: Iterable[EnginePodHandle], embedding: Mapping[str, Sequence[EnginePodHandle]]
+) -> list[geo_routing_service_pb2.ModelPods]:
+    """Engine pods per model, by name: the chat model each of ``pods``
+    serves, and the embedding models of ``embedding`` (a pod counts once
+    for each model it serves). A pod whose model is not known yet counts
+    for none."""
+    serving: dict[str, dict[str, EnginePodHandle]] = {}
+    for pod in pods:
+        if pod.model:
+            serving.setdefault(pod.model, {})[pod.address] = pod
+    for model, embedders in embedding.items():
+        for pod in embedders:
+            serving.setdefault(model, {})[pod.address] = pod
+    return [
+        geo_routing_service_pb2.ModelPods(
+            model=model,
+            engine_pods=len(by_address),
+            healthy_engine_pods=sum(1 for p in by_address.values() if p.healthy),
+        )
+        for model, by_address in sorted(serving.items())
+    ]
 
 
 class Heartbeater:

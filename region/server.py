@@ -44,7 +44,7 @@ from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
 from region.fair_queue import FairQueue
 from region.gateway import ChatGateway
-from region.heartbeat import Heartbeater
+from region.heartbeat import Heartbeater, model_pods
 from region.hedging import HedgingPolicy
 from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
@@ -170,6 +170,9 @@ class RegionPlane:
             location=parse_location(self.settings.location),
             engine_pods=info.engine_pods,
             healthy_engine_pods=info.healthy_engine_pods,
+            model_pods=model_pods(
+                self.pool.pods, self.embedding_pods.pods_by_model() if self.embedding_pods else {}
+            ),
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -36,6 +36,7 @@ class RegionReport(_message.Message):
     LOCATION_FIELD_NUMBER: _builtins.int
     ENGINE_PODS_FIELD_NUMBER: _builtins.int
     HEALTHY_ENGINE_PODS_FIELD_NUMBER: _builtins.int
+    MODEL_PODS_FIELD_NUMBER: _builtins.int
     region: _builtins.str
     """The region ("eu-west")."""
     zone: _builtins.str
@@ -60,6 +61,12 @@ class RegionReport(_message.Message):
     def location(self) -> _common_pb2.GeoPoint:
         """Where it is."""
 
+    @_builtins.property
+    def model_pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelPods]:
+        """Engine pods per model it serves (chat and embedding models); a region
+        that does not send them is taken to run every model on all its pods.
+        """
+
     def __init__(
         self,
         *,
@@ -73,14 +80,45 @@ class RegionReport(_message.Message):
         location: _common_pb2.GeoPoint | None = ...,
         engine_pods: _builtins.int = ...,
         healthy_engine_pods: _builtins.int = ...,
+        model_pods: _abc.Iterable[Global___ModelPods] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["location", b"location"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "chat_address", b"chat_address", "engine_pods", b"engine_pods", "health", b"health", "healthy_engine_pods", b"healthy_engine_pods", "location", b"location", "models", b"models", "queue_depth", b"queue_depth", "region", b"region", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "chat_address", b"chat_address", "engine_pods", b"engine_pods", "health", b"health", "healthy_engine_pods", b"healthy_engine_pods", "location", b"location", "model_pods", b"model_pods", "models", b"models", "queue_depth", b"queue_depth", "region", b"region", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegionReport: _TypeAlias = RegionReport  # noqa: Y015
+
+@_typing.final
+class ModelPods(_message.Message):
+    """How many of a region's engine pods serve one model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    ENGINE_PODS_FIELD_NUMBER: _builtins.int
+    HEALTHY_ENGINE_PODS_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model ("llmmesh-large")."""
+    engine_pods: _builtins.int
+    """Engine pods serving it, up or down."""
+    healthy_engine_pods: _builtins.int
+    """Those of them serving now."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        engine_pods: _builtins.int = ...,
+        healthy_engine_pods: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_pods", b"engine_pods", "healthy_engine_pods", b"healthy_engine_pods", "model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelPods: _TypeAlias = ModelPods  # noqa: Y015
 
 @_typing.final
 class RegionStatus(_message.Message):

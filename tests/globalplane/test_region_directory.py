@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from globalplane.region_directory import GeoPoint, LocationHint, RegionDirectory, RegionHealth, RegionReport
+from globalplane.region_directory import (
+    GeoPoint,
+    LocationHint,
+    ModelPodCount,
+    RegionDirectory,
+    RegionHealth,
+    RegionReport,
+)
 from llmmesh.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from tests.globalplane.manual_clock import ManualClock
 
@@ -25,6 +32,11 @@ def _report(
     models: tuple[str, ...] = ("m",),
 ) -> RegionReport:
     return RegionReport(region, zone, f"{region}:443", health, 8, queue_depth, models, location, 2, 2)
+
+
+def _per_model(*counts: ModelPodCount) -> RegionReport:
+    """A region of two pods reporting ``counts`` per model."""
+    return RegionReport("eu-west", "eu", "a:1", RegionHealth.SERVING, engine_pods=2, model_pods=counts)
 
 
 def _names(directory: RegionDirectory, **kw: str) -> list[str]:
@@ -139,6 +151,11 @@ def test_a_region_never_changes_zone(directory: RegionDirectory) -> None:
         (_report("eu-west", zone="eu-x"), "zone"),
         (RegionReport("eu-west", "eu", " ", RegionHealth.SERVING), "chat_address"),
         (RegionReport("eu-west", "eu", "a:1", RegionHealth.SERVING, capacity=-1), "capacity"),
+        (_per_model(ModelPodCount("", 1, 1)), "model_pods[0].model"),
+        (_per_model(ModelPodCount("m", 1, 1), ModelPodCount("m", 1, 1)), "model_pods[1].model"),
+        (_per_model(ModelPodCount("m", 1, 2)), "model_pods[0]"),
+        (_per_model(ModelPodCount("m", 3, 1)), "model_pods[0]"),
+        (_per_model(ModelPodCount("m", -1, 0)), "model_pods[0]"),
     ],
 )
 def test_heartbeat_validates(report: RegionReport, param: str) -> None:
@@ -283,3 +300,13 @@ def test_regions_silent_only_while_the_global_plane_was_down_stay_routable(clock
     assert set(_names(restarted)) == {"eu-central", "eu-west"}
     clock.advance(seconds=0.2)
     assert _names(restarted) == ["eu-central"]
+
+
+def test_pods_of_a_model_are_as_reported_else_the_region_s_total() -> None:
+    counts = (ModelPodCount("small", 2, 1), ModelPodCount("large", 1, 1))
+    report = RegionReport("eu-west", "eu", "a:1", RegionHealth.SERVING, engine_pods=3, model_pods=counts)
+    RegionDirectory().heartbeat(report)
+    assert (report.engine_pods_of("small"), report.engine_pods_of("large")) == (2, 1)
+    assert report.engine_pods_of("other") == 0
+    # A region that does not count per model (an older one) runs every model on all its pods.
+    assert _report("eu-central").engine_pods_of("m") == 2
