@@ -18,6 +18,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from edge import metrics
+from edge.body_limit import BodyLimitMiddleware
 from edge.completions import CompletionsHandler, authenticate
 from edge.conversations import ConversationsHandler
 from edge.docs_page import docs_page
@@ -140,7 +141,10 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             HTTPException: on_http_error,
             Exception: on_unexpected,
         },
-        middleware=[Middleware(RequestSpanMiddleware)],
+        middleware=[
+            Middleware(RequestSpanMiddleware),
+            Middleware(BodyLimitMiddleware, limit=settings.max_body_bytes),
+        ],
         lifespan=lifespan,
     )
 
