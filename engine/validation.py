@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from engine.backend import (
     EngineInfo,
     GenerationRequest,
+    KvTransferSpec,
     ResponseFormatSpec,
     ResponseFormatType,
     SamplingOptions,
@@ -221,3 +222,25 @@ def _validate_disaggregation(request: GenerationRequest, info: EngineInfo) -> No
                 f"{len(request.context_token_ids)}",
                 "kv_transfer",
             )
+        _validate_handle(request.kv_transfer)
+
+
+def _validate_handle(handle: KvTransferSpec) -> None:
+    """A handle's counts within its prompt: a block holds at least one token,
+    and the prefill pod's cache hits (what the turn is billed as cached) are
+    some of its prompt tokens. No prefill pod issues a handle outside these,
+    and forged hits would bill a turn as cached (or as negative cached tokens)."""
+    if not 0 <= handle.blocks <= handle.prompt_tokens:
+        raise _invalid(
+            Reason.INVALID_REQUEST,
+            f"a KV transfer of {handle.prompt_tokens} tokens moves 0 to {handle.prompt_tokens} blocks, "
+            f"not {handle.blocks}",
+            "kv_transfer",
+        )
+    if not 0 <= handle.cached_prompt_tokens <= handle.prompt_tokens:
+        raise _invalid(
+            Reason.INVALID_REQUEST,
+            f"a KV transfer's cached prompt tokens are 0 to {handle.prompt_tokens}, "
+            f"not {handle.cached_prompt_tokens}",
+            "kv_transfer",
+        )

@@ -1,0 +1,108 @@
+"""Every RPC of every service a plane serves has an access rule, and the
+rules of the tenant-content, routing and admin RPCs are the narrow ones.
+
+A method without a rule is refused to everyone (the policy's default), so a
+forgotten rule shows as a service nobody can use; these tests name the
+method instead, and fail when a new service is served by no plane."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from google.protobuf import descriptor_pool
+
+from engine.server import ENGINE_ACCESS
+from globalplane.access import GLOBAL_ACCESS
+from llmmesh.identity import Role
+from llmmesh.v1 import (
+    billing_service_pb2,
+    chat_service_pb2,
+    embedding_service_pb2,
+    engine_service_pb2,
+    geo_routing_service_pb2,
+    memory_service_pb2,
+    model_registry_service_pb2,
+    moderation_service_pb2,
+    policy_service_pb2,
+    retrieval_service_pb2,
+)
+from region.server import REGION_ACCESS
+
+_FILES = (
+    billing_service_pb2,
+    chat_service_pb2,
+    embedding_service_pb2,
+    engine_service_pb2,
+    geo_routing_service_pb2,
+    memory_service_pb2,
+    model_registry_service_pb2,
+    moderation_service_pb2,
+    policy_service_pb2,
+    retrieval_service_pb2,
+)
+
+PLANES: dict[str, tuple[Mapping[str, Collection[Role]], tuple[str, ...]]] = {
+    "engine": (ENGINE_ACCESS, ("EngineService", "EmbeddingService")),
+    "region": (
+        REGION_ACCESS,
+        ("ChatService", "RegionEmbeddingService", "ModerationService", "RetrievalService", "MemoryService"),
+    ),
+    "global": (
+        GLOBAL_ACCESS,
+        ("PolicyService", "BillingService", "ModelRegistryService", "GeoRoutingService"),
+    ),
+}
+"""Each plane's access table and the llmmesh.v1 services its server registers."""
+
+
+def _methods(service: str) -> list[str]:
+    found = descriptor_pool.Default().FindServiceByName(f"llmmesh.v1.{service}")
+    return [method.name for method in found.methods]
+
+
+def test_every_service_of_the_package_is_served_by_a_plane() -> None:
+    declared = {name for module in _FILES for name in module.DESCRIPTOR.services_by_name}
+    served = {service for _, services in PLANES.values() for service in services}
+    assert declared == served, f"served by no plane: {declared - served}; unknown: {served - declared}"
+
+
+def test_every_method_a_plane_serves_has_a_rule() -> None:
+    for plane, (table, services) in PLANES.items():
+        for service in services:
+            missing = [m for m in _methods(service) if not table.get(m)]
+            assert not missing, f"{plane}: {service} methods without an access rule: {missing}"
+
+
+def test_a_plane_s_rules_name_only_methods_it_serves() -> None:
+    for plane, (table, services) in PLANES.items():
+        served = {m for service in services for m in _methods(service)}
+        assert set(table) <= served, f"{plane}: rules for methods it does not serve: {set(table) - served}"
+
+
+def test_no_two_services_of_a_plane_share_a_method_name() -> None:
+    """Rules are keyed by a method's short name: two services with one name would share a rule."""
+    for plane, (_, services) in PLANES.items():
+        names = [m for service in services for m in _methods(service)]
+        assert len(names) == len(set(names)), f"{plane}: a method name is served twice: {sorted(names)}"
+
+
+def test_tenant_content_is_reached_only_as_turns_are() -> None:
+    speakers = {Role.EDGE, Role.CLIENT, Role.ADMIN}
+    for service in ("RetrievalService", "MemoryService"):
+        for method in _methods(service):
+            assert set(REGION_ACCESS[method]) == speakers, method
+    assert set(REGION_ACCESS["ListBranches"]) == speakers
+    # No plane of the mesh (a pod, another region, the global plane) reads a tenant's content.
+    for method, roles in REGION_ACCESS.items():
+        if method != "GetRegionInfo":
+            assert not {Role.ENGINE, Role.REGION, Role.GLOBAL} & set(roles), method
+
+
+def test_registry_and_directory_changes_are_an_operator_s() -> None:
+    for method in ("UpsertModel", "RemoveRegion", "CreateTenant", "UpdateTenant", "CreateApiKey"):
+        assert set(GLOBAL_ACCESS[method]) == {Role.ADMIN}, method
+
+
+def test_only_the_owning_region_or_an_operator_reach_a_pod() -> None:
+    for method in _methods("EngineService") + _methods("EmbeddingService"):
+        assert set(ENGINE_ACCESS[method]) == {Role.REGION, Role.ADMIN}, method
