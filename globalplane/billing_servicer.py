@@ -10,7 +10,7 @@ from globalplane.protoconv import datetime_of
 from globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from globalplane.tenant_book import TenantBook
 from globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.access import require_caller
+from llmmesh.access import current_caller, require_caller
 from llmmesh.errors import PermissionDenied, Reason
 from llmmesh.identity import PlaneIdentity, Role
 from llmmesh.pricing import format_usd
@@ -60,6 +60,19 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
                     metadata={"peer": region.uri},
                 )
 
+    async def _check_reader(self, tenant_id: str) -> None:
+        """A region reads the usage of its own zone's tenants only (for their
+        quotas); the edge and operators read any tenant's."""
+        ident = current_caller().identity
+        if ident is None or ident.role != Role.REGION:
+            return
+        if await self._tenants.zone_of(tenant_id) != ident.zone:
+            raise PermissionDenied(
+                Reason.PEER_NOT_ALLOWED,
+                f"{ident} may not read the usage of tenant {tenant_id!r} of another zone",
+                metadata={"peer": ident.uri},
+            )
+
     async def RecordUsage(
         self, request: bpb.RecordUsageRequest, context: ServicerContext
     ) -> bpb.RecordUsageResponse:
@@ -73,6 +86,7 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
 
     async def GetUsage(self, request: bpb.GetUsageRequest, context: ServicerContext) -> bpb.GetUsageResponse:
         async with abort_on_mesh_error(context):
+            await self._check_reader(request.tenant_id)
             totals = await self._ledger.usage(request.tenant_id, request.period, request.end_user)
             by_model = await self._ledger.usage_by_model(request.tenant_id, totals.period, request.end_user)
             return bpb.GetUsageResponse(
@@ -97,5 +111,7 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
         self, request: bpb.ReconcileUsageRequest, context: ServicerContext
     ) -> bpb.ReconcileUsageResponse:
         async with abort_on_mesh_error(context):
+            if request.tenant_id:
+                await self._check_reader(request.tenant_id)
             missing = await self._ledger.reconcile(request.request_ids, request.tenant_id)
             return bpb.ReconcileUsageResponse(missing_request_ids=missing)

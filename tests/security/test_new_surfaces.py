@@ -17,8 +17,9 @@ import pytest_asyncio
 
 from llmmesh.errors import Reason, from_rpc_error
 from llmmesh.identity import PlaneIdentity, Role, role_name
-from llmmesh.v1 import chat_service_pb2 as cpb
+from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
+    billing_service_pb2_grpc,
     chat_service_pb2_grpc,
     common_pb2,
     engine_service_pb2,
@@ -29,6 +30,7 @@ from llmmesh.v1 import (
     policy_service_pb2_grpc,
     retrieval_service_pb2_grpc,
 )
+from llmmesh.v1 import chat_service_pb2 as cpb
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import memory_service_pb2 as mem
 from llmmesh.v1 import model_registry_service_pb2 as mpb
@@ -438,3 +440,34 @@ async def test_a_forged_kv_transfer_handle_is_refused_by_the_pod(stack: SecureSt
         async with stack.pki.channel(stack.engine.address, holder, POD_NAME) as ch:
             call = engine_service_pb2_grpc.EngineServiceStub(ch).Generate(timeout=5)
             await _denied(call.read())
+
+
+async def test_a_region_reads_the_usage_of_its_own_zone_s_tenants_only(stack: SecureStack) -> None:
+    await _tenant(stack, "eu-usage", "eu")
+    async with stack.pki.channel(stack.global_plane.address, ADMIN, GLOBAL_NAME) as ch:
+        policy = policy_service_pb2_grpc.PolicyServiceStub(ch)
+        us_id = (await policy.GetTenant(ppb.GetTenantRequest(tenant="dev"), timeout=5)).tenant.id
+        eu_id = (await policy.GetTenant(ppb.GetTenantRequest(tenant="eu-usage"), timeout=5)).tenant.id
+    async with stack.pki.channel(stack.global_plane.address, US_EAST, GLOBAL_NAME) as ch:
+        billing = billing_service_pb2_grpc.BillingServiceStub(ch)
+        await billing.GetUsage(bpb.GetUsageRequest(tenant_id=us_id), timeout=5)
+        await _denied(billing.GetUsage(bpb.GetUsageRequest(tenant_id=eu_id), timeout=5))
+        await _denied(
+            billing.ReconcileUsage(bpb.ReconcileUsageRequest(tenant_id=eu_id, request_ids=["r"]), timeout=5)
+        )
+    async with stack.pki.channel(stack.global_plane.address, EU_WEST, GLOBAL_NAME) as ch:
+        billing = billing_service_pb2_grpc.BillingServiceStub(ch)
+        await billing.GetUsage(bpb.GetUsageRequest(tenant_id=eu_id), timeout=5)
+        await _denied(billing.GetUsage(bpb.GetUsageRequest(tenant_id=us_id), timeout=5))
+    for holder in (EDGE, ADMIN):
+        async with stack.pki.channel(stack.global_plane.address, holder, GLOBAL_NAME) as ch:
+            await billing_service_pb2_grpc.BillingServiceStub(ch).GetUsage(
+                bpb.GetUsageRequest(tenant_id=eu_id), timeout=5
+            )
+    for holder in (CLIENT, POD):
+        async with stack.pki.channel(stack.global_plane.address, holder, GLOBAL_NAME) as ch:
+            await _denied(
+                billing_service_pb2_grpc.BillingServiceStub(ch).GetUsage(
+                    bpb.GetUsageRequest(tenant_id=us_id), timeout=5
+                )
+            )
