@@ -14,7 +14,9 @@ import grpc
 import grpc.aio
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmmesh.bench.processes import free_port
 from llmmesh.errors import Reason, from_rpc_error
 from llmmesh.identity import PlaneIdentity, Role, role_name
 from llmmesh.v1 import billing_service_pb2 as bpb
@@ -471,3 +473,43 @@ async def test_a_region_reads_the_usage_of_its_own_zone_s_tenants_only(stack: Se
                     bpb.GetUsageRequest(tenant_id=us_id), timeout=5
                 )
             )
+
+
+async def test_a_turn_cannot_retrieve_from_another_tenant_s_store(stack: SecureStack) -> None:
+    rival = await _tenant(stack, "rival-rag", "us")
+    async with stack.pki.channel(stack.region.address, CLIENT, REGION_NAME) as ch:
+        files = retrieval_service_pb2_grpc.RetrievalServiceStub(ch)
+        store = await files.CreateVectorStore(
+            rpb.CreateVectorStoreRequest(name="mine"), metadata=_auth(DEV_KEY), timeout=10
+        )
+        turn = _turn("", "what is the launch code?")
+        turn.start.retrieval.vector_store_ids.append(store.vector_store.id)
+        chat = chat_service_pb2_grpc.ChatServiceStub(ch)
+        # Refused by name, not served as a turn that quietly "degraded" its retrieval.
+        await _refused(_events(chat, turn, rival), grpc.StatusCode.NOT_FOUND)
+
+
+async def test_a_region_s_probe_port_answers_health_and_nothing_else(tmp_path: Path) -> None:
+    """Plaintext, no certificate: the kubelet's probe learns health, an attacker no tenant content."""
+    port = free_port()
+    async with secure_stack(tmp_path, probe_port=port) as running:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            meta = _auth(DEV_KEY)
+            files = retrieval_service_pb2_grpc.RetrievalServiceStub(ch)
+            await _refused(
+                files.ListFiles(rpb.ListFilesRequest(), metadata=meta, timeout=5),
+                grpc.StatusCode.UNIMPLEMENTED,
+            )
+            memories = memory_service_pb2_grpc.MemoryServiceStub(ch)
+            await _refused(
+                memories.ListMemories(mem.ListMemoriesRequest(user="u"), metadata=meta, timeout=5),
+                grpc.StatusCode.UNIMPLEMENTED,
+            )
+            chat = chat_service_pb2_grpc.ChatServiceStub(ch)
+            await _refused(
+                chat.ListBranches(cpb.ListBranchesRequest(conversation_id="c"), metadata=meta, timeout=5),
+                grpc.StatusCode.UNIMPLEMENTED,
+            )
+        assert running.region.address.rsplit(":", 1)[1] != str(port)
