@@ -42,6 +42,10 @@ class EngineBenchPlan:
 ROUTING_POLICIES = ("precise", "approximate", "round_robin", "least_loaded")
 PEER_POLICIES = ("cache_aware", "kv_aware")
 ROUTING_BACKENDS = ("sim", "vllm")
+# The routing workloads: multi-turn conversations over long shared system
+# prompts, or unique long documents mixed with long chat replies
+# (llmmesh.bench.routing_prefill_heavy, simulator only).
+ROUTING_WORKLOADS = ("prefix-reuse", "prefill-heavy")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class RoutingBackendPlan:
     # Policies also run disaggregated (simulator only): the same pods, half
     # prefill and half decode, against the same policy on whole-turn pods.
     disaggregated: tuple[str, ...] = ()
+    workload: str = "prefix-reuse"
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,6 +96,8 @@ class RoutingBackendPlan:
             raise ValueError("warm-up conversations and the ramp-up must not be negative")
         if not self.kv_pressure > 0.0 or (self.kv_blocks is not None and self.kv_blocks < 1):
             raise ValueError("kv_pressure and kv_blocks must be positive")
+        if self.workload not in ROUTING_WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(ROUTING_WORKLOADS)}, got {self.workload!r}")
         if self.disaggregated and self.pods < 2:
             raise ValueError("disaggregated serving needs at least 2 pods (a prefill and a decode pod)")
         unknown = (set(self.policies) | set(self.disaggregated)) - set(ROUTING_POLICIES)
@@ -139,6 +146,8 @@ class RoutingBenchPlan:
     def __post_init__(self) -> None:
         if self.sim is None and self.vllm is None:
             raise ValueError("nothing to run: no backend")
+        if self.vllm is not None and self.vllm.workload != "prefix-reuse":
+            raise ValueError(f"the {self.vllm.workload} workload runs on the simulator only (--backend sim)")
         if self.vllm is not None and self.vllm.disaggregated:
             raise ValueError(
                 "disaggregated serving runs on the simulator only (vLLM pods take no P/D phases)"

@@ -22,8 +22,11 @@ cache comes in whole GiB, so the pressure is what it is, and reported.
 
 On the simulator, each policy of ``disaggregated`` runs once more on the
 same number of pods split into prefill and decode pods (``llmmesh/precise+pd``;
-:mod:`region.disaggregation`), so TTFT p90 and throughput with and without
-disaggregation compare at the same pod count.
+:mod:`region.disaggregation`), so TTFT p90, ITL p90 and throughput with and
+without disaggregation compare at the same pod count. The workload above
+rewards prefix reuse; ``--workload prefill-heavy``
+(:mod:`llmmesh.bench.routing_prefill_heavy`) is the one where prefill
+steps stall running decodes on whole-turn pods.
 
 Every system runs on fresh pods behind a fresh router or region, one system
 at a time: a warm-up of ``warmup_per_tenant`` conversations per tenant (not
@@ -55,9 +58,11 @@ from llmmesh.bench.routing_clients import (
     run_conversations,
     turn_trace,
 )
+from llmmesh.bench.routing_prefill_heavy import PREFILL_HEAVY, PrefillHeavyWorkload, batch_kv_blocks
 from llmmesh.bench.routing_report import (
     DISAGGREGATED,
     BackendReport,
+    ItlTail,
     RoutingReport,
     SystemResult,
     system_name,
@@ -72,10 +77,12 @@ from llmmesh.bench.routing_systems import (
     router_executable,
 )
 from llmmesh.bench.routing_workload import (
+    ConversationWorkload,
     KvSizing,
     Message,
     RoutingWorkload,
     TokenCounter,
+    WorkingSet,
     blocks_for_pressure,
     sim_token_counter,
     working_set,
@@ -103,6 +110,22 @@ def workload_of(plan: RoutingBackendPlan) -> RoutingWorkload:
         max_tokens=plan.max_tokens,
         reply_words=plan.max_tokens,
     )
+
+
+def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, WorkingSet, int]:
+    """The simulator's workload, its working set and the KV blocks per pod:
+    ``kv_blocks`` when set, else sized to ``kv_pressure`` (prefix reuse) or
+    to a full batch of the longest turn (prefill-heavy)."""
+    counter = sim_token_counter()
+    if plan.workload == PREFILL_HEAVY:
+        heavy = PrefillHeavyWorkload.of(plan)
+        working = heavy.working_set(plan.concurrency, counter)
+        blocks = batch_kv_blocks(working.longest_turn_tokens, plan.max_num_seqs, plan.block_size)
+        return heavy, working, plan.kv_blocks or blocks
+    workload = workload_of(plan)
+    working = working_set(workload, plan.concurrency, counter)
+    pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
+    return workload, working, plan.kv_blocks or pressure
 
 
 def hf_token_counter(model_dir: Path) -> TokenCounter:
@@ -154,11 +177,7 @@ class RoutingBench:
         return RoutingReport(model=self.model, measured=MEASURED, sim=sim, vllm=vllm)
 
     async def _run_sim(self, plan: RoutingBackendPlan, global_address: str) -> BackendReport:
-        workload = workload_of(plan)
-        working = working_set(workload, plan.concurrency, sim_token_counter())
-        kv_blocks = plan.kv_blocks or blocks_for_pressure(
-            working.tokens, plan.pods, plan.block_size, plan.kv_pressure
-        )
+        workload, working, kv_blocks = sim_workload(plan)
         context_window = EngineSettings().context_window
         if working.longest_turn_tokens > context_window:
             raise ValueError(
@@ -278,7 +297,7 @@ class RoutingBench:
         name: str,
         client: TurnClient,
         pods: Sequence[Pod],
-        workload: RoutingWorkload,
+        workload: ConversationWorkload,
         plan: RoutingBackendPlan,
     ) -> SystemResult:
         """Warm up, then run the measured conversations; the pods' prefix
@@ -308,6 +327,7 @@ class RoutingBench:
             with contextlib.suppress(Exception):
                 await client.close()
         metrics = summarize(run.records, run.wall_s)
+        itl = ItlTail.of(run.records)
         trace = self.run_dir / f"{name.replace(' ', '-').replace('/', '-')}-turns.jsonl"
         lines = turn_trace(conversations, run.records, measure_started)
         trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -317,10 +337,11 @@ class RoutingBench:
         hit_rate = prefix.hit_rate
         self._progress(
             f"{name}: ttft p50 {_ms(metrics.ttft_p50_s)} p90 {_ms(metrics.ttft_p90_s)}, "
+            f"itl p90 {_ms(itl.p90_s)} p99 {_ms(itl.p99_s)}, "
             f"{metrics.output_tok_s:.1f} output tok/s, prefix hit rate "
             f"{'-' if hit_rate is None else f'{hit_rate:.3f}'} in {run.wall_s:.1f} s"
         )
-        return SystemResult(metrics, prefix)
+        return SystemResult(metrics, prefix, itl)
 
 
 def _ms(value: float | None) -> str:

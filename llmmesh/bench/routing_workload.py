@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 from engine.sim.tokenizer import SimTokenizer
 from engine.sim.vocabulary import WORDS
@@ -59,6 +60,19 @@ class Conversation:
     conversation_id: str
     tenant: int
     turns: tuple[Turn, ...]
+
+
+class ConversationWorkload(Protocol):
+    """What the benchmark runs of a workload: its conversations by phase
+    (``count`` per tenant or kind; None for the workload's own), its size
+    and a JSON-ready description."""
+
+    @property
+    def turns_total(self) -> int: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+    def conversations(self, phase: str, count: int | None = None, /) -> list[Conversation]: ...
 
 
 @dataclass(frozen=True)

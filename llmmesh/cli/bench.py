@@ -23,6 +23,7 @@ from typing import Protocol
 from llmmesh.bench.overhead_plan import add_overhead_arguments, overhead_plan_from_args
 from llmmesh.bench.plan import (
     ROUTING_POLICIES,
+    ROUTING_WORKLOADS,
     SIM_ROUTING,
     VLLM_ROUTING,
     EngineBenchPlan,
@@ -166,6 +167,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the simulator's run of precise on prefill and decode pods",
     )
+    routing.add_argument(
+        "--workload",
+        choices=ROUTING_WORKLOADS,
+        default="prefix-reuse",
+        help="prefix-reuse (default): tenants' multi-turn conversations over long system prompts; "
+        "prefill-heavy: long unique documents mixed with long chat replies, where prefill and decode pods "
+        "may pay (simulator only, with --backend sim; precise with and without them unless --policies)",
+    )
     routing.add_argument("--pods", type=_positive, default=None, help="simulator pods (4)")
     routing.add_argument(
         "--users", type=_positive, default=None, help="concurrent users on the simulator (16)"
@@ -229,6 +238,12 @@ def routing_plan_from_args(args: argparse.Namespace) -> RoutingBenchPlan:
     quick = bool(args.quick)
     sim = QUICK_SIM_ROUTING if quick else SIM_ROUTING
     vllm = QUICK_VLLM_ROUTING if quick else VLLM_ROUTING
+    if args.workload == "prefill-heavy":
+        from llmmesh.bench.routing_prefill_heavy import QUICK_SIM_PREFILL_HEAVY, SIM_PREFILL_HEAVY
+
+        if args.backend != "sim":
+            raise ValueError("--workload prefill-heavy runs on the simulator only: add --backend sim")
+        sim = QUICK_SIM_PREFILL_HEAVY if quick else SIM_PREFILL_HEAVY
     shared: dict[str, object] = {}
     if args.max_tokens is not None:
         shared["max_tokens"] = args.max_tokens
