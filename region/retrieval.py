@@ -35,6 +35,8 @@ MAX_QUERY_CHARS = 4096
 MIN_CHUNK_CHARS, MAX_CHUNK_CHARS = 100, 20_000
 _EMBED_BATCH = 64
 _MAX_METADATA, _MAX_KEY, _MAX_VALUE = 16, 64, 512
+MAX_STORE_FILES = 500
+"""File ids one vector store's creation may name (OpenAI's limit too)."""
 
 
 def _invalid(message: str, param: str) -> InvalidArgument:
@@ -152,6 +154,11 @@ class RetrievalGateway:
             raise _invalid("name is at most 256 characters", "name")
         check_metadata(dict(request.metadata))
         chunking = self._chunking(request.max_chunk_chars, request.chunk_overlap_chars)
+        # Each id is chunked and embedded (billed): a long or repeating list is refused, not run.
+        if len(request.file_ids) > MAX_STORE_FILES:
+            raise _invalid(f"name at most {MAX_STORE_FILES} files", "file_ids")
+        if len(set(request.file_ids)) != len(request.file_ids):
+            raise _invalid("file_ids names a file more than once", "file_ids")
         for file_id in request.file_ids:
             await self.db.get_file(caller.tenant_id, file_id)
         store_id = f"vs_{self._zone}_{secrets.token_hex(12)}"

@@ -39,6 +39,7 @@ from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 from llmmesh.v1 import retrieval_service_pb2 as rpb
 from region.memory_store import MemoryStore
+from region.retrieval import MAX_STORE_FILES
 from tests.security.mesh_pki import (
     ADMIN,
     CLIENT,
@@ -513,3 +514,24 @@ async def test_a_region_s_probe_port_answers_health_and_nothing_else(tmp_path: P
                 grpc.StatusCode.UNIMPLEMENTED,
             )
         assert running.region.address.rsplit(":", 1)[1] != str(port)
+
+
+async def test_a_store_s_file_list_is_bounded_and_names_each_file_once(stack: SecureStack) -> None:
+    """Each id named is chunked and embedded: a repeated or endless list is refused before any work."""
+    async with stack.pki.channel(stack.region.address, CLIENT, REGION_NAME) as ch:
+        files = retrieval_service_pb2_grpc.RetrievalServiceStub(ch)
+        meta = _auth(DEV_KEY)
+        made = await files.CreateFile(
+            rpb.CreateFileRequest(filename="a.txt", purpose="assistants", content=b"some text"),
+            metadata=meta,
+            timeout=10,
+        )
+        for ids in ([made.file.id] * 2, [made.file.id] * (MAX_STORE_FILES + 1)):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await files.CreateVectorStore(
+                    rpb.CreateVectorStoreRequest(name="s", file_ids=ids), metadata=meta, timeout=10
+                )
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert from_rpc_error(info.value).metadata["param"] == "file_ids"
+        stores = await files.ListVectorStores(rpb.ListVectorStoresRequest(), metadata=meta, timeout=10)
+    assert list(stores.vector_stores) == []
