@@ -8,6 +8,7 @@ region is an operator's call, audited.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import sqlalchemy as sa
 
@@ -87,11 +88,14 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         tenants: TenantBook,
         reports: RegionReportBook | None = None,
         audit: AuditLog | None = None,
+        catalog_version: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._directory = directory
         self._tenants = tenants
         self._reports = reports
         self._audit = audit
+        # The model catalog's fingerprint, sent with every heartbeat answer.
+        self._catalog_version = catalog_version
 
     async def Route(self, request: gpb.RouteRequest, context: ServicerContext) -> gpb.RouteResponse:
         async with abort_on_mesh_error(context), global_metrics.routing_refusals():
@@ -123,6 +127,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
             return gpb.HeartbeatResponse(
                 interval_ms=self._directory.interval_ms,
                 missed_heartbeats_until_down=self._directory.missed_until_down,
+                model_catalog_version=await self._catalog_version() if self._catalog_version else "",
             )
 
     async def ListRegions(

@@ -9,6 +9,8 @@ region directory), so it is never stale.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -193,6 +195,24 @@ def find_model(conn: Connection, name: str) -> Model:
     return _with_canaries(conn, _model_of(row))
 
 
+def _described(model: Model) -> list[object]:
+    """``model``'s stored fields in a fixed order, sets sorted (what :meth:`ModelCatalog.version` hashes)."""
+    return [
+        model.name,
+        model.tier.value,
+        model.context_window,
+        str(model.input_per_1k_usd),
+        str(model.output_per_1k_usd),
+        model.tokenizer_family,
+        model.chat_template_family,
+        sorted(t.value for t in model.default_for_tiers),
+        sorted(t.value for t in model.allowed_tiers),
+        model.retired,
+        model.canary_of,
+        model.canary_percent,
+    ]
+
+
 def _store_model(conn: Connection, model: Model, now: datetime) -> None:
     """Insert or replace ``model``, taking its default tiers from other models.
 
@@ -278,6 +298,20 @@ class ModelCatalog:
 
         page = page_of(await self._store.transaction(read), lambda m: m.name, size)
         return Page([self._deployed(m) for m in page.items], page.next_page_token)
+
+    async def version(self) -> str:
+        """A fingerprint of what the catalog says of every model (current
+        prices included): it changes whenever the catalog does, and is the
+        same on every global plane over one store. Regions compare it in
+        heartbeat answers to forget cached registry answers at once."""
+
+        def read(conn: Connection) -> list[Model]:
+            return [_model_of(r) for r in conn.execute(_priced_models().order_by(schema.models.c.name))]
+
+        digest = hashlib.sha256()
+        for model in await self._store.transaction(read):
+            digest.update(json.dumps(_described(model)).encode())
+        return digest.hexdigest()[:16]
 
     async def get_model(self, name: str) -> Model:
         """The model ``name``; NOT_FOUND ``UNKNOWN_MODEL`` otherwise, and

@@ -148,7 +148,7 @@ async def start_global_plane(settings: GlobalSettings, clock: Clock = utc_now) -
                 ModelRegistryServicer(catalog, audit), server
             )
             geo_routing_service_pb2_grpc.add_GeoRoutingServiceServicer_to_server(
-                GeoRoutingServicer(directory, tenants, reports, audit), server
+                GeoRoutingServicer(directory, tenants, reports, audit, catalog.version), server
             )
 
         server = GrpcServer(

@@ -53,6 +53,10 @@ class RefusalCache:
         """Drop the refusal of ``key`` (the registry now resolves it)."""
         self._refusals.pop(key, None)
 
+    def clear(self) -> None:
+        """Drop every refusal (what the registry says may have changed)."""
+        self._refusals.clear()
+
     def age_of(self, key: Hashable, now: float) -> float | None:
         """How long ago ``key`` was refused; None when it was not."""
         found = self._refusals.get(key)

@@ -11,7 +11,9 @@ for it; a name the refresh finds gone is refused from the next turn on.
 A refusal (unknown, retired, not for the tier) is remembered the same way
 (:mod:`llmmesh.model_refusals`), and refreshes run outside the request's
 trace. Requests that find a name unknown or too old at the same time wait for one
-call, not one each.
+call, not one each. :meth:`ModelResolver.forget_all` drops every answer
+when the registry says its catalog changed (a region hears so in its
+heartbeat answers), so a retired model is refused from the next turn on.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class ModelResolver:
         self._refusals = RefusalCache()
         self.outage = OutageGate(clock=clock)
         self._refresh: SingleFlight[model_registry_service_pb2.Model] = SingleFlight("model resolver")
+        # Bumped by forget_all: an answer asked for before it is not kept.
+        self._generation = 0
 
     async def resolve(self, name: str, tier: common_pb2.Tier.ValueType) -> model_registry_service_pb2.Model:
         """The model ``name`` means for ``tier``; raises the registry's MeshError
@@ -83,6 +87,7 @@ class ModelResolver:
         unreachable. A name the registry no longer resolves is forgotten."""
         if hit is not None and self.outage.skip():
             return hit[1]
+        generation = self._generation
         try:
             resp = await self._stub.ResolveModel(
                 model_registry_service_pb2.ResolveModelRequest(name=key[0], tenant_tier=tier),
@@ -91,7 +96,8 @@ class ModelResolver:
         except grpc.aio.AioRpcError as err:
             if err.code() not in _UNREACHABLE:
                 self._cache.pop(key, None)
-                self._refusals.remember(key, self._clock(), err)
+                if generation == self._generation:
+                    self._refusals.remember(key, self._clock(), err)
                 raise from_rpc_error(err) from err
             self.outage.failed()
             if hit is not None:
@@ -102,8 +108,16 @@ class ModelResolver:
         self.outage.answered()
         model: model_registry_service_pb2.Model = resp.model
         self._refusals.forget(key)
-        self._cache[key] = (self._clock(), model)
+        if generation == self._generation:
+            self._cache[key] = (self._clock(), model)
         return model
+
+    def forget_all(self) -> None:
+        """Drop every cached answer and refusal: the next request for each
+        name asks the registry (the catalog changed)."""
+        self._generation += 1
+        self._cache.clear()
+        self._refusals.clear()
 
     async def close(self) -> None:
         """Cancel the background refreshes still running."""

@@ -42,19 +42,24 @@ def model_pods(
 
 class Heartbeater:
     """Sends this region's report every interval; the directory marks a
-    region down when reports stop."""
+    region down when reports stop. The answers carry the model catalog's
+    version; ``on_catalog_change`` is called when it changes."""
 
     def __init__(
         self,
         stub: geo_routing_service_pb2_grpc.GeoRoutingServiceStub,
         report: Callable[[], geo_routing_service_pb2.RegionReport],
         interval_s: float,
+        on_catalog_change: Callable[[], None] | None = None,
     ) -> None:
         self._stub = stub
         self._report = report
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._reachable = True
+        # Called when the answers' model catalog version changes (not on the first one heard).
+        self._on_catalog_change = on_catalog_change
+        self.catalog_version = ""
 
     async def beat(self) -> bool:
         """Send one heartbeat; False when the directory is unreachable."""
@@ -72,6 +77,12 @@ class Heartbeater:
         self._reachable = True
         if resp.interval_ms > 0:
             self._interval_s = resp.interval_ms / 1000
+        heard = resp.model_catalog_version
+        if heard and heard != self.catalog_version:
+            if self.catalog_version and self._on_catalog_change is not None:
+                log.info("the model catalog changed (version %s); forgetting cached registry answers", heard)
+                self._on_catalog_change()
+            self.catalog_version = heard
         return True
 
     async def _run(self) -> None:

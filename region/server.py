@@ -350,6 +350,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         geo_routing_service_pb2_grpc.GeoRoutingServiceStub(global_channel),
         lambda: plane.report() if plane else geo_routing_service_pb2.RegionReport(),
         settings.heartbeat_interval_ms / 1000,
+        # A model retired or changed in the registry is seen at the next heartbeat, not the cache's TTL.
+        on_catalog_change=models.forget_all,
     )
     plane = RegionPlane(
         settings,

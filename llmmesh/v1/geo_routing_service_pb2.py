@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmmesh/v1/geo_routing_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"\xa7\x02\n\x0cRegionReport\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x14\n\x0c\x63hat_address\x18\x03 \x01(\t\x12\'\n\x06health\x18\x04 \x01(\x0e\x32\x17.llmmesh.v1.HealthState\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x03(\t\x12&\n\x08location\x18\x08 \x01(\x0b\x32\x14.llmmesh.v1.GeoPoint\x12\x13\n\x0b\x65ngine_pods\x18\t \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\n \x01(\x05\x12)\n\nmodel_pods\x18\x0b \x03(\x0b\x32\x15.llmmesh.v1.ModelPods\"L\n\tModelPods\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x65ngine_pods\x18\x02 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x03 \x01(\x05\"\xa4\x01\n\x0cRegionStatus\x12(\n\x06report\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionReport\x12\x37\n\x13last_heartbeat_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x10\x65\x66\x66\x65\x63tive_health\x18\x03 \x01(\x0e\x32\x17.llmmesh.v1.HealthState\"h\n\x0cRouteRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x14\x63lient_location_hint\x18\x03 \x01(\t\x12\x18\n\x10preferred_region\x18\x04 \x01(\t\"H\n\rRouteResponse\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12)\n\x07regions\x18\x02 \x03(\x0b\x32\x18.llmmesh.v1.RegionStatus\"<\n\x10HeartbeatRequest\x12(\n\x06report\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionReport\"N\n\x11HeartbeatResponse\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\x12$\n\x1cmissed_heartbeats_until_down\x18\x02 \x01(\x05\"I\n\x12ListRegionsRequest\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Y\n\x13ListRegionsResponse\x12)\n\x07regions\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.RegionStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x13RemoveRegionRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"@\n\x14RemoveRegionResponse\x12(\n\x06region\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionStatus2\xbe\x02\n\x11GeoRoutingService\x12<\n\x05Route\x12\x18.llmmesh.v1.RouteRequest\x1a\x19.llmmesh.v1.RouteResponse\x12H\n\tHeartbeat\x12\x1c.llmmesh.v1.HeartbeatRequest\x1a\x1d.llmmesh.v1.HeartbeatResponse\x12N\n\x0bListRegions\x12\x1e.llmmesh.v1.ListRegionsRequest\x1a\x1f.llmmesh.v1.ListRegionsResponse\x12Q\n\x0cRemoveRegion\x12\x1f.llmmesh.v1.RemoveRegionRequest\x1a .llmmesh.v1.RemoveRegionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$llmmesh/v1/geo_routing_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"\xa7\x02\n\x0cRegionReport\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x14\n\x0c\x63hat_address\x18\x03 \x01(\t\x12\'\n\x06health\x18\x04 \x01(\x0e\x32\x17.llmmesh.v1.HealthState\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x05\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x03(\t\x12&\n\x08location\x18\x08 \x01(\x0b\x32\x14.llmmesh.v1.GeoPoint\x12\x13\n\x0b\x65ngine_pods\x18\t \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\n \x01(\x05\x12)\n\nmodel_pods\x18\x0b \x03(\x0b\x32\x15.llmmesh.v1.ModelPods\"L\n\tModelPods\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x65ngine_pods\x18\x02 \x01(\x05\x12\x1b\n\x13healthy_engine_pods\x18\x03 \x01(\x05\"\xa4\x01\n\x0cRegionStatus\x12(\n\x06report\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionReport\x12\x37\n\x13last_heartbeat_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x10\x65\x66\x66\x65\x63tive_health\x18\x03 \x01(\x0e\x32\x17.llmmesh.v1.HealthState\"h\n\x0cRouteRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1c\n\x14\x63lient_location_hint\x18\x03 \x01(\t\x12\x18\n\x10preferred_region\x18\x04 \x01(\t\"H\n\rRouteResponse\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12)\n\x07regions\x18\x02 \x03(\x0b\x32\x18.llmmesh.v1.RegionStatus\"<\n\x10HeartbeatRequest\x12(\n\x06report\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionReport\"m\n\x11HeartbeatResponse\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\x12$\n\x1cmissed_heartbeats_until_down\x18\x02 \x01(\x05\x12\x1d\n\x15model_catalog_version\x18\x03 \x01(\t\"I\n\x12ListRegionsRequest\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Y\n\x13ListRegionsResponse\x12)\n\x07regions\x18\x01 \x03(\x0b\x32\x18.llmmesh.v1.RegionStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x13RemoveRegionRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"@\n\x14RemoveRegionResponse\x12(\n\x06region\x18\x01 \x01(\x0b\x32\x18.llmmesh.v1.RegionStatus2\xbe\x02\n\x11GeoRoutingService\x12<\n\x05Route\x12\x18.llmmesh.v1.RouteRequest\x1a\x19.llmmesh.v1.RouteResponse\x12H\n\tHeartbeat\x12\x1c.llmmesh.v1.HeartbeatRequest\x1a\x1d.llmmesh.v1.HeartbeatResponse\x12N\n\x0bListRegions\x12\x1e.llmmesh.v1.ListRegionsRequest\x1a\x1f.llmmesh.v1.ListRegionsResponse\x12Q\n\x0cRemoveRegion\x12\x1f.llmmesh.v1.RemoveRegionRequest\x1a .llmmesh.v1.RemoveRegionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,15 +46,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_start=833
   _globals['_HEARTBEATREQUEST']._serialized_end=893
   _globals['_HEARTBEATRESPONSE']._serialized_start=895
-  _globals['_HEARTBEATRESPONSE']._serialized_end=973
-  _globals['_LISTREGIONSREQUEST']._serialized_start=975
-  _globals['_LISTREGIONSREQUEST']._serialized_end=1048
-  _globals['_LISTREGIONSRESPONSE']._serialized_start=1050
-  _globals['_LISTREGIONSRESPONSE']._serialized_end=1139
-  _globals['_REMOVEREGIONREQUEST']._serialized_start=1141
-  _globals['_REMOVEREGIONREQUEST']._serialized_end=1178
-  _globals['_REMOVEREGIONRESPONSE']._serialized_start=1180
-  _globals['_REMOVEREGIONRESPONSE']._serialized_end=1244
-  _globals['_GEOROUTINGSERVICE']._serialized_start=1247
-  _globals['_GEOROUTINGSERVICE']._serialized_end=1565
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1004
+  _globals['_LISTREGIONSREQUEST']._serialized_start=1006
+  _globals['_LISTREGIONSREQUEST']._serialized_end=1079
+  _globals['_LISTREGIONSRESPONSE']._serialized_start=1081
+  _globals['_LISTREGIONSRESPONSE']._serialized_end=1170
+  _globals['_REMOVEREGIONREQUEST']._serialized_start=1172
+  _globals['_REMOVEREGIONREQUEST']._serialized_end=1209
+  _globals['_REMOVEREGIONRESPONSE']._serialized_start=1211
+  _globals['_REMOVEREGIONRESPONSE']._serialized_end=1275
+  _globals['_GEOROUTINGSERVICE']._serialized_start=1278
+  _globals['_GEOROUTINGSERVICE']._serialized_end=1596
 # @@protoc_insertion_point(module_scope)

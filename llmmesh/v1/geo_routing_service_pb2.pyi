@@ -248,19 +248,26 @@ class HeartbeatResponse(_message.Message):
 
     INTERVAL_MS_FIELD_NUMBER: _builtins.int
     MISSED_HEARTBEATS_UNTIL_DOWN_FIELD_NUMBER: _builtins.int
+    MODEL_CATALOG_VERSION_FIELD_NUMBER: _builtins.int
     interval_ms: _builtins.int
     """Milliseconds until the next heartbeat is due."""
     missed_heartbeats_until_down: _builtins.int
     """A region missing this many intervals is marked down."""
+    model_catalog_version: _builtins.str
+    """Changes whenever the model catalog changes (a model registered,
+    repriced, retired, reweighted); a region that sees it change forgets
+    the registry answers it cached. Empty from a plane that does not say.
+    """
     def __init__(
         self,
         *,
         interval_ms: _builtins.int = ...,
         missed_heartbeats_until_down: _builtins.int = ...,
+        model_catalog_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["interval_ms", b"interval_ms", "missed_heartbeats_until_down", b"missed_heartbeats_until_down"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["interval_ms", b"interval_ms", "missed_heartbeats_until_down", b"missed_heartbeats_until_down", "model_catalog_version", b"model_catalog_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
