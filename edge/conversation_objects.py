@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
 from edge.chunks import FINISH_REASONS
 from edge.errors import OpenAIError
+from edge.retrieval_options import RetrievalOptions
 from edge.schemas import Message, ModelName, TextPart, TurnOptions
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
@@ -44,6 +45,12 @@ ClientMessageId = Annotated[StrictStr, Field(pattern=r"^[\x21-\x7e]{1,255}$")]
 
 class IdempotentTurn(TurnOptions):
     """A turn that a client may retry safely."""
+
+    llmmesh_retrieval: RetrievalOptions | None = Field(
+        default=None,
+        description="Vector stores whose excerpts join the turn's context, cited in the reply "
+        "(as on chat completions; a regeneration searches with the question it answers again).",
+    )
 
     client_message_id: ClientMessageId | None = Field(
         default=None,

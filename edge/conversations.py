@@ -226,6 +226,8 @@ class ConversationsHandler:
         text_id = request.path_params["conversation_id"]
         conversation_id = _home(principal, text_id)
         start.sampling.CopyFrom(body.to_sampling())
+        if body.llmmesh_retrieval is not None:
+            start.retrieval.CopyFrom(body.llmmesh_retrieval.to_proto())
         client_id = client_turn_id(request, body.client_message_id)
         conversation = await self._conversation(principal, text_id)
         requested = getattr(body, "model", None) or conversation.model

@@ -21,6 +21,11 @@ summary (:mod:`region.summaries`) where one exists, and a summary covering
 what was left out is refreshed after the turn; the turn's
 :class:`ContextReport` says how many turns the summary stood for and how
 many messages were left out.
+
+The mesh's own context for the turn (``lead``: retrieval excerpts, the end
+user's remembered facts) follows the system messages and is kept whole when
+history is fitted; :func:`turn_question` names the user text a turn asks,
+also when a regeneration asks a stored question again.
 """
 
 from __future__ import annotations
@@ -96,16 +101,19 @@ async def conversation_context(
     reserve_output_tokens: int,
     count_tokens: TokenCounter,
     summaries: Summaries | None = None,
+    lead: Sequence[common_pb2.ChatMessage] = (),
 ) -> ConversationContext:
     """The context of ``start``'s turn in its conversation (NOT_FOUND when
     the tenant has no such live conversation), fitted into ``window_tokens``
     (0: no window, everything is sent), with ``summaries`` standing for
-    what does not fit (none: it is left out)."""
+    what does not fit (none: it is left out) and ``lead`` put after the
+    system messages."""
     check_branch_point(start)
     conversation = await store.get_conversation(tenant_id, start.conversation_id)
     rows = await store.messages(tenant_id, conversation.id)
     branching = _branching(rows, start)
     system = [m for m in start.messages if m.role == common_pb2.CHAT_ROLE_SYSTEM] or _system(conversation)
+    system = [*system, *lead]
     new = [m for m in start.messages if m.role != common_pb2.CHAT_ROLE_SYSTEM]
     history = history_messages(branching.history, continues)
     resent = history_messages(branching.resend, continues)
@@ -152,6 +160,18 @@ async def conversation_context(
         branching.follows,
         report,
     )
+
+
+async def turn_question(store: ZoneStore, tenant_id: str, start: chat_service_pb2.ChatStart) -> str:
+    """The user text ``start``'s conversation turn asks: its last new user
+    message, or for a turn that brings none (a regeneration), the stored
+    one it answers again ("" when there is none)."""
+    said = [m.content for m in start.messages if m.role == common_pb2.CHAT_ROLE_USER]
+    if said or start.WhichOneof("branch_point") != "regenerate_message_id":
+        return said[-1] if said else ""
+    rows = await store.messages(tenant_id, start.conversation_id)
+    resent = _branching(rows, start).resend
+    return next((row.content for row in reversed(resent) if row.role == Role.USER), "")
 
 
 def _system(conversation: ConversationRow) -> list[common_pb2.ChatMessage]:

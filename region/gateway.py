@@ -82,7 +82,12 @@ from llmmesh.v1 import (
 )
 from region import metrics as region_metrics
 from region.admission import Admission
-from region.conversation_turns import ConversationContext, check_branch_point, conversation_context
+from region.conversation_turns import (
+    ConversationContext,
+    check_branch_point,
+    conversation_context,
+    turn_question,
+)
 from region.difficulty_inputs import quota_budget, stored_history
 from region.difficulty_route import FleetPolicy, ModelRouter
 from region.engine_pool import EnginePodHandle, EnginePool
@@ -237,10 +242,12 @@ class ChatGateway:
         require_chat_model(model, self._pool.models, self._embedding_models())
         if self._safety is not None:
             await self._safety.input_filter.check(input_texts(start))
-        retrieval = await self._retrieve(start, caller, secret)
+        # A conversation turn's retrieval excerpts and facts lead its fitted history.
+        lead: list[common_pb2.ChatMessage] | None = [] if start.conversation_id else None
+        retrieval = await self._retrieve(start, caller, secret, lead)
         if self.memory is not None:
-            await self.memory.recall_into(start, caller)
-        prepared = await self._prepare(caller, model, start)
+            await self.memory.recall_into(start, caller, lead)
+        prepared = await self._prepare(caller, model, start, lead or ())
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
             caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
@@ -279,12 +286,19 @@ class ChatGateway:
                 self.memory.learn_soon(start, caller, prepared.request_id)
 
     async def _retrieve(
-        self, start: chat_service_pb2.ChatStart, caller: Caller, secret: str | None
+        self,
+        start: chat_service_pb2.ChatStart,
+        caller: Caller,
+        secret: str | None,
+        lead: list[common_pb2.ChatMessage] | None,
     ) -> retrieval_service_pb2.ChatRetrievalReport | None:
         """Excerpts of the vector stores the turn names, put in its messages
-        (:mod:`region.retrieval_context`)."""
+        (a conversation turn's: in ``lead``) (:mod:`region.retrieval_context`)."""
         if self.retrieval is not None:
-            return await self.retrieval.augment(start, caller, secret)
+            question = None
+            if lead is not None and start.HasField("retrieval"):
+                question = await turn_question(self._store, caller.tenant_id, start)
+            return await self.retrieval.augment(start, caller, secret, question, lead)
         if start.HasField("retrieval"):
             raise InvalidArgument(
                 Reason.INVALID_REQUEST,
@@ -294,10 +308,15 @@ class ChatGateway:
         return None
 
     async def _prepare(
-        self, caller: Caller, model: model_registry_service_pb2.Model, start: chat_service_pb2.ChatStart
+        self,
+        caller: Caller,
+        model: model_registry_service_pb2.Model,
+        start: chat_service_pb2.ChatStart,
+        lead: Sequence[common_pb2.ChatMessage] = (),
     ) -> PreparedTurn:
         """The engine's view of the turn: a conversation's history fitted into
-        the window, the prompt tokens as the engine counts them."""
+        the window after its system messages and ``lead``, the prompt tokens
+        as the engine counts them."""
         request_id = start.request_id or new_id("req")
         window = self._pool.context_window(model.name)
         sampling = start.sampling
@@ -323,6 +342,7 @@ class ChatGateway:
                 reserve_output_tokens=requested or min(self._settings.default_output_tokens, window // 4),
                 count_tokens=count,
                 summaries=self.summaries,
+                lead=lead,
             )
             messages = context.messages
         token_ids = await self._tokenizer.tokenize(model.name, messages, tools=tools)

@@ -12,9 +12,10 @@ would run on the region's own engine path as the safety judge does; the
 simulator generates no meaningful text to extract from, so the rules are
 what the mesh ships today, and they are stated as rules.
 
-Facts go into stateless turns (chat completions) only, as one system
-message after the turn's own system messages; a conversation's turns keep
-their stored history as it is. End users list and delete their facts
+Facts go into a turn as one system message after its own system messages
+(a conversation turn: after its system prompt, kept whole when its history
+is cut). A continuation (a turn resumed in another region) leaves out the
+facts its original turn taught, so its prompt is the original's. End users list and delete their facts
 through ``MemoryService`` (``/v1/memories`` at the edge), whatever the
 policy says, so what was kept can always be removed.
 """
@@ -87,9 +88,15 @@ class UserMemory:
     def enabled(caller: Caller, start: chat_service_pb2.ChatStart) -> bool:
         return bool(caller.tenant.memory_enabled and start.user)
 
-    async def recall_into(self, start: chat_service_pb2.ChatStart, caller: Caller) -> int:
-        """Put the user's facts in a stateless turn's messages; how many."""
-        if not self.enabled(caller, start) or start.conversation_id:
+    async def recall_into(
+        self,
+        start: chat_service_pb2.ChatStart,
+        caller: Caller,
+        into: list[common_pb2.ChatMessage] | None = None,
+    ) -> int:
+        """Put the user's facts in the turn's messages (or in ``into``, a
+        conversation turn's lead); how many."""
+        if not self.enabled(caller, start):
             return 0
         try:
             page = await self.store.recall(caller.tenant_id, start.user, CONTEXT_FACTS)
@@ -97,13 +104,19 @@ class UserMemory:
             # Memory is an aid: a store that cannot answer now costs the turn nothing.
             log.exception("turn %s: memory could not be read; the turn goes on without it", start.request_id)
             return 0
-        if not page.rows:
+        taught = start.continuation.original_request_id if start.HasField("continuation") else None
+        rows = [row for row in page.rows if row.source_request_id != taught]
+        if not rows:
             return 0
+        message = facts_message([row.content for row in reversed(rows)])
+        if into is not None:
+            into.append(message)
+            return len(rows)
         lead = 0
         while lead < len(start.messages) and start.messages[lead].role in _SYSTEM_ROLES:
             lead += 1
-        start.messages.insert(lead, facts_message([row.content for row in reversed(page.rows)]))
-        return len(page.rows)
+        start.messages.insert(lead, message)
+        return len(rows)
 
     def learn_soon(self, start: chat_service_pb2.ChatStart, caller: Caller, request_id: str) -> None:
         """Extract the turn's facts in the background, off the turn's path."""

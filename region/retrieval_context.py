@@ -1,8 +1,10 @@
 """Retrieval in a chat turn's context: a turn that names vector stores
 (``ChatStart.retrieval``) gets the best chunks of them for its last user
-message, as a system message of numbered excerpts placed after its own
-system messages, and its start reports which chunks those were
-(``ChatStarted.retrieval``), so the edge can cite them.
+message (a conversation turn: the question it asks, stored or new), as a
+system message of numbered excerpts placed after its own system messages
+(a conversation turn: after its system prompt, kept when history is cut),
+and its start reports which chunks those were (``ChatStarted.retrieval``),
+so the edge can cite them.
 
 Degraded mode: when retrieval cannot run for a reason that is not the
 caller's (the zone's store or its embedding pods unreachable, a store
@@ -69,10 +71,17 @@ class ChatRetrievalContext:
         self._default_results = default_results
 
     async def augment(
-        self, start: chat_service_pb2.ChatStart, caller: Caller, secret: str | None
+        self,
+        start: chat_service_pb2.ChatStart,
+        caller: Caller,
+        secret: str | None,
+        question: str | None = None,
+        into: list[common_pb2.ChatMessage] | None = None,
     ) -> pb.ChatRetrievalReport | None:
-        """Add the excerpts to ``start.messages``; the report, or None when
-        the turn asked for no retrieval."""
+        """Add the excerpts to ``start.messages`` (or to ``into``, a
+        conversation turn's lead); the report, or None when the turn asked
+        for no retrieval. ``question`` is searched with instead of the last
+        user message of ``start``."""
         if not start.HasField("retrieval"):
             return None
         asked = start.retrieval
@@ -80,9 +89,8 @@ class ChatRetrievalContext:
             raise _invalid(f"name 1 to {MAX_STORES_PER_SEARCH} vector stores")
         if not 0 <= asked.max_num_results <= MAX_CONTEXT_RESULTS:
             raise _invalid(f"max_num_results is 1 to {MAX_CONTEXT_RESULTS}")
-        if start.conversation_id:
-            raise _invalid("retrieval is served on chat completions, not yet on conversation turns")
-        query = next((m.content for m in reversed(start.messages) if m.role == common_pb2.CHAT_ROLE_USER), "")
+        said = [m.content for m in start.messages if m.role == common_pb2.CHAT_ROLE_USER]
+        query = question if question is not None else (said[-1] if said else "")
         if not query.strip():
             raise _invalid("retrieval searches with the last user message, and there is none with text")
         limit = asked.max_num_results or self._default_results
@@ -98,7 +106,9 @@ class ChatRetrievalContext:
         except Exception as err:
             log.exception("turn %s: retrieval degraded", start.request_id)
             return pb.ChatRetrievalReport(degraded=True, degraded_reason=type(err).__name__)
-        if hits:
+        if hits and into is not None:
+            into.append(excerpts_message(hits))
+        elif hits:
             lead = 0
             while lead < len(start.messages) and start.messages[lead].role in _SYSTEM_ROLES:
                 lead += 1
