@@ -247,7 +247,7 @@ class ChatGateway:
         retrieval = await self._retrieve(start, caller, secret, lead)
         if self.memory is not None:
             await self.memory.recall_into(start, caller, lead)
-        prepared = await self._prepare(caller, model, start, lead or ())
+        prepared = await self._prepare_on_a_live_model(caller, model, start, route, lead or ())
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
             caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
@@ -269,7 +269,7 @@ class ChatGateway:
                 start.continuation.emitted_tool_calls, caller.tenant_id, prepared.original_request_id
             )
         try:
-            async for event in self._place_and_stream(turn, start, cancel, route):
+            async for event in self._place_and_stream(turn, start, cancel, route, lead or ()):
                 if event.WhichOneof("event") == "started":
                     event.started.route.CopyFrom(route)
                     if retrieval is not None:
@@ -306,6 +306,31 @@ class ChatGateway:
                 metadata={"param": "llmmesh_retrieval"},
             )
         return None
+
+    async def _prepare_on_a_live_model(
+        self,
+        caller: Caller,
+        model: model_registry_service_pb2.Model,
+        start: chat_service_pb2.ChatStart,
+        route: chat_service_pb2.RouteDecision,
+        lead: Sequence[common_pb2.ChatMessage] = (),
+    ) -> PreparedTurn:
+        """:meth:`_prepare`; when no pod of ``model`` is left to tokenize the
+        prompt (pods dead since the last health check, the model's tokenizer
+        not yet known here), on the model :meth:`ModelRouter.after_failure`
+        gives a turn that may fall back."""
+        failed: set[str] = set()
+        while True:
+            try:
+                return await self._prepare(caller, model, start, lead)
+            except Unavailable as error:
+                if error.reason != Reason.ENGINE_UNAVAILABLE:
+                    raise
+                other = await self.model_router.after_failure(start, caller, model, failed, route)
+                failed.add(model.name)
+                if other is None:
+                    raise
+                model = other
 
     async def _prepare(
         self,
@@ -431,6 +456,7 @@ class ChatGateway:
         start: chat_service_pb2.ChatStart,
         cancel: asyncio.Event,
         route: chat_service_pb2.RouteDecision,
+        lead: Sequence[common_pb2.ChatMessage] = (),
     ) -> AsyncIterator[chat_service_pb2.ChatResponse]:
         resume = tuple(start.continuation.emitted_token_ids)
         tried: set[str] = set()
@@ -443,7 +469,7 @@ class ChatGateway:
                 )
             except Unavailable as error:
                 # No pod of the model is left here: another model may take the turn.
-                if not await self._move_to_another_model(turn, start, route, failed_models):
+                if not await self._move_to_another_model(turn, start, route, failed_models, lead):
                     raise error from None
                 tried.clear()
                 continue
@@ -472,12 +498,14 @@ class ChatGateway:
         start: chat_service_pb2.ChatStart,
         route: chat_service_pb2.RouteDecision,
         failed_models: set[str],
+        lead: Sequence[common_pb2.ChatMessage] = (),
     ) -> bool:
         """Give a turn whose model has no pod left here before its first
         event to another model of this region, when the turn may fall back
-        (:meth:`ModelRouter.after_failure`): prepared for that model and
-        accepted again under the same request id (taking over the
-        acceptance that streamed nothing). False when it stays put."""
+        (:meth:`ModelRouter.after_failure`): prepared for that model with the
+        same ``lead`` (a conversation turn's excerpts and facts) and accepted
+        again under the same request id (taking over the acceptance that
+        streamed nothing). False when it stays put."""
         failed = turn.prepared.model
         model = await self.model_router.after_failure(start, turn.caller, failed, failed_models, route)
         failed_models.add(failed.name)
@@ -487,7 +515,7 @@ class ChatGateway:
         again.CopyFrom(start)
         again.request_id = turn.prepared.request_id
         try:
-            prepared = await self._prepare(turn.caller, model, again)
+            prepared = await self._prepare(turn.caller, model, again, lead)
             turn.holder, turn.accepted = await self._accept(turn.caller, prepared, again)
         except MeshError as error:
             log.warning("turn %s cannot fall back to %s: %s", again.request_id, model.name, error.message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -26,6 +27,7 @@ from llmmesh.model_family import LARGE, SMALL, FamilyModel
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from region.difficulty_route import FALLBACK, ROUTE_DECISIONS, FleetPolicy
 from region.server import RegionPlane, start_region
+from region.tokenizer_client import TokenizerClient
 from tests.region.test_region_turns import Outcome, turn
 from tests.stack import DEV_KEY, region_settings, wait_until
 
@@ -54,8 +56,9 @@ def catalog_model(member: FamilyModel) -> CatalogModel:
     )
 
 
-@pytest_asyncio.fixture
-async def fleet() -> AsyncIterator[Fleet]:
+@asynccontextmanager
+async def running_fleet(*, warm: bool) -> AsyncIterator[Fleet]:
+    """The fleet; ``warm``: after a turn on each model (the region has learnt both tokenizers)."""
     glob = await start_global_plane(
         GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
     )
@@ -72,10 +75,9 @@ async def fleet() -> AsyncIterator[Fleet]:
         settings = region_settings(glob.address, list(pods.values()), engine_health_interval_ms=60_000)
         region = await start_region(settings)
         await wait_until(lambda: len(region.pool.healthy_pods) == 2, what="the region knows both pods")
-        # A turn on each model: the region has learnt both tokenizers, as a region at work has.
-        for member in (SMALL, LARGE):
-            warm = await turn(region.address, DEV_KEY, request("Hello there.", model=member.name))
-            assert warm.error is None, warm.error
+        for member in (SMALL, LARGE) if warm else ():
+            done = await turn(region.address, DEV_KEY, request("Hello there.", model=member.name))
+            assert done.error is None, done.error
         yield Fleet(glob, pods, region)
     finally:
         if region is not None:
@@ -83,6 +85,12 @@ async def fleet() -> AsyncIterator[Fleet]:
         for pod in pods.values():
             await pod.stop(0.5)
         await glob.stop(0.5)
+
+
+@pytest_asyncio.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    async with running_fleet(warm=True) as running:
+        yield running
 
 
 def request(text: str, model: str = "auto") -> chat_service_pb2.ChatRequest:
@@ -151,3 +159,15 @@ async def test_with_no_other_model_up_the_turn_is_unavailable(fleet: Fleet) -> N
     outcome = await turn(fleet.region.address, DEV_KEY, request(HARD))
     assert outcome.error is not None and not outcome.events
     assert outcome.error.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_turn_whose_model_cannot_tokenize_its_prompt_falls_back_too() -> None:
+    async with running_fleet(warm=False) as fleet:
+        # A region that asks its pods to tokenize (it knows no tokenizer of its own).
+        fleet.region.gateway._tokenizer = TokenizerClient(fleet.region.pool, local=False)
+        await stop_large_pod_unnoticed(fleet)
+        outcome = await turn(fleet.region.address, DEV_KEY, request(HARD))
+        assert outcome.error is None, outcome.error
+        started = outcome.events[0].started
+        assert (started.model, started.route.reason) == (SMALL.name, FALLBACK)
+        assert f"{LARGE.name} failed on every pod in the region before output" in started.route.detail
