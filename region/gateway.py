@@ -109,6 +109,7 @@ from region.tokenizer_client import TokenizerClient
 from region.tool_calls import rewrite_ids
 from region.turn import PreparedTurn, Turn, TurnMeter
 from region.turn_history import input_texts
+from region.turn_sampling import fresh_draw
 from region.usage_shipper import UsageShipper
 from region.validation import validate_start
 from region.zone_store.rows import AcceptedTurn, AssistantMessage, ContinuedTurn, Role, TurnRecord, TurnStart
@@ -343,6 +344,7 @@ class ChatGateway:
         the window after its system messages and ``lead``, the prompt tokens
         as the engine counts them."""
         request_id = start.request_id or new_id("req")
+        fresh_draw(start, request_id)
         window = self._pool.context_window(model.name)
         sampling = start.sampling
         # Tool definitions are prompt text: rendered into it, counted with it.
