@@ -1,7 +1,8 @@
 """One-shot completions on the region's own engine pods, for the LLM-judge
-safety backend: greedy, unbilled (the region's own check, not a tenant's
-turn), at the engine's highest priority so a busy region does not starve
-its own safety checks."""
+safety backend (at the engine's highest priority, so a busy region does not
+starve its own safety checks) and the region's housekeeping
+(:mod:`region.housekeeping`, at the lowest): greedy, unbilled (the region's
+own work, not a tenant's turn), optionally guided to a JSON schema."""
 
 from __future__ import annotations
 
@@ -21,10 +22,17 @@ _ROLES = {
 }
 
 
-def engine_completer(pool: EnginePool, model: str, timeout_s: float = 30.0, priority: int = 0) -> CompleteFn:
+def engine_completer(
+    pool: EnginePool,
+    model: str,
+    timeout_s: float = 30.0,
+    priority: int = 0,
+    response_format: common_pb2.ResponseFormat | None = None,
+) -> CompleteFn:
     """A :data:`region.safety.CompleteFn` that asks a healthy pod serving
     ``model`` (any model when empty), at engine ``priority`` (0, the highest,
-    by default: the region's own checks come first)."""
+    by default: the region's own checks come first), its reply guided by
+    ``response_format`` when given."""
 
     async def complete(turns: list[tuple[str, str]], max_tokens: int) -> str:
         messages = []
@@ -43,7 +51,9 @@ def engine_completer(pool: EnginePool, model: str, timeout_s: float = 30.0, prio
                         request_id=new_id("judge"),
                         model=model or pod.model,
                         messages=messages,
-                        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                        sampling=common_pb2.SamplingParams(
+                            max_tokens=max_tokens, temperature=0.0, response_format=response_format
+                        ),
                         priority=priority,
                     )
                 )

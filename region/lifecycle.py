@@ -1,6 +1,7 @@
 """A region's housekeeping of conversations: turn records retried while the
 zone store is down (spooled to local disk, so a restart retries them too),
-summaries of long branches, and the purge of deleted conversations after
+summaries of long branches, the extractor of end users' facts
+(:mod:`region.memory_model`), and the purge of deleted conversations after
 their retention.
 
 :func:`start_lifecycle` wires them into a running region's gateway and
@@ -19,17 +20,15 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from llmmesh.errors import MeshError, Reason, Unavailable
 from llmmesh.model_resolver import ModelResolver
 from llmmesh.tasks import cancel_and_wait
-from llmmesh.v1 import common_pb2
-from region.engine_complete import engine_completer
 from region.engine_pool import EnginePool
-from region.fair_queue import UNKNOWN_TIER_PRIORITY
 from region.gateway import ChatGateway
+from region.housekeeping import HousekeepingModel
 from region.lifecycle_purge import ConversationPurge, TenantPolicies
 from region.lifecycle_retry import RecordRetries
 from region.lifecycle_spool import RecordSpool
+from region.memory_model import fact_extractor
 from region.settings import RegionSettings
 from region.summaries import Summaries
 from region.usage_shipper import UsageShipper
@@ -83,16 +82,15 @@ def start_lifecycle(
     retries.resume(store)
     summaries = None
     if settings.summaries_enabled:
-
-        async def complete(model: str, turns: list[tuple[str, str]], max_tokens: int) -> str:
-            # Housekeeping: behind every tenant's turn at the pods.
-            return await engine_completer(pool, model, priority=UNKNOWN_TIER_PRIORITY)(turns, max_tokens)
-
-        async def model() -> str:
-            return settings.summary_model or await smallest_chat_model(pool, models, embedding_models())
-
-        summaries = Summaries(store, complete, model, max_tokens=settings.summary_max_tokens, clock=clock)
+        writer = HousekeepingModel(pool, models, embedding_models, settings.summary_model)
+        summaries = Summaries(
+            store, writer.complete, writer.model, max_tokens=settings.summary_max_tokens, clock=clock
+        )
         gateway.summaries = summaries
+    if gateway.memory is not None:
+        gateway.memory.extract = fact_extractor(
+            settings, HousekeepingModel(pool, models, embedding_models, settings.memory_model)
+        )
     purge = ConversationPurge(
         store, policies, clock, default_days=settings.conversation_retention_days, batch=settings.purge_batch
     )
@@ -112,19 +110,3 @@ def spool_path(settings: RegionSettings) -> Path | None:
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         return Path(url.database).parent / name
     return None
-
-
-async def smallest_chat_model(pool: EnginePool, models: ModelResolver, embedding: Collection[str]) -> str:
-    """The region's chat model of the smallest size class (then window, then name)."""
-    found = []
-    for name in pool.models:
-        if name in embedding:
-            continue
-        try:
-            model = await models.resolve(name, common_pb2.TIER_ENTERPRISE)
-        except MeshError:
-            continue
-        found.append((model.tier, model.context_window, model.name))
-    if not found:
-        raise Unavailable(Reason.ENGINE_UNAVAILABLE, "no chat model in the region to summarise with")
-    return min(found)[2]

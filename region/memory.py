@@ -3,14 +3,13 @@ the context of their later ones, when the tenant's policy enables memory
 (``Tenant.memory_enabled``, off unless set) and the turn names its end user
 (OpenAI's ``user``).
 
-What learns the facts: a rule extractor in the region (so in the tenant's
-zone) that reads the turn's user messages for first-person statements ("my
-name is …", "I live in …", "I work as …", "I like …", "I'm allergic to …",
-"call me …", "remember that …") and keeps each as one sentence about the
-user. It runs after the turn, off the turn's path. A model-based extractor
-would run on the region's own engine path as the safety judge does; the
-simulator generates no meaningful text to extract from, so the rules are
-what the mesh ships today, and they are stated as rules.
+What learns the facts, after the turn and off its path, in the region (so
+in the tenant's zone), as the region's ``memory_extractor`` setting says
+(:mod:`region.memory_model`): by default a rule extractor that reads the
+turn's user messages for first-person statements ("my name is …", "I live
+in …", "I work as …", "I like …", "I'm allergic to …", "call me …",
+"remember that …") and keeps each as one sentence about the user; or the
+zone's smallest chat model, asked for them as guided JSON.
 
 Facts go into a turn as one system message after its own system messages
 (a conversation turn: after its system prompt, kept whole when its history
@@ -25,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Awaitable, Callable
 
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from region.memory_store import MemoryStore
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 MAX_FACTS_PER_TURN = 8
 CONTEXT_FACTS = 20
-_MAX_FACT_CHARS = 300
+MAX_FACT_CHARS = 300
 _SYSTEM_ROLES = (common_pb2.CHAT_ROLE_SYSTEM, common_pb2.CHAT_ROLE_DEVELOPER)
 _RULE_WORDS = frozenset({"as", "at", "for", "in", "like", "love", "prefer", "enjoy", "hate", "dislike"})
 _PHRASE = r"([^.,;!?\n]{2,80})"
@@ -63,10 +63,15 @@ def extract_facts(texts: list[str]) -> list[str]:
                 # A rule's own words (its verb, its preposition) in lower case, whatever was typed.
                 parts = [p.lower() if p.lower() in _RULE_WORDS else p for p in parts]
                 fact = template.format(*parts)
-                facts.setdefault(fact[:_MAX_FACT_CHARS])
+                facts.setdefault(fact[:MAX_FACT_CHARS])
                 if len(facts) == MAX_FACTS_PER_TURN:
                     return list(facts)
     return list(facts)
+
+
+async def rules_extractor(texts: list[str]) -> list[str]:
+    """:func:`extract_facts`, as an extractor."""
+    return extract_facts(texts)
 
 
 def facts_message(facts: list[str]) -> common_pb2.ChatMessage:
@@ -82,6 +87,8 @@ class UserMemory:
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
+        self.extract: Callable[[list[str]], Awaitable[list[str]]] = rules_extractor
+        """Finds the facts in a turn's user messages (:mod:`region.memory_model`)."""
         self._learning: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -123,15 +130,17 @@ class UserMemory:
         if not self.enabled(caller, start):
             return
         said = [m.content for m in start.messages if m.role == common_pb2.CHAT_ROLE_USER]
-        facts = extract_facts(said)
-        if not facts:
+        if not any(text.strip() for text in said):
             return
-        task = asyncio.create_task(self._learn(caller.tenant_id, start.user, facts, request_id))
+        task = asyncio.create_task(self._learn(caller.tenant_id, start.user, said, request_id))
         self._learning.add(task)
         task.add_done_callback(self._learning.discard)
 
-    async def _learn(self, tenant_id: str, user: str, facts: list[str], request_id: str) -> None:
+    async def _learn(self, tenant_id: str, user: str, said: list[str], request_id: str) -> None:
         try:
+            facts = await self.extract(said)
+            if not facts:
+                return
             new = await self.store.remember(tenant_id, user, facts, request_id)
             log.info("turn %s: %d new facts about an end user of tenant %s", request_id, new, tenant_id)
         except Exception:

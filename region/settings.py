@@ -89,6 +89,13 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
         "", "model that writes conversation summaries; empty: the smallest chat model"
     )
     summary_max_tokens: int = setting(256, "most tokens of a conversation summary")
+    memory_extractor: str = setting(
+        "rules", "how end users' facts are learned after turns: rules (first-person patterns) or model"
+    )
+    memory_model: str = setting(
+        "", "model that extracts end users' facts with memory_extractor=model; empty: the smallest chat model"
+    )
+    memory_max_tokens: int = setting(256, "most tokens of the memory model's reply (JSON of the facts)")
     record_spool_dir: str = setting(
         "", "folder of the spool of turn records the store refused; empty: beside an SQLite zone store"
     )
