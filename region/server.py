@@ -50,6 +50,7 @@ from region.kv_events_feed import KvEventFeeds
 from region.kv_index import InMemoryPrefixIndex, PrefixIndex
 from region.kv_index_redis import RedisPrefixIndex
 from region.lifecycle import RegionLifecycle, start_lifecycle
+from region.lookup_warmer import LookupWarmer
 from region.memory import UserMemory
 from region.memory_servicer import MEMORY_METHODS, MEMORY_SERVICE_NAME, MemoryServicer
 from region.memory_store import MemoryStore
@@ -132,6 +133,7 @@ class RegionPlane:
     retrieval: RetrievalGateway | None = None
     metrics: MetricsEndpoint | None = None
     lifecycle: RegionLifecycle | None = None
+    lookups: LookupWarmer | None = None
 
     @property
     def metrics_url(self) -> str:
@@ -182,6 +184,8 @@ class RegionPlane:
         await self.server.stop(grace_s)
         await self.heartbeat.close()
         await self.policy.close()
+        if self.lookups is not None:
+            await self.lookups.close()
         await self.models.close()
         if self.lifecycle is not None:
             await self.lifecycle.close()
@@ -294,6 +298,13 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
 
     pool.on_checked(pods_checked)
     pool.on_checked(embedding_pods.refresh_soon)
+    lookups = LookupWarmer(
+        models,
+        pool,
+        tiers=lambda: {tenant.tier for tenant in policy.tenants()},
+        embedding_models=lambda: embedding_pods.models,
+    )
+    pool.on_checked(lookups.checked)
     embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
     vector_db = await VectorStoreDb.open(settings.zone_store_database_url(), settings.region)
     retrieval = RetrievalGateway(settings, settings.zone, policy, vector_db, embeddings)
@@ -377,6 +388,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         settings, store, gateway, shipper, pool, models, policy, lambda: embedding_pods.models
     )
     plane.metrics = serve_region_metrics(readings, settings.host, settings.metrics_port)
+    plane.lookups = lookups
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)
     policy.start()

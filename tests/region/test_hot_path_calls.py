@@ -1,8 +1,9 @@
-"""What a region calls on a turn's path, read from its traces: after the
-first turn the region has what it needs (the model registry's answers,
-refusals included, and the pods' tokenizer), so later turns call neither
-``ResolveModel`` nor ``GetTokenizer``; an in-process mesh with an
-in-memory exporter."""
+"""What a region calls on a turn's path, read from its traces: once the
+region has warmed its model lookups (:mod:`region.lookup_warmer`), no turn,
+the first included, calls ``ResolveModel``; only the first learns the pods'
+tokenizer (``GetTokenizer``), and no later turn calls either; a name the
+registry refuses is asked about once; an in-process mesh with an in-memory
+exporter."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from llmmesh.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from tests.region.test_chat_servicer import auth, start
-from tests.stack import Stack, running_stack
+from tests.stack import Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,14 +38,27 @@ def lookups(spans: InMemorySpanExporter) -> list[str]:
     return [s.name for s in spans.get_finished_spans() if s.name.endswith(LOOKUPS)]
 
 
-async def test_only_the_first_turn_looks_up_models_and_tokenizers(spans: InMemorySpanExporter) -> None:
+async def test_no_turn_resolves_models_once_the_region_is_warm(
+    spans: InMemorySpanExporter,
+) -> None:
     async with running_stack() as stack:
+        lookups_warmer = stack.region.lookups
+        assert lookups_warmer is not None
+
+        def warm() -> bool:
+            names, tiers = lookups_warmer.warmed
+            return "llmmesh-tiny" in names and bool(tiers)
+
+        await wait_until(warm, 10.0, "the region's lookups warmed for its model and tenants")
+        # The warmer's calls belong to no turn (untraced); a turn's own are
+        # traced, as the refused name's below shows.
+        spans.clear()
         events = await turn(stack, "first")
         assert any(e.HasField("finished") for e in events)
-        assert lookups(spans), "the first turn resolves its model and learns the tokenizer"
+        assert {name.rsplit("/", 1)[-1] for name in lookups(spans)} <= {"GetTokenizer"}
         spans.clear()
         for n in range(3):
-            events = await turn(stack, f"later-{n}")
+            events = await turn(stack, f"turn-{n}")
             assert any(e.HasField("finished") for e in events)
         assert lookups(spans) == []
 
