@@ -18,7 +18,10 @@ VARIABLES = ("LLMMESH_LOG_FORMAT", "LLMMESH_OTLP_ENDPOINT", "LLMMESH_TRACE_SAMPL
 
 def test_the_flags_reach_the_planes_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        # Set first, so that monkeypatch restores each as absent after the test;
+        # a plain delenv of an absent variable records nothing to undo.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     args = build_parser().parse_args(
         [
             "--log-format",
@@ -39,7 +42,8 @@ def test_the_flags_reach_the_planes_environment(monkeypatch: pytest.MonkeyPatch)
 
 def test_without_the_flags_the_environment_stands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMMESH_LOG_FORMAT", "json")
-    monkeypatch.delenv("LLMMESH_OTLP_ENDPOINT", raising=False)
+    monkeypatch.setenv("LLMMESH_OTLP_ENDPOINT", "")
+    monkeypatch.delenv("LLMMESH_OTLP_ENDPOINT")
     _pass_log_and_trace_flags_on(build_parser().parse_args(["up"]))
     assert os.environ["LLMMESH_LOG_FORMAT"] == "json"
     assert "LLMMESH_OTLP_ENDPOINT" not in os.environ
