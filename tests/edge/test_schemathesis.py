@@ -82,8 +82,16 @@ def fuzz(document: dict[str, object], base_url: str) -> list[str]:
             # Every failing operation is reported, not only the first; schemathesis
             # raises a group of the distinct failures it found.
             except (Exception, BaseExceptionGroup) as exc:
-                failures.append(f"{operation.label} [{mode}]: {exc}")
+                failures.append(f"{operation.label} [{mode}]: {describe(exc)}")
     return failures
+
+
+def describe(exc: BaseException) -> str:
+    """The failure with what it groups (a flaky run's first failure says what it was)."""
+    if isinstance(exc, BaseExceptionGroup):
+        inner = "; ".join(describe(e) for e in exc.exceptions)
+        return f"{exc}: {inner}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def requests(
