@@ -18,6 +18,7 @@ import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TextIO
 
 from opentelemetry import trace
 
@@ -79,11 +80,25 @@ def text_formatter(plane: str) -> logging.Formatter:
     return logging.Formatter(f"%(asctime)s [{plane}] %(levelname)s %(name)s: %(message)s")
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, so a
+    replaced stderr (a closed capture, a redirected console) is never written
+    to after it is gone."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: object) -> None:
+        pass
+
+
 def configure_logging(plane: str, level: str, log_format: str = "text") -> None:
     """Send this process's log to stderr as ``log_format`` (``text`` or ``json``)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter(plane) if log_format == "json" else text_formatter(plane))
     root = logging.getLogger()
     root.handlers[:] = [handler]
