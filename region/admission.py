@@ -11,6 +11,7 @@ outage into a region outage.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -79,22 +80,40 @@ class Admission:
         self._clock = clock
         self._warned_at = -_WARN_EVERY_S
         self._shared_down_until = 0.0
+        # Turns waiting for a slot, by the model they are for; and the
+        # refusal of each one :meth:`refuse_waiting` released.
+        self._waiting: dict[asyncio.Task[Ticket], str] = {}
+        self._refused: dict[asyncio.Task[Ticket], MeshError] = {}
 
-    async def admit(self, caller: Caller, tokens: int, deadline_s: float | None) -> Admitted:
+    def refuse_waiting(self, refusal: Callable[[str], MeshError | None]) -> int:
+        """Release every turn waiting for a slot whose model ``refusal`` gives
+        an error for (say, no engine pod of it is left): its :meth:`admit`
+        raises that error instead of waiting on. Returns how many it released."""
+        released = 0
+        for acquiring, model in list(self._waiting.items()):
+            error = refusal(model)
+            if error is not None and not acquiring.done() and acquiring not in self._refused:
+                self._refused[acquiring] = error
+                acquiring.cancel()
+                released += 1
+        return released
+
+    async def admit(self, caller: Caller, tokens: int, deadline_s: float | None, model: str = "") -> Admitted:
         """Reserve ``tokens`` (prompt plus the most output the turn may
         produce) against the key's RPM/TPM limits and the tenant's quota, then
         wait for a slot. Raises ResourceExhausted (RATE_LIMITED,
         QUOTA_EXCEEDED or OVERLOADED, with RetryInfo where waiting helps),
         having given back whatever it took. RATE_LIMITED carries the key's
         ``x-ratelimit-*`` figures as ErrorInfo metadata, named in
-        :meth:`RateLimiter.reserve`."""
+        :meth:`RateLimiter.reserve`. A turn still waiting for a slot when
+        :meth:`refuse_waiting` refuses its ``model`` raises that refusal."""
         try:
-            return await self._admit(caller, tokens, deadline_s)
+            return await self._admit(caller, tokens, deadline_s, model)
         except MeshError as refused:
             region_metrics.admission_refused(refused)
             raise
 
-    async def _admit(self, caller: Caller, tokens: int, deadline_s: float | None) -> Admitted:
+    async def _admit(self, caller: Caller, tokens: int, deadline_s: float | None, model: str) -> Admitted:
         limits = RateLimits(rpm=max(0, caller.tenant.rpm_limit), tpm=max(0, caller.tenant.tpm_limit))
         limiter = self.limiter if self._clock() >= self._shared_down_until else self._fallback
         try:
@@ -111,13 +130,32 @@ class Admission:
             raise
         queued_at = self._clock()
         try:
-            ticket = await self.queue.acquire(tier_name(caller.tier), deadline_s)
+            ticket = await self._acquire(tier_name(caller.tier), deadline_s, model)
             region_metrics.admission_waited(tier_name(caller.tier), self._clock() - queued_at)
         except BaseException:
             self.quota.release(hold)
             await _settle(limiter, reservation, 0)
             raise
         return Admitted(reservation, limiter, hold, ticket, self)
+
+    async def _acquire(self, tier: str, deadline_s: float | None, model: str) -> Ticket:
+        """A queue slot, or the refusal :meth:`refuse_waiting` gave the wait."""
+        acquiring = asyncio.ensure_future(self.queue.acquire(tier, deadline_s))
+        self._waiting[acquiring] = model
+        try:
+            return await acquiring
+        except asyncio.CancelledError:
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                # Granted just as this turn was cancelled: pass the slot on.
+                self.queue.release(acquiring.result())
+            refusal = self._refused.get(acquiring)
+            current = asyncio.current_task()
+            if refusal is None or (current is not None and current.cancelling()):
+                raise
+            raise refusal from None
+        finally:
+            self._waiting.pop(acquiring, None)
+            self._refused.pop(acquiring, None)
 
     def _warn(self, message: str) -> None:
         now = self._clock()

@@ -211,6 +211,8 @@ class ChatGateway:
         self._now = now
         # Turn records being written; a drain waits for them.
         self._recording: set[asyncio.Task[str]] = set()
+        # A turn queued for a slot fails at once when its model's last pod goes.
+        pool.on_checked(self._release_turns_without_pods)
 
     @property
     def admission(self) -> Admission:
@@ -251,7 +253,10 @@ class ChatGateway:
         prepared = await self._prepare_on_a_live_model(caller, model, start, route, lead or ())
         queue_deadline = None if deadline_s is None else max(0.0, deadline_s - _DEADLINE_MARGIN_S)
         admitted = await self._admission.admit(
-            caller, len(prepared.token_ids) + prepared.max_output_tokens, queue_deadline
+            caller,
+            len(prepared.token_ids) + prepared.max_output_tokens,
+            queue_deadline,
+            prepared.model.name,
         )
         try:
             holder, accepted = await self._accept(caller, prepared, start)
@@ -323,6 +328,10 @@ class ChatGateway:
         failed: set[str] = set()
         while True:
             try:
+                # Refused before admission: with no pod, a queued turn would wait for nothing.
+                no_pod = self._no_pod_left(model.name)
+                if no_pod is not None:
+                    raise no_pod
                 return await self._prepare(caller, model, start, lead)
             except Unavailable as error:
                 if error.reason != Reason.ENGINE_UNAVAILABLE:
@@ -332,6 +341,22 @@ class ChatGateway:
                 if other is None:
                     raise
                 model = other
+
+    def _release_turns_without_pods(self) -> None:
+        released = self._admission.refuse_waiting(self._no_pod_left)
+        if released:
+            log.warning("%d queued turns released: their model has no healthy engine pod left", released)
+
+    def _no_pod_left(self, model: str) -> Unavailable | None:
+        """UNAVAILABLE (ENGINE_UNAVAILABLE, with RetryInfo) when no healthy
+        pod here serves ``model``; None when one does (or no model is named)."""
+        if not model or any(not p.model or p.model == model for p in self._pool.healthy_pods):
+            return None
+        return Unavailable(
+            Reason.ENGINE_UNAVAILABLE,
+            f"no healthy engine pod serves model {model!r} in this region",
+            retry_after_s=1.0,
+        )
 
     async def _prepare(
         self,
