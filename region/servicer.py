@@ -92,8 +92,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
             else:
                 await err.abort(context)
         finally:
-            await cancel_and_wait(watcher)
+            # Closed before any await, in the context that opened it (a detach
+            # elsewhere makes OpenTelemetry log "Failed to detach context").
             spans.close()
+            await cancel_and_wait(watcher)
 
     async def ChatSession(
         self, request_iterator: AsyncIterator[chat_service_pb2.ChatSessionRequest], context: Context
