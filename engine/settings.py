@@ -51,6 +51,7 @@ and refuses what vLLM cannot do there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.embedding import EmbeddingSettings
@@ -62,6 +63,9 @@ SPECULATIVE_METHODS = ("", "ngram", "draft_model")
 VLLM_DEVICES = ("auto", "cpu", "cuda")
 POD_ROLES = ("both", "prefill", "decode")
 DEFAULT_CONTEXT_WINDOW = 4096
+# Embedding settings a pod without an embedding runner may carry: its choice of
+# none, and the model files' place (the Dockerfile sets it for every pod).
+_EMBEDDING_PLACES = ("embedding_backend", "embedding_model_path")
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
         if self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM refuses this too: a full batch of decodes must fit in one step.
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs")
-        self.embedding_runner(self.backend)  # an unknown embedding runner fails at start
+        self._check_embedding_settings()
         if self.vllm_kv_cache_gib <= 0:
             raise ValueError("vllm_kv_cache_gib must be positive")
         for name in (
@@ -200,6 +204,23 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative (0 turns the fault off)")
         self._check_vllm_features()
+
+    def _check_embedding_settings(self) -> None:
+        """An unknown embedding runner fails at start, and so does an
+        ``embedding_*`` setting given to a pod that runs no embedding model
+        (it would be ignored). Not ``embedding_model_path``: where the
+        model's files lie, which an image sets for every pod it runs."""
+        if self.embedding_runner(self.backend) != "none":
+            return
+        for field in dataclasses.fields(EmbeddingSettings):
+            if field.name in _EMBEDDING_PLACES:
+                continue
+            if getattr(self, field.name) != field.default:
+                raise ValueError(
+                    f"{field.name} (LLMMESH_{field.name.upper()}) is set, but this {self.backend} pod "
+                    "runs no embedding model (embedding_backend is 'none'): unset it, or set "
+                    "embedding_backend to 'sim' or 'vllm'"
+                )
 
     def _check_vllm_features(self) -> None:
         """The vLLM feature settings that are wrong on any device; what a
