@@ -15,6 +15,9 @@ from llmmesh.json_logs import LogSettings, configure_logging
 from llmmesh.lifecycle import run_event_loop
 from llmmesh.tracing import TracingSettings, configure_tracing
 
+# The log level a process takes when no --log-level is given (how up passes its own on).
+_LOG_LEVEL_VARIABLE = config.ENV_PREFIX + "LOG_LEVEL"
+
 
 def _setup_logging(name: str, args: argparse.Namespace) -> None:
     """Logs (text or JSON lines) and traces (when a collector is configured) of this process."""
@@ -70,7 +73,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _pass_log_and_trace_flags_on(args: argparse.Namespace) -> None:
-    """``llmmesh --log-format json --otlp-endpoint URL up``: the planes ``up``
+    """``llmmesh --log-level debug --log-format json --otlp-endpoint URL up``: the planes ``up``
     starts inherit its environment, not its flags, so the flags go there
     (otherwise every plane would log text and trace nothing, unannounced)."""
     for settings in (LogSettings, TracingSettings):
@@ -78,6 +81,9 @@ def _pass_log_and_trace_flags_on(args: argparse.Namespace) -> None:
             value = getattr(args, field.name, None)
             if value is not None:
                 os.environ[config.ENV_PREFIX + field.name.upper()] = str(value)
+    # Not a settings field: the planes' --log-level defaults to this variable.
+    if args.log_level != os.environ.get(_LOG_LEVEL_VARIABLE, "info"):
+        os.environ[_LOG_LEVEL_VARIABLE] = args.log_level
 
 
 def _cmd_admin(args: argparse.Namespace) -> int:
@@ -132,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmmesh", description="A gRPC-native, multi-region LLM serving mesh."
     )
-    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get(_LOG_LEVEL_VARIABLE, "info"),
+        help=f"debug, info, warning or error (environment: {_LOG_LEVEL_VARIABLE}; default info)",
+    )
     config.add_arguments(parser, LogSettings)
     config.add_arguments(parser, TracingSettings)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
