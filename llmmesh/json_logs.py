@@ -25,6 +25,7 @@ from opentelemetry import trace
 from llmmesh.config import setting
 
 LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _request_id: ContextVar[str] = ContextVar("llmmesh_request_id", default="")
 
@@ -98,8 +99,10 @@ def configure_logging(plane: str, level: str, log_format: str = "text") -> None:
     """Send this process's log to stderr as ``log_format`` (``text`` or ``json``)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     handler = _StderrHandler()
     handler.setFormatter(JsonFormatter(plane) if log_format == "json" else text_formatter(plane))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    root.setLevel(getattr(logging, level.upper()))

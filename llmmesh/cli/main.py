@@ -11,12 +11,19 @@ from typing import Any
 
 from llmmesh import config
 from llmmesh.errors import MeshError
-from llmmesh.json_logs import LogSettings, configure_logging
+from llmmesh.json_logs import LOG_LEVELS, LogSettings, configure_logging
 from llmmesh.lifecycle import run_event_loop
 from llmmesh.tracing import TracingSettings, configure_tracing
 
 # The log level a process takes when no --log-level is given (how up passes its own on).
 _LOG_LEVEL_VARIABLE = config.ENV_PREFIX + "LOG_LEVEL"
+
+
+def _log_level(value: str) -> str:
+    """A --log-level / LLMMESH_LOG_LEVEL value, lower-cased; refused when unknown."""
+    if value.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown log level {value!r}; one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
 
 
 def _setup_logging(name: str, args: argparse.Namespace) -> None:
@@ -141,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=os.environ.get(_LOG_LEVEL_VARIABLE, "info"),
+        # type also checks the default (from the environment); choices only a typed value.
+        type=_log_level,
+        choices=LOG_LEVELS,
         help=f"debug, info, warning or error (environment: {_LOG_LEVEL_VARIABLE}; default info)",
     )
     config.add_arguments(parser, LogSettings)
