@@ -43,12 +43,12 @@ class Admitted:
     reservation: Reservation
     limiter: RateLimiter = field(repr=False)
     quota_hold: QuotaHold = field(repr=False)
-    ticket: Ticket = field(repr=False)
+    ticket: Ticket | None = field(repr=False)
     _admission: Admission | None = field(default=None, repr=False)
 
     def release_slot(self) -> None:
         """Give the queue slot back (the turn's engine work is over)."""
-        if self._admission is not None:
+        if self._admission is not None and self.ticket is not None:
             self._admission.queue.release(self.ticket)
 
     async def settle(self, actual_tokens: int) -> None:
@@ -98,7 +98,9 @@ class Admission:
                 released += 1
         return released
 
-    async def admit(self, caller: Caller, tokens: int, deadline_s: float | None, model: str = "") -> Admitted:
+    async def admit(
+        self, caller: Caller, tokens: int, deadline_s: float | None, model: str = "", *, slot: bool = True
+    ) -> Admitted:
         """Reserve ``tokens`` (prompt plus the most output the turn may
         produce) against the key's RPM/TPM limits and the tenant's quota, then
         wait for a slot. Raises ResourceExhausted (RATE_LIMITED,
@@ -106,14 +108,20 @@ class Admission:
         having given back whatever it took. RATE_LIMITED carries the key's
         ``x-ratelimit-*`` figures as ErrorInfo metadata, named in
         :meth:`RateLimiter.reserve`. A turn still waiting for a slot when
-        :meth:`refuse_waiting` refuses its ``model`` raises that refusal."""
+        :meth:`refuse_waiting` refuses its ``model`` raises that refusal.
+
+        ``slot=False`` takes no queue slot: the queue's capacity is the chat
+        pods' batch slots, so work no chat pod does (embeddings, moderation)
+        must not wait on it, or it would wait forever with every chat pod down."""
         try:
-            return await self._admit(caller, tokens, deadline_s, model)
+            return await self._admit(caller, tokens, deadline_s, model, slot)
         except MeshError as refused:
             region_metrics.admission_refused(refused)
             raise
 
-    async def _admit(self, caller: Caller, tokens: int, deadline_s: float | None, model: str) -> Admitted:
+    async def _admit(
+        self, caller: Caller, tokens: int, deadline_s: float | None, model: str, slot: bool
+    ) -> Admitted:
         limits = RateLimits(rpm=max(0, caller.tenant.rpm_limit), tpm=max(0, caller.tenant.tpm_limit))
         limiter = self.limiter if self._clock() >= self._shared_down_until else self._fallback
         try:
@@ -128,6 +136,8 @@ class Admission:
         except BaseException:
             await _settle(limiter, reservation, 0)
             raise
+        if not slot:
+            return Admitted(reservation, limiter, hold, None, self)
         queued_at = self._clock()
         try:
             ticket = await self._acquire(tier_name(caller.tier), deadline_s, model)

@@ -4,15 +4,16 @@ metered and billed like a chat turn.
 
 A request goes through, in order: authentication (the cached policy
 snapshot), validation, model resolution and the tenant's allowed models,
-admission (the key's RPM and TPM limits, the tenant's monthly quota, a
-slot of the weighted fair queue: reserved for an upper bound of the
-inputs' tokens, since a token is at least one byte, then settled to the
-tokens the pod counted), the least-busy pod embedding with the model (the
-next one if a pod is unreachable), and the usage record: input tokens only,
-priced at the model's input price, written to the zone store in one
-transaction and shipped to billing as a chat turn's is. A request id the
-tenant used before is refused (ALREADY_EXISTS) before the vectors are
-returned, so an id cannot be replayed for unbilled vectors.
+admission (the key's RPM and TPM limits and the tenant's monthly quota,
+but no slot of the chat pods' fair queue, which embedding pods do not
+fill: reserved for an upper bound of the inputs' tokens, since a token
+is at least one byte, then settled to the tokens the pod counted), the
+least-busy pod embedding with the model (the next one if a pod is
+unreachable), and the usage record: input tokens only, priced at the
+model's input price, written to the zone store in one transaction and
+shipped to billing as a chat turn's is. A request id the tenant used
+before is refused (ALREADY_EXISTS) before the vectors are returned, so
+an id cannot be replayed for unbilled vectors.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class EmbeddingsGateway:
         self._pods.choose(model.name)
         request_id = request.request_id or new_id("emb")
         bound = sum(token_bound(item) for item in request.inputs)
-        admitted = await self._admission.admit(caller, bound, deadline_s)
+        admitted = await self._admission.admit(caller, bound, deadline_s, slot=False)
         used = 0
         try:
             embedded = await self._embed(model.name, request, request_id)

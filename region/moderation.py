@@ -78,7 +78,7 @@ class ModerationGateway:
                 f"region {self._settings.region} runs no safety backend to moderate with",
                 metadata={"param": "input"},
             )
-        admitted = await self._admission.admit(caller, 0, deadline_s)
+        admitted = await self._admission.admit(caller, 0, deadline_s, slot=False)
         try:
             results = [await self._classify(safety, text) for text in request.inputs]
         finally:

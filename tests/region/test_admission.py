@@ -273,3 +273,18 @@ async def test_filtered_output_withholds_a_phrase_split_across_deltas() -> None:
     assert "st" not in "".join(released)
     assert output.held_tokens >= 4
     assert not await output.finish()
+
+
+async def test_work_no_chat_pod_does_is_admitted_without_a_chat_slot(store: ZoneStore) -> None:
+    # Capacity 0: every chat pod is down. Embeddings and moderation must not
+    # wait on the chat pods' slots, yet stay rate limited.
+    admission = Admission(LocalRateLimiter(), ledger(FakeBilling(), store, Clocks()), FairQueue(0))
+    who = caller(rpm=1)
+    admitted = await asyncio.wait_for(admission.admit(who, 5, None, slot=False), timeout=5)
+    assert admitted.ticket is None and admission.queue.stats().capacity == 0
+    admitted.release_slot()
+    await admitted.settle(5)
+    admitted.release_quota()
+    with pytest.raises(ResourceExhausted) as refused:
+        await admission.admit(who, 5, None, slot=False)
+    assert refused.value.reason == Reason.RATE_LIMITED
