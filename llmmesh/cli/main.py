@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get(_LOG_LEVEL_VARIABLE, "info"),
+        default=os.environ.get(_LOG_LEVEL_VARIABLE) or "info",
         # type also checks the default (from the environment); choices only a typed value.
         type=_log_level,
         choices=LOG_LEVELS,
