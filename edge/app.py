@@ -4,7 +4,6 @@ Every error leaves as an OpenAI error object."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,7 +30,7 @@ from edge.mesh_client import MeshClient
 from edge.model_routes import ModelRoutes
 from edge.moderations import ModerationsHandler
 from edge.openapi import openapi_document
-from edge.ops import OpsRoutes
+from edge.ops import PERIOD, OpsRoutes
 from edge.request_span import RequestSpanMiddleware
 from edge.retrieval_calls import RetrievalCalls
 from edge.settings import EdgeSettings
@@ -41,8 +40,6 @@ from edge.web_routes import web_routes
 from llmmesh.errors import MeshError
 
 log = logging.getLogger(__name__)
-
-_PERIOD = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 
 
 def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
@@ -55,7 +52,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     async def usage(request: Request) -> Response:
         principal = await authenticate(request, mesh)
         period = request.query_params.get("period", "")
-        if period and not _PERIOD.match(period):
+        if period and not PERIOD.match(period):
             raise OpenAIError(400, "period must be a month, 'YYYY-MM'", param="period", code="invalid_value")
         totals = await mesh.usage(principal.tenant.id, period)
         return JSONResponse(

@@ -30,7 +30,8 @@ from llmmesh.v1 import chat_service_pb2, common_pb2, geo_routing_service_pb2
 _INFO_TIMEOUT_S = 2.0
 PERIOD_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
 TENANT_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
-_PERIOD = re.compile(PERIOD_PATTERN)
+PERIOD = re.compile(PERIOD_PATTERN)
+"""A billing month, ``YYYY-MM``."""
 _TENANT_ID = re.compile(TENANT_ID_PATTERN)
 
 
@@ -133,7 +134,7 @@ class OpsRoutes:
                 400, "tenant_id must name a tenant (its id)", param="tenant_id", code="invalid_value"
             )
         period = request.query_params.get("period", "")
-        if period and not _PERIOD.match(period):
+        if period and not PERIOD.match(period):
             raise OpenAIError(400, "period must be a month, 'YYYY-MM'", param="period", code="invalid_value")
         totals = await self._mesh.usage(tenant_id, period)
         body = UsageView(
