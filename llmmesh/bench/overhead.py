@@ -31,12 +31,22 @@ only; ``--tls on`` one mesh on mTLS in every
 run, the direct client presenting an operator's certificate to its pod.
 
 ``--tracing both`` adds, in the first run, the same plaintext mesh with
-OpenTelemetry tracing on in its pod, region and edge, every turn sampled
-and its spans exported over OTLP to a collector in the benchmark that
-counts and drops them (``mesh_traced``, on a pod of its own), and the
-untraced twin if the run has none yet. What tracing adds is the traced
-mesh's time to first token minus the twin's (``traced_added_*``, with the
-median's bootstrap 95% interval), the method of the mTLS figure.
+OpenTelemetry tracing on in its pod, region and edge, its spans exported
+over OTLP to a collector in the benchmark that counts and drops them, on a
+pod of its own, and the untraced twin if the run has none yet. Each of its
+requests carries a W3C ``traceparent`` as a traced client's does; in each
+round half of them are sampled (``mesh_traced``: every plane records and
+exports the turn's spans) and the other half not (``mesh_unsampled``: the
+planes follow the unsampled flag and record nothing), interleaved and
+paired by arrival delay (:class:`~llmmesh.bench.overhead_clients.TraceSampling`).
+What tracing adds (``traced_added_*``, with the median's bootstrap 95%
+interval) is the sampled turns' time to first token minus the unsampled
+ones': the same processes, pod, rounds and load, so it resolves what two
+meshes or two rounds cannot (``twin_added_*`` shows how far two identical
+meshes differ). Spans are ended and exported in the background of both
+halves alike; that work shows in the traced mesh's figures against its
+untraced twin (``traced_vs_twin_added_*``), within that comparison's
+resolution.
 
 By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
@@ -95,7 +105,7 @@ from engine.sim.sampler import MAX_REPLY_TOKENS
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name
-from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
+from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter, TraceSampling, split_run
 from llmmesh.bench.overhead_otlp import SpanSink, running_span_sink
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.overhead_report import (
@@ -104,6 +114,7 @@ from llmmesh.bench.overhead_report import (
     MESH_MTLS,
     MESH_TRACED,
     MESH_TWIN,
+    MESH_UNSAMPLED,
     OverheadReport,
     OverheadRun,
     PathMetrics,
@@ -125,11 +136,13 @@ MEASURED = (
     "step costs: 'mesh' through the edge's SSE /v1/chat/completions (edge, region, pod), TTFT at the first "
     "content chunk; 'direct' on the same pod's EngineService.Generate gRPC stream, TTFT at the first "
     "delta; where run, 'mesh_twin' the same through a second plaintext mesh and 'mesh_mtls' through a third "
-    "whose planes talk mutual TLS, and 'mesh_traced' through one whose pod, region and edge trace every "
-    "turn to an OTLP collector, each with its own pod of the same timing; same requests, alternating "
-    "rounds per level, each run in fresh meshes"
+    "whose planes talk mutual TLS, and 'mesh_traced' and 'mesh_unsampled' the sampled and unsampled "
+    "halves of each round through one whose pod, region and edge trace to an OTLP collector, each mesh "
+    "with its own pod of the same timing; same requests, alternating rounds per level, each run in fresh "
+    "meshes"
 )
 ARRIVAL_SEED = "overhead-arrivals"
+SAMPLING_SEED = "overhead-trace-sampling"
 
 
 class OverheadBench:
@@ -143,6 +156,7 @@ class OverheadBench:
         self._progress = progress
         self.model = EngineSettings().model
         self.workload = ChatWorkload()
+        self.sampling = TraceSampling(SAMPLING_SEED)
 
     async def run(self) -> OverheadReport:
         """Measure the systems in fresh meshes for each of the plan's
@@ -174,7 +188,10 @@ class OverheadBench:
             if traced:
                 endpoint, sink = await stack.enter_async_context(running_span_sink())
             meshes: list[Mesh] = []
-            mesh_systems = [system for system in systems_of(tls, traced) if system != DIRECT]
+            # The unsampled turns are the traced mesh's own, in its rounds.
+            mesh_systems = [
+                system for system in systems_of(tls, traced) if system not in (DIRECT, MESH_UNSAMPLED)
+            ]
             for system in mesh_systems:
                 mtls = tls == "on" or system == MESH_MTLS
                 tracing_to = endpoint if system == MESH_TRACED else None
@@ -194,7 +211,12 @@ class OverheadBench:
             clients: dict[str, StreamingClient] = {}
             for system, mesh in zip(mesh_systems, meshes, strict=True):
                 clients[system] = SseChatClient(
-                    mesh.edge_url, self.model, API_KEY, plan.request_timeout_s, SimChunkCounter
+                    mesh.edge_url,
+                    self.model,
+                    API_KEY,
+                    plan.request_timeout_s,
+                    SimChunkCounter,
+                    self.sampling.flags if system == MESH_TRACED else None,
                 )
                 stack.push_async_callback(clients[system].close)
             ignore_eos = True
@@ -211,9 +233,9 @@ class OverheadBench:
             )
             stack.push_async_callback(direct.close)
             clients = {DIRECT: direct, **clients}
-            runs, after_idle = await self._measure_levels(clients, progress)
+            runs, after_idle, marks = await self._measure_levels(clients, progress)
             spans = None if sink is None else sink.spans
-        return self._run(safety, tls, runs, after_idle, ignore_eos, spans)
+        return self._run(safety, tls, runs, after_idle, ignore_eos, spans, marks)
 
     async def _mesh_honours_ignore_eos(
         self, system: str, client: StreamingClient, progress: Progress
@@ -234,9 +256,10 @@ class OverheadBench:
 
     async def _measure_levels(
         self, clients: Mapping[str, StreamingClient], progress: Progress
-    ) -> tuple[dict[str, list[LevelRun]], dict[str, list[RequestRecord]]]:
-        """Each system's rounds by ``{system}/c{level}``, and the request
-        that began each of its rounds after it idled."""
+    ) -> tuple[dict[str, list[LevelRun]], dict[str, list[RequestRecord]], dict[str, list[list[bool]]]]:
+        """Each system's rounds by ``{system}/c{level}``, the request that
+        began each of its rounds after it idled, and for the traced mesh
+        which requests of each round it traced (:class:`TraceSampling`)."""
         plan = self.plan
         busiest = max(plan.levels)
         systems = tuple(clients)
@@ -249,6 +272,7 @@ class OverheadBench:
         jittered = {system: ArrivalJitter(clients[system], plan.jitter_s, ARRIVAL_SEED) for system in systems}
         runs: dict[str, list[LevelRun]] = {}
         after_idle: dict[str, list[RequestRecord]] = {}
+        marks: dict[str, list[list[bool]]] = {}
         for level in plan.levels:
             sizes = plan.round_sizes(level)
             for round_index, size in enumerate(sizes):
@@ -261,10 +285,13 @@ class OverheadBench:
                     if not start.ok:
                         progress(f"{name}: its first request failed: {start.error}")
                     after_idle.setdefault(key(system, level), []).append(start)
-                    jittered[system].deal(f"c{level}-r{round_index}", len(requests))
+                    delays = jittered[system].deal(f"c{level}-r{round_index}", len(requests))
+                    if system == MESH_TRACED:
+                        sampled = self.sampling.deal(f"c{level}-r{round_index}", requests, delays)
+                        marks.setdefault(key(system, level), []).append(sampled)
                     run = await measure_level(name, jittered[system], requests, level, progress)
                     runs.setdefault(key(system, level), []).append(run)
-        return runs, after_idle
+        return runs, after_idle, marks
 
     def _run(
         self,
@@ -274,15 +301,25 @@ class OverheadBench:
         after_idle: Mapping[str, list[RequestRecord]],
         ignore_eos: bool,
         spans_exported: int | None = None,
+        marks: Mapping[str, list[list[bool]]] | None = None,
     ) -> OverheadRun:
         """The run's figures; ``spans_exported``, what the traced mesh sent
-        its collector (None without one)."""
+        its collector (None without one); ``marks``, which requests of each
+        of its rounds it traced: its sampled requests are ``mesh_traced``'s
+        figures, the others ``mesh_unsampled``'s."""
+        parts = dict(runs)
+        for level in self.plan.levels:
+            traced = key(MESH_TRACED, level)
+            if marks and traced in marks:
+                halves = [split_run(run, mask) for run, mask in zip(runs[traced], marks[traced], strict=True)]
+                parts[traced] = [sampled for sampled, _ in halves]
+                parts[key(MESH_UNSAMPLED, level)] = [unsampled for _, unsampled in halves]
         results = {
             name: PathMetrics.of(
                 [record for run in level_runs for record in run.records],
                 sum(run.wall_s for run in level_runs),
             )
-            for name, level_runs in runs.items()
+            for name, level_runs in parts.items()
         }
         meshes = [
             system

@@ -13,17 +13,19 @@ from its text, and the final usage chunk settles any difference.
 
 :class:`ArrivalJitter` delays each request a seeded random time before the
 client sends it (outside its TTFT), for all systems alike, stratified over
-each round.
+each round. :class:`TraceSampling` has the traced mesh trace half of each
+round's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from engine.sim.tokenizer import SimTokenizer
-from llmmesh.bench.loadgen import StreamingClient
+from llmmesh.bench.loadgen import LevelRun, StreamingClient
 from llmmesh.bench.openai_client import ChunkCounter
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest
@@ -69,13 +71,16 @@ class ArrivalJitter:
         self._rng = random.Random(seed)
         self._dealt: list[float] = []
 
-    def deal(self, round_name: str, count: int) -> None:
+    def deal(self, round_name: str, count: int) -> list[float]:
         """The next ``count`` delays, stratified and shuffled from the seed
-        and ``round_name``: every client dealt the same round draws the same."""
+        and ``round_name``: every client dealt the same round draws the
+        same. Returns them in the order the round's requests draw them
+        (request order: a closed loop sends its requests in order)."""
         rng = random.Random(f"{self._seed}/{round_name}")
         delays = [(k + rng.random()) / count * self._max_delay_s for k in range(count)]
         rng.shuffle(delays)
         self._dealt = delays[::-1]
+        return delays
 
     def _delay(self) -> float:
         if self._dealt:
@@ -89,3 +94,56 @@ class ArrivalJitter:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+class TraceSampling:
+    """Which requests of a round the traced mesh traces: :meth:`deal`
+    marks half of a round's requests sampled and the other half not;
+    :meth:`flags` is the W3C trace flags each request carries (``01``
+    sampled, ``00`` not). A request outside a dealt round (a warm-up, a
+    round's first) is sampled.
+
+    Both halves share one mesh, one round, the same load, so what
+    separates their times to first token is what tracing a turn adds on
+    its path, not what differs between two meshes or two rounds. The
+    halves also share the arrival delays: the requests are paired by
+    their delay's rank (the two shortest, the next two...) and one of each
+    pair, drawn from the seed, is sampled. A request's delay sets where in
+    the busy pod's step cycle it arrives, and the wait for the next step is
+    most of the spread of its time to first token; with paired delays both
+    halves see the same spread."""
+
+    def __init__(self, seed: str) -> None:
+        self._seed = seed
+        self._sampled: dict[int, bool] = {}
+
+    def deal(self, round_name: str, requests: Sequence[ChatRequest], delays: Sequence[float]) -> list[bool]:
+        """Mark ``requests`` (a round, in order, whose arrival delays are
+        ``delays``) sampled or not, half each; return the marks in order."""
+        if len(delays) != len(requests):
+            raise ValueError(f"{len(delays)} delays for a round of {len(requests)} requests")
+        rng = random.Random(f"{self._seed}/{round_name}")
+        by_delay = sorted(range(len(requests)), key=lambda index: delays[index])
+        marks = [False] * len(requests)
+        for start in range(0, len(by_delay), 2):
+            pair = by_delay[start : start + 2]
+            marks[pair[rng.randrange(len(pair))]] = True
+        self._sampled = {id(request): mark for request, mark in zip(requests, marks, strict=True)}
+        return marks
+
+    def flags(self, request: ChatRequest) -> str:
+        return "01" if self._sampled.get(id(request), True) else "00"
+
+
+def split_run(run: LevelRun, marks: Sequence[bool]) -> tuple[LevelRun, LevelRun]:
+    """A round's run split by ``marks`` (:meth:`TraceSampling.deal`) into
+    its sampled and its unsampled requests. Each part's wall time is the
+    round's in proportion to its share of the requests, so that its
+    throughput stays the round's rate."""
+    if len(marks) != len(run.records):
+        raise ValueError(f"{len(marks)} marks for a round of {len(run.records)} requests")
+    parts = []
+    for wanted in (True, False):
+        records = [record for record, mark in zip(run.records, marks, strict=True) if mark is wanted]
+        parts.append(LevelRun(records, run.wall_s * len(records) / max(1, len(run.records))))
+    return parts[0], parts[1]

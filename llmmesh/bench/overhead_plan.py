@@ -25,7 +25,8 @@ SAFETY_RUNS = {"both": (False, True), "off": (False,), "on": (True,)}
 TLS_MESHES = {"both": (False, False, True), "off": (False,), "on": (True,)}
 TLS_MODES = tuple(TLS_MESHES)
 # ``--tracing``: ``both`` adds, in the first run, the mesh with tracing on in
-# every plane beside its untraced twin; ``off`` measures no traced mesh.
+# every plane (half of each round's turns sampled) beside its untraced twin;
+# ``off`` measures no traced mesh.
 TRACING_MODES = ("off", "both")
 
 
@@ -187,8 +188,8 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         choices=TRACING_MODES,
         default="off",
         help="both: in the first run, also the mesh with OpenTelemetry tracing on in every plane (spans "
-        "exported over OTLP to a collector that drops them) beside its untraced twin, what tracing adds; "
-        "off (default): no traced mesh",
+        "exported over OTLP to a collector that drops them), half of each round's turns sampled, beside its "
+        "untraced twin: what tracing adds, sampled turns over unsampled ones; off (default): no traced mesh",
     )
     group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"

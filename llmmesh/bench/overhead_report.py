@@ -6,8 +6,9 @@ product path), and with both, what the output filter adds on its own.
 Where a run measured the mesh on mutual TLS beside the plaintext one
 (``mesh_mtls``), what mTLS adds to time to first token over its plaintext
 twin (``mesh_twin``), and how far the twin is from the plaintext mesh;
-where it measured the mesh with tracing on (``mesh_traced``), what tracing
-adds over the same twin.
+where it measured the mesh with tracing on, what tracing a turn adds: its
+sampled turns (``mesh_traced``) against its unsampled ones
+(``mesh_unsampled``), and against the twin.
 Rendered as MISSION's one JSON line, or as a table by :mod:`llmmesh.bench.overhead_table`.
 """
 
@@ -29,8 +30,12 @@ MESH_MTLS = "mesh_mtls"
 # identical meshes differ (the resolution of the comparison).
 MESH_TWIN = "mesh_twin"
 # The plaintext mesh with every plane tracing (OpenTelemetry, exported over
-# OTLP to a collector that takes and drops the spans), on a pod of its own.
+# OTLP to a collector that takes and drops the spans), on a pod of its own:
+# the turns of its rounds that were sampled (every plane records and exports
+# their spans) ...
 MESH_TRACED = "mesh_traced"
+# ... and those that were not, interleaved with them in the same rounds.
+MESH_UNSAMPLED = "mesh_unsampled"
 SYSTEMS = (DIRECT, MESH)
 # What mTLS adds to the mesh's median time to first token, the figure its target judges.
 MTLS_ADDED_P50 = "mtls_added_ttft_p50_ms"
@@ -41,15 +46,15 @@ TRACED_ADDED_P50 = "traced_added_ttft_p50_ms"
 def systems_of(tls: str, traced: bool = False) -> tuple[str, ...]:
     """The systems a run measures: direct and the mesh; with ``tls``
     ``both`` a twin of the mesh and the same mesh on mutual TLS; with
-    ``traced`` the twin and the same mesh with tracing on; each mesh but
-    the first on a pod of its own."""
+    ``traced`` the twin and the same mesh with tracing on, its sampled and
+    its unsampled turns; each mesh but the first on a pod of its own."""
     systems: tuple[str, ...] = SYSTEMS
     if tls == "both" or traced:
         systems = (*systems, MESH_TWIN)
     if tls == "both":
         systems = (*systems, MESH_MTLS)
     if traced:
-        systems = (*systems, MESH_TRACED)
+        systems = (*systems, MESH_TRACED, MESH_UNSAMPLED)
     return systems
 
 
@@ -208,12 +213,21 @@ def mtls_added(mtls: PathMetrics, twin: PathMetrics, plaintext: PathMetrics) -> 
     return ttft_difference("mtls_added", mtls, twin) | ttft_difference("twin_added", twin, plaintext)
 
 
-def traced_added(traced: PathMetrics, twin: PathMetrics, plaintext: PathMetrics) -> dict[str, float | None]:
-    """What tracing in every plane adds to the mesh's time to first token
-    at one level (``traced_added_*``): the traced mesh minus its untraced
-    twin, both on pods of their own; and the twin against the mesh
-    (``twin_added_*``), as for :func:`mtls_added`."""
-    return ttft_difference("traced_added", traced, twin) | ttft_difference("twin_added", twin, plaintext)
+def traced_added(
+    traced: PathMetrics, unsampled: PathMetrics, twin: PathMetrics, plaintext: PathMetrics
+) -> dict[str, float | None]:
+    """What tracing adds to the mesh's time to first token at one level:
+    ``traced_added_*``, the traced mesh's sampled turns minus its unsampled
+    ones, interleaved in the same rounds (the figure its target judges);
+    ``traced_vs_twin_added_*``, the sampled turns minus the untraced twin's,
+    a mesh on a pod of its own; and the twin against the mesh
+    (``twin_added_*``), the resolution of a comparison between two meshes,
+    as for :func:`mtls_added`."""
+    return (
+        ttft_difference("traced_added", traced, unsampled)
+        | ttft_difference("traced_vs_twin_added", traced, twin)
+        | ttft_difference("twin_added", twin, plaintext)
+    )
 
 
 def deltas(mesh: PathMetrics, direct: PathMetrics) -> dict[str, float | None]:
@@ -249,7 +263,12 @@ PLANES = {
 def targets_measured_on(safety: bool, tls: str, traced: bool = False) -> str:
     """What a run's figures describe: its safety setting, how its planes
     talk, and whether a traced mesh ran beside."""
-    traced_too = f", and {MESH_TRACED}: the same mesh with tracing on" if traced else ""
+    traced_too = (
+        f", and {MESH_TRACED} and {MESH_UNSAMPLED}: the sampled and the unsampled turns of the same mesh "
+        "with tracing on"
+        if traced
+        else ""
+    )
     return f"{TARGETS_MEASURED_ON[safety]}, {PLANES[tls]}{traced_too}"
 
 
@@ -307,6 +326,7 @@ class OverheadRun:
             if self.traced:
                 values |= traced_added(
                     self.results[key(MESH_TRACED, level)],
+                    self.results[key(MESH_UNSAMPLED, level)],
                     self.results[key(MESH_TWIN, level)],
                     self.results[key(MESH, level)],
                 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from llmmesh.bench.workload import ChatRequest
 _DATA = b"data:"
 _DONE = b"[DONE]"
 _MAX_ERROR_BODY = 200
+# W3C trace flags: sampled, not sampled.
+TRACE_FLAGS = ("01", "00")
 
 
 class ProtocolError(Exception):
@@ -83,7 +86,10 @@ class SseChatClient:
     :func:`llmmesh.bench.openai_client.chat_body` (greedy, ``ignore_eos``,
     the usage at the end of the stream: the edge refuses vLLM's per-chunk
     usage, so ``chunk_counter`` counts the chunks). Each is bounded by
-    ``request_timeout_s``."""
+    ``request_timeout_s``. With ``trace_flags``, every request carries a
+    W3C ``traceparent`` of a trace of its own, as a traced client of the
+    mesh sends it, with the flags ``trace_flags`` gives for the request
+    (``01`` sampled, ``00`` not)."""
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class SseChatClient:
         api_key: str,
         request_timeout_s: float,
         chunk_counter: Callable[[], ChunkCounter] = ChunkCounter,
+        trace_flags: Callable[[ChatRequest], str] | None = None,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme != "http" or url.hostname is None or url.port is None:
@@ -103,6 +110,7 @@ class SseChatClient:
             f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
             "Accept: text/event-stream\r\n"
         )
+        self._trace_flags = trace_flags
         self._timeout_s = request_timeout_s
         self._chunk_counter = chunk_counter
         self._idle: list[_Connection] = []
@@ -111,6 +119,7 @@ class SseChatClient:
         """See :class:`llmmesh.bench.loadgen.StreamingClient`: a stream that
         ends without ``data: [DONE]`` is a failure (recorded, not raised)."""
         body = json.dumps(chat_body(self._model, request, continuous_usage=False)).encode()
+        head = f"{self._head}{self._traceparent(request)}Content-Length: {len(body)}\r\n\r\n".encode()
         record = RequestRecord(sent_at=time.perf_counter())
         connection: _Connection | None = None
         reusable = False
@@ -118,14 +127,14 @@ class SseChatClient:
             async with asyncio.timeout(self._timeout_s):
                 connection, reused = await self._connection()
                 try:
-                    reusable = await self._exchange(connection, body, record, reused)
+                    reusable = await self._exchange(connection, head + body, record, reused)
                 except (_StaleConnection, ConnectionResetError, BrokenPipeError):
                     if not reused:
                         raise
                     # The server closed it as it was taken: once more on a new one.
                     connection.close()
                     connection = await self._connect()
-                    reusable = await self._exchange(connection, body, record, reused=False)
+                    reusable = await self._exchange(connection, head + body, record, reused=False)
         except TimeoutError:
             record.fail(f"no complete reply within {self._timeout_s:.0f} s")
         except (OSError, asyncio.IncompleteReadError, ProtocolError) as err:
@@ -156,13 +165,13 @@ class SseChatClient:
         return _Connection(reader, writer)
 
     async def _exchange(
-        self, connection: _Connection, body: bytes, record: RequestRecord, reused: bool
+        self, connection: _Connection, request: bytes, record: RequestRecord, reused: bool
     ) -> bool:
-        """Send one request and follow its reply to the end; True when the
+        """Send one request (head and body) and follow its reply to the end; True when the
         connection can carry another request. Raises _StaleConnection when a
         ``reused`` connection turns out closed before any answer."""
         writer, reader = connection.writer, connection.reader
-        writer.write(f"{self._head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        writer.write(request)
         await writer.drain()
         head = await _read_head(reader, reused)
         events = _SseEvents(record, self._chunk_counter())
@@ -180,6 +189,15 @@ class SseChatClient:
         if head.status != 200:
             record.fail(f"HTTP {head.status}: {events.raw[:_MAX_ERROR_BODY].decode(errors='replace')}")
         return head.keep_alive
+
+    def _traceparent(self, request: ChatRequest) -> str:
+        """The request's ``traceparent`` header line, or nothing."""
+        if self._trace_flags is None:
+            return ""
+        flags = self._trace_flags(request)
+        if flags not in TRACE_FLAGS:
+            raise ValueError(f"trace flags must be one of {', '.join(TRACE_FLAGS)}, not {flags!r}")
+        return f"traceparent: 00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-{flags}\r\n"
 
     async def close(self) -> None:
         for connection in self._idle:

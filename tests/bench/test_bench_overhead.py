@@ -126,8 +126,9 @@ def test_tracing_flag_adds_a_traced_mesh_and_its_twin_to_the_first_run() -> None
         "mesh_twin",
         "mesh_mtls",
         "mesh_traced",
+        "mesh_unsampled",
     )
-    assert systems_of("off", traced=True) == ("direct", "mesh", "mesh_twin", "mesh_traced")
+    assert systems_of("off", traced=True) == ("direct", "mesh", "mesh_twin", "mesh_traced", "mesh_unsampled")
     assert systems_of(plan.tls_of(True), plan.traced_in(True)) == ("direct", "mesh")
     assert _plan("--tracing", "both", "--safety", "on").traced_in(True)
     with pytest.raises(ValueError, match="tracing both compares plaintext meshes"):
@@ -522,45 +523,54 @@ def test_what_mtls_adds_is_the_mtls_mesh_less_the_plaintext_one() -> None:
     assert slow["targets_met"]["added_ttft_p50"] is True
 
 
-def _traced_run(levels: tuple[int, ...], traced_ttft_s: float, twin_ttft_s: float = 0.042) -> OverheadRun:
+def _traced_run(
+    levels: tuple[int, ...],
+    traced_ttft_s: float,
+    twin_ttft_s: float = 0.042,
+    unsampled_ttft_s: float = 0.0421,
+) -> OverheadRun:
     """:func:`_run` with the mesh's twin beside it, its first tokens at
-    ``twin_ttft_s``, and the same mesh traced, its first tokens at ``traced_ttft_s``."""
+    ``twin_ttft_s``, and the same mesh traced: its sampled turns' first
+    tokens at ``traced_ttft_s``, its unsampled ones' at ``unsampled_ttft_s``."""
     plain = _run(levels)
     results = dict(plain.results)
     for level in levels:
         results[key("mesh_twin", level)] = PathMetrics.of(_mesh_records(twin_ttft_s, None), 2.5)
         results[key("mesh_traced", level)] = PathMetrics.of(_mesh_records(traced_ttft_s, None), 2.5)
+        results[key("mesh_unsampled", level)] = PathMetrics.of(_mesh_records(unsampled_ttft_s, None), 2.5)
     setup = {**plain.setup, "traced_spans_exported": 120}
     return OverheadRun(False, results, plain.length_mismatches, setup, tls="off", traced=True)
 
 
-def test_what_tracing_adds_is_the_traced_mesh_less_its_untraced_twin() -> None:
+def test_what_tracing_adds_is_the_sampled_turns_less_the_unsampled_ones_of_the_same_mesh() -> None:
     levels = (1, 16)
-    report = _report(levels, _traced_run(levels, traced_ttft_s=0.0424, twin_ttft_s=0.0421))
+    report = _report(levels, _traced_run(levels, traced_ttft_s=0.0424, twin_ttft_s=0.0410))
     body = json.loads(report.to_json())
-    assert set(body["results"]) == {
-        f"{system}/c{level}" for system in ("direct", "mesh", "mesh_twin", "mesh_traced") for level in levels
-    }
+    systems = ("direct", "mesh", "mesh_twin", "mesh_traced", "mesh_unsampled")
+    assert set(body["results"]) == {f"{system}/c{level}" for system in systems for level in levels}
     ratios = body["ratios"]["c16"]
+    # Sampled 42.4 ms against unsampled 42.1 ms in the same mesh: the target's figure.
     assert ratios["traced_added_ttft_p50_ms"] == pytest.approx(0.3)
     assert ratios["traced_added_ttft_p50_ci95_low_ms"] == pytest.approx(0.3)
     assert ratios["traced_added_ttft_p50_ci95_high_ms"] == pytest.approx(0.3)
-    assert ratios["twin_added_ttft_p50_ms"] == pytest.approx(0.1)
+    # Against the twin, a mesh of its own, it is 1.4 ms; the twin is 1 ms off the mesh.
+    assert ratios["traced_vs_twin_added_ttft_p50_ms"] == pytest.approx(1.4)
+    assert ratios["twin_added_ttft_p50_ms"] == pytest.approx(-1.0)
     assert "mtls_added_ttft_p50_ms" not in ratios
     assert ratios["traced_added_ttft_after_idle_ms"] is None  # no round starts in this run
     assert body["targets"]["traced_added_ttft_p50_ms_max"] == 1.0
     assert body["targets_met"]["traced_ttft_p50"] is True and body["targets_met"]["mtls_ttft_p50"] is None
     assert body["setup"]["runs"]["transport"]["tracing"] == "both"
     assert body["setup"]["runs"]["transport"]["traced_spans_exported"] == 120
-    assert "mesh_traced" in body["targets_measured_on"]
+    assert "mesh_traced" in body["targets_measured_on"] and "mesh_unsampled" in body["targets_measured_on"]
     table = report.to_table()
     lines = table.splitlines()
     title = next(line for line in lines if line.startswith("what tracing adds"))
     row = lines[lines.index(title) + 3].split()
-    assert row[0] == "c16" and row[1] == "+0.3ms" and row[3] == "[+0.3,+0.3]ms"
+    assert row[0] == "c16" and row[1] == "+0.3ms" and row[3] == "[+0.3,+0.3]ms" and row[5] == "+1.4ms"
     assert "traced_ttft_p50 met" in table
 
-    slow = json.loads(_report(levels, _traced_run(levels, traced_ttft_s=0.0435)).to_json())
+    slow = json.loads(_report(levels, _traced_run(levels, traced_ttft_s=0.0436)).to_json())
     assert slow["ratios"]["c16"]["traced_added_ttft_p50_ms"] == pytest.approx(1.5)
     assert slow["targets_met"]["traced_ttft_p50"] is False and slow["targets_met"]["all"] is False
 
@@ -810,7 +820,7 @@ def test_quick_traced_run_exports_the_traced_meshs_spans_and_reports_what_tracin
     llmmesh = Path(sys.executable).parent / "llmmesh"
     flags = ["--quick", "--tls", "off", "--safety", "off", "--tracing", "both", "--concurrency", "1"]
     done = subprocess.run(
-        [str(llmmesh), "bench", "overhead", "--json", *flags, "--requests", "2", "--log-dir", str(tmp_path)],
+        [str(llmmesh), "bench", "overhead", "--json", *flags, "--requests", "4", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=290,
@@ -823,16 +833,22 @@ def test_quick_traced_run_exports_the_traced_meshs_spans_and_reports_what_tracin
     assert run["tracing"] == "both"
     # The traced planes exported their spans to the benchmark's collector.
     assert run["traced_spans_exported"] > 0
-    systems = ("direct", "mesh", "mesh_twin", "mesh_traced")
+    systems = ("direct", "mesh", "mesh_twin", "mesh_traced", "mesh_unsampled")
     assert set(report["results"]) == {f"{system}/c1" for system in systems}
-    traced, twin, ratios = (
+    traced, unsampled, twin, ratios = (
         report["results"]["mesh_traced/c1"],
+        report["results"]["mesh_unsampled/c1"],
         report["results"]["mesh_twin/c1"],
         report["ratios"]["c1"],
     )
-    assert traced["errors"] == 0 and traced["output_tokens"] == twin["output_tokens"] > 0
-    added = (traced["ttft_p50_s"] - twin["ttft_p50_s"]) * 1000
+    # Each of the two rounds of two requests had one turn sampled and one not.
+    assert traced["requests"] == unsampled["requests"] == 2
+    assert traced["errors"] == unsampled["errors"] == 0
+    assert traced["output_tokens"] + unsampled["output_tokens"] == twin["output_tokens"] > 0
+    added = (traced["ttft_p50_s"] - unsampled["ttft_p50_s"]) * 1000
     assert ratios["traced_added_ttft_p50_ms"] == pytest.approx(added, abs=0.01)
+    against_twin = (traced["ttft_p50_s"] - twin["ttft_p50_s"]) * 1000
+    assert ratios["traced_vs_twin_added_ttft_p50_ms"] == pytest.approx(against_twin, abs=0.01)
     assert ratios["traced_added_ttft_p50_ci95_low_ms"] <= ratios["traced_added_ttft_p50_ci95_high_ms"]
     # Only the traced mesh's planes trace, its global plane (billing, routing) included.
     for system in ("mesh", "mesh_twin", "mesh_traced"):

@@ -168,3 +168,36 @@ async def test_a_failed_over_turn_is_one_trace_across_edge_regions_and_pods(
     ]
     assert any(s.context is not None and s.context.trace_id in ship_traces for s in billing)
     assert tenant_id
+
+
+async def test_an_unsampled_turn_records_no_span_in_any_plane(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """A client's ``traceparent`` with the sampled flag off is followed by
+    every plane: the turn streams whole and no plane records a span of its
+    trace (what ``llmmesh bench overhead``'s unsampled turns rely on), while
+    a sampled turn beside it is recorded in all three."""
+    unsampled_trace, sampled_trace = "5" * 32, "6" * 32
+    async with mesh_of(tmp_path, regions()) as mesh:
+        _, secret = await mesh.new_key("us")
+        async with httpx.AsyncClient(base_url=mesh.url, timeout=60) as http:
+            quiet = await stream(
+                http, secret, headers={"traceparent": f"00-{unsampled_trace}-{CLIENT_SPAN}-00"}
+            )
+            loud = await stream(http, secret, headers={"traceparent": f"00-{sampled_trace}-{CLIENT_SPAN}-01"})
+        quiet.assert_one_whole_stream()
+        loud.assert_one_whole_stream()
+
+        def planes_of(trace: str) -> set[object]:
+            return {
+                attribute(s, "llmmesh.plane")
+                for s in spans.get_finished_spans()
+                if hex_id(s)[0] == trace and s.name.startswith(("chat", "generate"))
+            }
+
+        await wait_until(
+            lambda: planes_of(sampled_trace) == {"edge", "region", "engine"},
+            10.0,
+            "the sampled turn's spans ended in every plane",
+        )
+        assert not [s for s in spans.get_finished_spans() if hex_id(s)[0] == unsampled_trace]
