@@ -100,4 +100,7 @@ class FileRoutes:
         principal = await self._calls.principal(request)
         message = pb.GetFileContentRequest(file_id=request.path_params["file_id"])
         answer, _ = await self._calls.call(principal, lambda s: s.GetFileContent, message)
-        return Response(answer.content, media_type="application/octet-stream")
+        # The bytes are the tenant's upload, whatever they hold: a browser
+        # saves them, never sniffs and renders them on the mesh's origin.
+        headers = {"x-content-type-options": "nosniff", "content-disposition": "attachment"}
+        return Response(answer.content, media_type="application/octet-stream", headers=headers)

@@ -40,6 +40,8 @@ async def test_files_upload_list_retrieve_content_delete(stack: Stack) -> None:
         assert one.filename == "japan.txt"
         content = await client.files.content(ids["japan.txt"])
         assert content.read() == DOCS["japan.txt"].encode()
+        assert content.response.headers["x-content-type-options"] == "nosniff"
+        assert content.response.headers["content-disposition"] == "attachment"
         deleted = await client.files.delete(ids["rust.txt"])
         assert deleted.deleted and deleted.id == ids["rust.txt"]
         with pytest.raises(openai.NotFoundError) as caught:
