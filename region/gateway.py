@@ -95,7 +95,7 @@ from region.engine_session import SessionGeneration
 from region.fair_queue import engine_priority
 from region.filtered_output import FilteredOutput
 from region.lifecycle_retry import RecordRetries
-from region.lifecycle_spool import SpooledTurn
+from region.lifecycle_spool import SpooledTurn, usage_rows
 from region.memory import UserMemory
 from region.model_policy import require_chat_model, turn_cost
 from region.policy_cache import Caller, PolicyCache
@@ -758,25 +758,23 @@ class ChatGateway:
         reason = meter.reason or common_pb2.FINISH_REASON_CANCELLED
         whole = meter.usage()
 
-        def encode(request_id: str, input_tokens: int, output_tokens: int, continues: str = "") -> bytes:
-            # The region that records a row ships it, and billing takes a
-            # region's records only in its own name: a continued turn's
-            # original row, written here, is this region's too.
-            return billing_service_pb2.UsageRecord(
-                request_id=request_id,
-                tenant_id=caller.tenant_id,
-                model=model.name,
-                region=self._settings.region,
-                usage=common_pb2.TokenUsage(
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
-                    cached_input_tokens=min(meter.cached_input_tokens, input_tokens),
-                ),
-                finish_reason=reason,
-                end_time=self._now(),
-                continues_request_id=continues,
-                end_user=prepared.end_user,
-            ).SerializeToString()
+        # The region that records a row ships it, and billing takes a
+        # region's records only in its own name: a continued turn's
+        # original row, written here, is this region's too.
+        template = billing_service_pb2.UsageRecord(
+            request_id=prepared.request_id,
+            tenant_id=caller.tenant_id,
+            model=model.name,
+            region=self._settings.region,
+            usage=common_pb2.TokenUsage(
+                input_tokens=meter.input_tokens,
+                output_tokens=meter.output_tokens,
+                cached_input_tokens=meter.cached_input_tokens,
+            ),
+            finish_reason=reason,
+            end_time=self._now(),
+            end_user=prepared.end_user,
+        ).SerializeToString()
 
         assistant = AssistantMessage(
             content=meter.reply_text(),
@@ -788,39 +786,32 @@ class ChatGateway:
             cost_usd=turn_cost(model, whole.input_tokens, whole.output_tokens),
             tool_calls=meter.reply_tool_calls(),
         )
-        # A turn of its own is recorded from these values alone, so a region restart can retry it.
-        spooled = None
-        if prepared.continues is None:
-            spooled = SpooledTurn(
-                caller.tenant_id,
-                prepared.conversation_id,
-                prepared.request_id,
-                prepared.user_text,
-                assistant,
-                encode(prepared.request_id, meter.input_tokens, meter.output_tokens),
-                meter.input_tokens + meter.output_tokens,
-                prepared.tool_results,
-                prepared.parent_id,
+        # The record is made from these values alone, so a region restart can retry it.
+        continued = None
+        if prepared.continues is not None:
+            continued = ContinuedTurn(
+                prepared.continues, meter.input_tokens, meter.carried_tokens, meter.carried_text
             )
+        # A turn of its own has its one usage row; a continuation, the template of its rows.
+        usage = template
+        if continued is None:
+            usage = usage_rows(template)(prepared.request_id, meter.input_tokens, meter.output_tokens, "")
+        spooled = SpooledTurn(
+            caller.tenant_id,
+            prepared.conversation_id,
+            prepared.request_id,
+            prepared.user_text,
+            assistant,
+            usage,
+            meter.input_tokens + meter.output_tokens,
+            prepared.tool_results,
+            prepared.parent_id,
+            continued,
+            meter.output_tokens,
+        )
 
         async def write() -> TurnRecord:
-            if prepared.continues is None:
-                assert spooled is not None  # built above for every turn of its own
-                return await spooled.write(self._store)
-            return await self._store.record_continuation(
-                caller.tenant_id,
-                prepared.conversation_id,
-                prepared.request_id,
-                prepared.user_text,
-                ContinuedTurn(
-                    prepared.continues, meter.input_tokens, meter.carried_tokens, meter.carried_text
-                ),
-                assistant,
-                meter.output_tokens,
-                encode,
-                prepared.tool_results,
-                prepared.parent_id,
-            )
+            return await spooled.write(self._store)
 
         try:
             record = await write()

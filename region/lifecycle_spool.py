@@ -7,8 +7,12 @@ region's other local state (fsynced), removed once the store has it, and
 retried again when the region starts. The file holds conversation content,
 like the zone store: it lives on the region's own disk, in the zone.
 
-Only a turn of its own is spooled; a continuation's record is derived from
-its original turn's rows at write time and is retried in memory only.
+A continuation (a turn another region began, continued here after that
+region failed) is spooled too: its usage rows depend on what its original
+turn's rows hold when it is written, so it keeps what makes them (one usage
+record of the turn, :func:`usage_rows`) and what it delivered
+(:class:`~region.zone_store.rows.ContinuedTurn`), and is written as
+:meth:`ZoneStore.record_continuation` writes it then.
 """
 
 from __future__ import annotations
@@ -23,15 +27,39 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from region.zone_store.rows import AssistantMessage, ToolCallRow, ToolResult, TurnRecord
-from region.zone_store.store import ZoneStore
+from llmmesh.v1 import billing_service_pb2
+from region.zone_store.rows import AssistantMessage, ContinuedTurn, ToolCallRow, ToolResult, TurnRecord
+from region.zone_store.store import UsageEncoder, ZoneStore
 
 log = logging.getLogger(__name__)
 
 
+def usage_rows(template: bytes) -> UsageEncoder:
+    """The usage rows of one turn (``request_id``, input and output
+    tokens, the request id it continues): ``template``, a serialized
+    ``UsageRecord`` of the turn, with those put in and its cached input
+    tokens capped at the row's input."""
+    base = billing_service_pb2.UsageRecord.FromString(template)
+
+    def encode(request_id: str, input_tokens: int, output_tokens: int, continues: str = "") -> bytes:
+        row = billing_service_pb2.UsageRecord()
+        row.CopyFrom(base)
+        row.request_id = request_id
+        row.usage.input_tokens = input_tokens
+        row.usage.output_tokens = output_tokens
+        row.usage.cached_input_tokens = min(base.usage.cached_input_tokens, input_tokens)
+        row.continues_request_id = continues
+        return row.SerializeToString()
+
+    return encode
+
+
 @dataclass(frozen=True)
 class SpooledTurn:
-    """Everything :meth:`ZoneStore.record_turn` takes for one turn."""
+    """Everything :meth:`ZoneStore.record_turn` takes for one turn; for a
+    continuation (``continued``), what :meth:`ZoneStore.record_continuation`
+    takes: ``usage`` is then the template of its usage rows
+    (:func:`usage_rows`) and ``output_tokens`` what this part delivered."""
 
     tenant_id: str
     conversation_id: str | None
@@ -42,8 +70,23 @@ class SpooledTurn:
     tokens: int
     tool_results: tuple[ToolResult, ...] = ()
     parent_id: str | None = None
+    continued: ContinuedTurn | None = None
+    output_tokens: int = 0
 
     async def write(self, store: ZoneStore) -> TurnRecord:
+        if self.continued is not None:
+            return await store.record_continuation(
+                self.tenant_id,
+                self.conversation_id,
+                self.request_id,
+                self.user_message,
+                self.continued,
+                self.assistant,
+                self.output_tokens,
+                usage_rows(self.usage),
+                self.tool_results,
+                self.parent_id,
+            )
         return await store.record_turn(
             self.tenant_id,
             self.conversation_id,
@@ -85,6 +128,8 @@ class SpooledTurn:
             data["tokens"],
             tuple(ToolResult(**r) for r in data["tool_results"]),
             data["parent_id"],
+            ContinuedTurn(**data["continued"]) if data.get("continued") else None,
+            data.get("output_tokens", 0),
         )
 
     @property

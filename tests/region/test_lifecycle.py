@@ -6,6 +6,8 @@ is back, with one usage row (a running in-process mesh)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,12 +20,19 @@ import sqlalchemy as sa
 
 from llmmesh.grpcserver import open_channel
 from llmmesh.sqlstore import create_store_engine
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
+from llmmesh.v1 import (
+    billing_service_pb2,
+    chat_service_pb2,
+    chat_service_pb2_grpc,
+    common_pb2,
+    policy_service_pb2,
+)
 from region.lifecycle_purge import ConversationPurge
 from region.lifecycle_retry import RecordRetries
-from region.lifecycle_spool import RecordSpool, SpooledTurn
+from region.lifecycle_spool import RecordSpool, SpooledTurn, usage_rows
 from region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
 from region.zone_store import schema as zs
+from region.zone_store.rows import ContinuedTurn
 from tests.stack import DEV_KEY, running_stack
 
 pytestmark = pytest.mark.asyncio
@@ -271,3 +280,97 @@ async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
             sa.select(zs.usage_outbox.c.usage).where(zs.usage_outbox.c.request_id == "r-crash")
         ).all()
     assert [bytes(r.usage) for r in rows] == [b"\x00usage\xff"]
+
+
+def usage_template(request_id: str, cached: int) -> bytes:
+    return billing_service_pb2.UsageRecord(
+        request_id=request_id,
+        tenant_id="tenant-a",
+        model="m",
+        region="eu-west",
+        usage=common_pb2.TokenUsage(input_tokens=7, output_tokens=3, cached_input_tokens=cached),
+        end_user="user-9",
+    ).SerializeToString()
+
+
+def spooled_continuation(request_id: str, conversation_id: str | None) -> SpooledTurn:
+    plain = spooled_turn(request_id, conversation_id)
+    return dataclasses.replace(
+        plain,
+        usage=usage_template(request_id, cached=5),
+        continued=ContinuedTurn("r-original", 7, 4, "über"),
+        output_tokens=3,
+    )
+
+
+async def test_a_spooled_continuation_reads_back_and_an_older_line_still_reads(tmp_path: Path) -> None:
+    spool = RecordSpool(tmp_path / "eu-west.pending-turns.jsonl")
+    continuation, plain = spooled_continuation("r-cont", "conv_x"), spooled_turn("r-plain", None)
+    spool.add(continuation)
+    # A line written before continuations were spooled has neither field.
+    older = json.loads(plain.to_json())
+    del older["continued"], older["output_tokens"]
+    with spool.path.open("a") as lines:
+        lines.write(json.dumps(older) + "\n")
+    assert spool.load() == [continuation, plain]
+
+
+async def test_a_continuation_left_in_the_spool_is_written_by_the_next_start(
+    store: ZoneStore, tmp_path: Path
+) -> None:
+    conv = await store.create_conversation("tenant-a", "m")
+    turn = spooled_continuation("r-cont", conv.id)
+    spool = RecordSpool(tmp_path / "eu-west.pending-turns.jsonl")
+
+    async def down() -> None:
+        raise OSError("store down")
+
+    first = RecordRetries(first_delay_s=0.001, max_delay_s=0.002, spool=spool)
+    first.keep("r-cont", down, turn)
+    for _ in range(200):
+        if spool.path.exists():
+            break
+        await asyncio.sleep(0.005)
+    await first.drain(0.02)
+    assert spool.load() == [turn]
+
+    second = RecordRetries(first_delay_s=0.001, spool=RecordSpool(spool.path))
+    assert second.resume(store) == 1
+    for _ in range(200):
+        if not spool.path.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert not spool.path.exists()
+    # The original region recorded nothing: the original request id bills the
+    # whole turn (its prompt, and the 4 tokens it delivered plus these 3), one
+    # request; the continuation's own row has nothing to ship.
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(zs.usage_outbox.c.request_id, zs.usage_outbox.c.usage, zs.usage_outbox.c.shipped_at)
+        ).all()
+    by_id = {r.request_id: r for r in rows}
+    assert set(by_id) == {"r-original", "r-cont"}
+    original = billing_service_pb2.UsageRecord.FromString(bytes(by_id["r-original"].usage))
+    assert (original.request_id, original.usage.input_tokens, original.usage.output_tokens) == (
+        "r-original",
+        7,
+        7,
+    )
+    assert original.usage.cached_input_tokens == 5 and original.end_user == "user-9"
+    assert original.region == "eu-west" and not original.continues_request_id
+    assert by_id["r-cont"].shipped_at is not None
+    stored = await store.messages("tenant-a", conv.id)
+    assert [(m.role, m.content) for m in stored] == [(Role.USER, "a question"), (Role.ASSISTANT, "über 42")]
+
+
+async def test_usage_rows_keep_the_template_but_for_the_rows_own_figures() -> None:
+    encode = usage_rows(usage_template("r-1", cached=5))
+    row = billing_service_pb2.UsageRecord.FromString(encode("r-2", 3, 9, "r-1"))
+    assert (row.request_id, row.continues_request_id, row.model, row.end_user) == (
+        "r-2",
+        "r-1",
+        "m",
+        "user-9",
+    )
+    # Cached input is capped at the row's input.
+    assert (row.usage.input_tokens, row.usage.output_tokens, row.usage.cached_input_tokens) == (3, 9, 3)
