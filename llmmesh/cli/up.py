@@ -21,7 +21,10 @@ geo-routing lists every region as serving, and removed on exit. It holds:
   and ``keys`` ``{zone: secret}`` of the dev tenants, and ``pids`` ``{plane: pid}``
   (``global``, ``edge``, each region and pod by name);
 - ``metrics`` ``{plane: url}``: the Prometheus ``/metrics`` URL of every
-  plane, named as in ``pids`` (what a scrape configuration lists).
+  plane, named as in ``pids`` (what a scrape configuration lists);
+- ``ops_key``: the key of the edge's operator page and API (``/ops``), made
+  for this mesh when ``LLMMESH_OPS_KEY`` names none (an operator's own key
+  is passed on to the edge, never written down).
 
 Redis (``--redis``, :func:`~llmmesh.cli.embedded_redis.choose_redis`):
 by default the config's ``redis_url``, else a ``redis-server`` child the
@@ -51,6 +54,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -205,6 +209,9 @@ class MeshLauncher:
         self.primary_zone = primary_zone
         self.tenants = dev_tenants([z.name for z in config.zones], primary_zone, dev_key)
         self.dev_key = dev_key
+        # The operator page's key: the environment's, else one made for this mesh.
+        self.ops_key_made = not os.environ.get("LLMMESH_OPS_KEY")
+        self.ops_key = os.environ.get("LLMMESH_OPS_KEY") or f"ops-{secrets.token_urlsafe(24)}"
         self.tenant_ids: dict[str, str] = {}
         self.began = time.monotonic()
         self.global_plane: Plane | None = None
@@ -292,7 +299,8 @@ class MeshLauncher:
         flags, prefix = self._bind("edge", config.edge_port)
         flags += ["--global-address", glob.address()]
         flags += self._tls_flags("edge")
-        self.edge = self.sup.start("edge", "edge", *flags, env=self._redis_env(), prefix=prefix)
+        env = {**self._redis_env(), "LLMMESH_OPS_KEY": self.ops_key}
+        self.edge = self.sup.start("edge", "edge", *flags, env=env, prefix=prefix)
         self.progress(f"edge serving on {self.edge.info['url']}")
         names = [r.name for r in config.regions()]
         asyncio.run(
@@ -390,6 +398,8 @@ class MeshLauncher:
             extra["redis_url"] = self.redis_url
         if self.network is not None:
             extra["netns"] = self._netns_entry()
+        if self.ops_key_made:
+            extra["ops_key"] = self.ops_key
         return {
             "pid": os.getpid(),
             "edge_url": self.edge.info["url"],
@@ -579,8 +589,12 @@ def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path
         f"  edge           {mesh['edge_url']}",
         f"  OpenAI base    {mesh['edge_url']}/v1",
         f"  web chat       {mesh['edge_url']}/chat",
-        f"  operator page  {mesh['edge_url']}/ops"
-        + ("" if os.environ.get("LLMMESH_OPS_KEY") else "  (off: start with LLMMESH_OPS_KEY set to open it)"),
+        f"  operator page  {mesh['edge_url']}/ops  "
+        + (
+            f"(operator key {launcher.ops_key}, made for this mesh; LLMMESH_OPS_KEY sets one)"
+            if launcher.ops_key_made
+            else "(operator key from LLMMESH_OPS_KEY)"
+        ),
     ]
     for tenant in launcher.tenants:
         lines.append(f"  dev API key    {tenant.key}  (tenant {tenant.name}, zone {tenant.zone})")

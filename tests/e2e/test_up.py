@@ -176,6 +176,21 @@ def test_missing_and_wrong_keys_get_401(mesh: RunningMesh) -> None:
     assert info.value.code == "invalid_api_key"
 
 
+def test_the_operator_page_opens_with_the_key_made_for_the_mesh(mesh: RunningMesh) -> None:
+    ops_key = mesh.info["ops_key"]
+    assert isinstance(ops_key, str) and ops_key.startswith("ops-") and len(ops_key) > 20
+    assert f"operator key {ops_key}" in mesh.log()
+    regions = httpx.get(
+        mesh.edge_url + "/ops/api/regions", headers={"Authorization": f"Bearer {ops_key}"}, timeout=30
+    )
+    assert regions.status_code == 200, regions.text
+    # A tenant's API key opens nothing there.
+    tenant = httpx.get(
+        mesh.edge_url + "/ops/api/regions", headers={"Authorization": f"Bearer {mesh.api_key}"}, timeout=30
+    )
+    assert tenant.status_code == 401, tenant.text
+
+
 def test_unknown_model_is_not_found_for_the_sdk(mesh: RunningMesh) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client(mesh).chat.completions.create(model="no-such-model", messages=HELLO)
