@@ -1,7 +1,10 @@
 "use strict";
 // The chat page: sign in with an API key, list / open / delete conversations,
 // stream replies over SSE, edit a user message or regenerate a reply (each a
-// new branch), switch branches, upload a file. Text is always set as text.
+// new branch), switch branches, upload a file. Uploaded files go into the
+// key's "web chat files" vector store, which every turn then searches
+// (llmmesh_retrieval); a reply shows the files it cited. Text is always set
+// as text.
 (function () {
   const api = window.LLMMesh;
   const el = api.el;
@@ -18,7 +21,9 @@
     editing: null,
     busy: false,
     controller: null,
+    store: null,
   };
+  const STORE_NAME = "web chat files";
 
   function showError(err) {
     const box = $("error");
@@ -82,6 +87,7 @@
       throw err;
     }
     sessionStorage.setItem(KEY, key);
+    state.store = await findStore();
     $("signin").hidden = true;
     $("app").hidden = false;
     $("sign-out").hidden = false;
@@ -94,6 +100,7 @@
     if (state.controller) state.controller.abort();
     sessionStorage.removeItem(KEY);
     state.key = null;
+    state.store = null;
     location.hash = "";
     newChat();
     $("app").hidden = true;
@@ -240,6 +247,8 @@
     reply.dataset.chunks = "0";
     box.append(reply);
     const content = reply.querySelector(".content");
+    let citations = [];
+    let degraded = false;
     state.controller = new AbortController();
     setBusy(true);
     try {
@@ -250,7 +259,9 @@
           "Content-Type": "application/json",
           Accept: "text/event-stream",
         },
-        body: JSON.stringify(Object.assign({ stream: true, client_message_id: api.randomId() }, body)),
+        body: JSON.stringify(
+          Object.assign({ stream: true, client_message_id: api.randomId() }, retrieval(), body)
+        ),
         credentials: "omit",
         cache: "no-store",
         signal: state.controller.signal,
@@ -264,6 +275,8 @@
           }
           if (choice.finish_reason) reply.dataset.finish = choice.finish_reason;
         }
+        if (chunk.llmmesh_citations) citations = chunk.llmmesh_citations;
+        if (chunk.llmmesh_retrieval_degraded) degraded = true;
       }
     } catch (err) {
       // Stopped by the user: the edge cancels the turn; show what was stored.
@@ -276,6 +289,24 @@
     await loadBranches();
     await loadMessages();
     await loadConversations();
+    showSources(citations, degraded);
+  }
+
+  // The turn's request to search the uploaded files, once there are any.
+  function retrieval() {
+    return state.store ? { llmmesh_retrieval: { vector_store_ids: [state.store] } } : {};
+  }
+
+  // Under the reply just streamed: the files its context cited, by marker.
+  function showSources(citations, degraded) {
+    const replies = document.querySelectorAll("#messages .message.assistant");
+    const last = replies[replies.length - 1];
+    if (!last || (!citations.length && !degraded)) return;
+    const names = citations.map((c) => `${c.marker} ${c.filename}`);
+    const text = degraded
+      ? "Sources: your files could not be searched for this reply"
+      : "Sources: " + names.join(", ");
+    last.insertBefore(el("div", { class: "sources" }, text), last.querySelector(".actions"));
   }
 
   async function send() {
@@ -309,6 +340,13 @@
 
   // ---- files
 
+  // The key's vector store of uploaded files, if it has one.
+  async function findStore() {
+    const stores = await listAll("/v1/vector_stores");
+    const found = stores.find((s) => s.name === STORE_NAME);
+    return found ? found.id : null;
+  }
+
   async function upload() {
     const input = $("file");
     if (!input.files || !input.files.length) throw new Error("choose a file to upload first");
@@ -318,7 +356,14 @@
     $("upload-status").textContent = "uploading...";
     try {
       const file = await call("POST", "/v1/files", { form });
-      $("upload-status").textContent = `Uploaded ${file.filename} as ${file.id} (${file.bytes} bytes)`;
+      if (!state.store) state.store = await findStore();
+      if (!state.store) {
+        state.store = (await call("POST", "/v1/vector_stores", { json: { name: STORE_NAME } })).id;
+      }
+      const path = `/v1/vector_stores/${encodeURIComponent(state.store)}/files`;
+      await call("POST", path, { json: { file_id: file.id } });
+      $("upload-status").textContent =
+        `Uploaded ${file.filename} as ${file.id} (${file.bytes} bytes); replies now search your files`;
       $("upload-status").dataset.fileId = file.id;
       input.value = "";
     } catch (err) {

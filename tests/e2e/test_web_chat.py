@@ -322,6 +322,20 @@ def test_chat_page_streams_branches_and_finds_the_conversation_again(
     assert stored.status_code == 200 and stored.json()["filename"] == "notes.txt", stored.text
     page.shot("uploaded")
 
+    # The upload went into the key's "web chat files" store; a turn searches it and cites the file.
+    stores = httpx.get(f"{web_mesh.edge_url}/v1/vector_stores", headers=auth, timeout=10).json()["data"]
+    [store] = [s for s in stores if s["name"] == "web chat files"]
+    members = httpx.get(f"{web_mesh.edge_url}/v1/vector_stores/{store['id']}/files", headers=auth, timeout=10)
+    assert [m["id"] for m in members.json()["data"]] == [file_id], members.text
+    page.find("#new-chat").click()
+    page.until(lambda c: not page.all("#messages .message"), "an empty thread")
+    page.find("#prompt").send_keys("Where does the mesh keep every conversation?")
+    page.find("#send").click()
+    page.settled(2)
+    sources = page.until(lambda c: page.all("#messages .message.assistant .sources"), "the reply's sources")
+    assert sources[0].text.startswith("Sources: [1] notes.txt"), sources[0].text
+    page.shot("cited")
+
     # Delete: gone from the list and from the API.
     page.find(f'#conversations li[data-id="{conversation_id}"] .delete').click()
     page.until(lambda c: not page.all(f'#conversations li[data-id="{conversation_id}"]'), "the deletion")
