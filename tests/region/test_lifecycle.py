@@ -244,19 +244,17 @@ async def test_a_spooled_turn_reads_back_as_written(tmp_path: Path) -> None:
     assert not spool.path.exists()
 
 
-async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
-    store: ZoneStore, tmp_path: Path
-) -> None:
-    conv = await store.create_conversation("tenant-a", "m")
-    turn = spooled_turn("r-crash", conv.id)
+async def left_in_the_spool_then_resumed(store: ZoneStore, turn: SpooledTurn, tmp_path: Path) -> None:
+    """``turn``'s record kept while the store is down until the region
+    stops, so it is left in the spool; then the next start writes it, once,
+    and empties the spool."""
     spool = RecordSpool(tmp_path / "eu-west.pending-turns.jsonl")
 
     async def down() -> None:
         raise OSError("store down")
 
-    # The store stays down until the region stops: the record is left in the spool.
     first = RecordRetries(first_delay_s=0.001, max_delay_s=0.002, spool=spool)
-    first.keep("r-crash", down, turn)
+    first.keep(turn.request_id, down, turn)
     for _ in range(200):
         if spool.path.exists():
             break
@@ -264,7 +262,6 @@ async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
     await first.drain(0.02)
     assert spool.load() == [turn]
 
-    # The next start writes it, once, and empties the spool.
     second = RecordRetries(first_delay_s=0.001, spool=RecordSpool(spool.path))
     assert second.resume(store) == 1
     for _ in range(200):
@@ -272,6 +269,14 @@ async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
             break
         await asyncio.sleep(0.01)
     assert not spool.path.exists()
+
+
+async def test_a_record_left_in_the_spool_is_written_by_the_next_start(
+    store: ZoneStore, tmp_path: Path
+) -> None:
+    conv = await store.create_conversation("tenant-a", "m")
+    turn = spooled_turn("r-crash", conv.id)
+    await left_in_the_spool_then_resumed(store, turn, tmp_path)
     stored = await store.messages("tenant-a", conv.id)
     assert [(m.role, m.content) for m in stored] == [(Role.USER, "a question"), (Role.ASSISTANT, "über 42")]
     assert stored[1].tool_calls == turn.assistant.tool_calls and stored[1].cost_usd == turn.assistant.cost_usd
@@ -320,27 +325,7 @@ async def test_a_continuation_left_in_the_spool_is_written_by_the_next_start(
 ) -> None:
     conv = await store.create_conversation("tenant-a", "m")
     turn = spooled_continuation("r-cont", conv.id)
-    spool = RecordSpool(tmp_path / "eu-west.pending-turns.jsonl")
-
-    async def down() -> None:
-        raise OSError("store down")
-
-    first = RecordRetries(first_delay_s=0.001, max_delay_s=0.002, spool=spool)
-    first.keep("r-cont", down, turn)
-    for _ in range(200):
-        if spool.path.exists():
-            break
-        await asyncio.sleep(0.005)
-    await first.drain(0.02)
-    assert spool.load() == [turn]
-
-    second = RecordRetries(first_delay_s=0.001, spool=RecordSpool(spool.path))
-    assert second.resume(store) == 1
-    for _ in range(200):
-        if not spool.path.exists():
-            break
-        await asyncio.sleep(0.01)
-    assert not spool.path.exists()
+    await left_in_the_spool_then_resumed(store, turn, tmp_path)
     # The original region recorded nothing: the original request id bills the
     # whole turn (its prompt, and the 4 tokens it delivered plus these 3), one
     # request; the continuation's own row has nothing to ship.
