@@ -196,20 +196,15 @@ class ConversationsHandler:
     async def list_branches(self, request: Request) -> Response:
         principal = await authenticate(request, self._mesh)
         conversation_id = _home(principal, request.path_params["conversation_id"])
-        if "after" in request.query_params:
-            raise OpenAIError(
-                400,
-                f"branches are listed newest first in one page of up to {MAX_LIMIT}; after is not taken here",
-                param="after",
-                code="unsupported_parameter",
-            )
         message = chat_service_pb2.ListBranchesRequest(
-            conversation_id=str(conversation_id), page_size=_limit(request)
+            conversation_id=str(conversation_id), page_size=_limit(request), after_id=_after(request)
         )
-        page: chat_service_pb2.ListBranchesResponse = await self._mesh.in_zone(
-            principal,
-            lambda stub, metadata: stub.ListBranches(message, metadata=metadata, timeout=_TIMEOUT_S),
-            home_region=conversation_id.home_region,
+        page: chat_service_pb2.ListBranchesResponse = await _paging(
+            self._mesh.in_zone(
+                principal,
+                lambda stub, metadata: stub.ListBranches(message, metadata=metadata, timeout=_TIMEOUT_S),
+                home_region=conversation_id.home_region,
+            )
         )
         items = [BranchObject.of(b) for b in page.branches]
         return _json(ListObject[BranchObject].page(items, bool(page.next_page_token)))

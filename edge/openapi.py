@@ -320,7 +320,7 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
             "get": _operation(
                 "List a conversation's branches, the newest first.",
                 {"200": _json("A page.", models[ListObject[BranchObject]]), **_ERRORS},
-                parameters=[_PAGE[0]],
+                parameters=_PAGE,
             ),
         },
         "/v1/streams/{stream_id}": {

@@ -178,11 +178,16 @@ class ConversationService:
         size = page_size(request.page_size, CONVERSATIONS_PAGE)
         stored = await self._store.messages(caller.tenant_id, conversation_id)
         found = branches(stored)
+        seqs = {row.id: row.seq for row in stored}
         start = 0
+        # Branches are listed by their leaves' seq, newest first: a page starts after the last one served.
+        last = None
         if request.page_token:
-            # Branches are listed by their leaves' seq, newest first: the token is the last one served.
             last = decode_message_position(request.page_token, conversation_id)
-            seqs = {row.id: row.seq for row in stored}
+        if request.after_id:
+            _one_cursor(request.page_token)
+            last = _branch_seq(found, seqs, conversation_id, request.after_id)
+        if last is not None:
             start = next((i for i, b in enumerate(found) if seqs[b.leaf_id] < last), len(found))
         page = found[start : start + size]
         token = ""
@@ -256,6 +261,18 @@ def _message_seq(branch: list[MessageRow], conversation_id: str, after_id: str) 
             metadata={"param": "after_id"},
         )
     return seq
+
+
+def _branch_seq(found: list[BranchRow], seqs: dict[str, int], conversation_id: str, after_id: str) -> int:
+    """The position of the branch whose leaf is ``after_id``; INVALID_ARGUMENT
+    (``after_id``) when no branch of the conversation ends there."""
+    if not any(branch.leaf_id == after_id for branch in found):
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"after_id {after_id!r} is not the leaf of a branch of conversation {conversation_id!r}",
+            metadata={"param": "after_id"},
+        )
+    return seqs[after_id]
 
 
 def _one_cursor(page_token: str) -> None:

@@ -1198,22 +1198,28 @@ class ListBranchesRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation."""
     page_size: _builtins.int
     """Most items to return; 0 means 20, at most 100."""
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
+    after_id: _builtins.str
+    """Start after this branch (its leaf id, from an earlier page) instead of
+    at page_token, for clients that page by ids.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        after_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -120,8 +120,11 @@ async def test_branch_points_are_checked_and_named(http: httpx.AsyncClient) -> N
         f"/v1/conversations/{cid}/messages/{a1['id']}/regenerate", json={"content": "x"}, headers=AUTH
     )
     assert (extra.status_code, extra.json()["error"]["param"]) == (400, "content")
+    # ``after`` names a branch by its leaf: a1 is one; q1, a message inside it, is not.
     paged = await http.get(f"/v1/conversations/{cid}/branches?after={a1['id']}", headers=AUTH)
-    assert (paged.status_code, paged.json()["error"]["param"]) == (400, "after")
+    assert paged.status_code == 200 and paged.json()["data"] == [], paged.text
+    inside = await http.get(f"/v1/conversations/{cid}/branches?after={q1['id']}", headers=AUTH)
+    assert (inside.status_code, inside.json()["error"]["param"]) == (400, "after")
     bad_leaf = await http.get(f"/v1/conversations/{cid}/messages?leaf_id=msg_missing", headers=AUTH)
     assert (bad_leaf.status_code, bad_leaf.json()["error"]["param"]) == (400, "leaf_id")
     differ = await send(

@@ -110,6 +110,20 @@ async def test_regenerate_and_edit_make_branches_that_can_each_be_continued(stac
             metadata=ME,
         )
         assert [b.leaf_id for b in [*page.branches, *rest.branches]] == [b.leaf_id for b in branches]
+        # Paged by ids: after a branch's leaf, the older branches.
+        after = await chat.ListBranches(
+            chat_service_pb2.ListBranchesRequest(conversation_id=conv.id, after_id=a1c.id), metadata=ME
+        )
+        assert [b.leaf_id for b in after.branches] == [a2b.id, a2.id] and not after.next_page_token
+        for bad in (
+            chat_service_pb2.ListBranchesRequest(conversation_id=conv.id, after_id=q1c.id),
+            chat_service_pb2.ListBranchesRequest(
+                conversation_id=conv.id, after_id=a1c.id, page_token=page.next_page_token
+            ),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await chat.ListBranches(bad, metadata=ME)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
         # The first branch goes on where asked, and is current again.
         await run(chat, conv.id, "And a zone?", parent_message_id=a2.id)
