@@ -210,8 +210,9 @@ class MeshLauncher:
         self.tenants = dev_tenants([z.name for z in config.zones], primary_zone, dev_key)
         self.dev_key = dev_key
         # The operator page's key: the environment's, else one made for this mesh.
-        self.ops_key_made = not os.environ.get("LLMMESH_OPS_KEY")
-        self.ops_key = os.environ.get("LLMMESH_OPS_KEY") or f"ops-{secrets.token_urlsafe(24)}"
+        given = os.environ.get("LLMMESH_OPS_KEY", "")
+        self.ops_key_made = not given
+        self.ops_key = given or f"ops-{secrets.token_urlsafe(24)}"
         self.tenant_ids: dict[str, str] = {}
         self.began = time.monotonic()
         self.global_plane: Plane | None = None

@@ -1,12 +1,14 @@
-"""Shared by the region's router tests (``test_kv_index``, ``test_router``,
-``test_kv_events_feed``): in-process simulator pods and how to drive them."""
+"""Shared by the region's tests: in-process simulator pods and how to drive
+them (the router tests: ``test_kv_index``, ``test_router``,
+``test_kv_events_feed``), and a region's admission slots all held."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 from engine.server import EnginePod
@@ -14,6 +16,7 @@ from engine.settings import EngineSettings
 from engine.sim.backend import SimBackend
 from engine.sim.kv_blocks import full_block_hashes
 from llmmesh.v1 import common_pb2, engine_service_pb2, engine_service_pb2_grpc
+from region.fair_queue import FairQueue, Ticket
 from region.kv_index import PrefixIndex, ResetReason
 from tests.engine.support import FAST
 
@@ -116,3 +119,19 @@ def expected_resident(pod: EnginePod, token_ids: Sequence[int]) -> int:
 
 
 QUESTION = chat("system:You answer questions about fruit.", "Tell me all about apples, please.")
+
+
+@contextlib.asynccontextmanager
+async def every_slot_held(queue: FairQueue) -> AsyncIterator[None]:
+    """Every slot of ``queue`` taken for the block (as with every chat pod
+    busy), so the next turn waits; released on the way out."""
+    held: list[Ticket] = []
+    for _ in range(queue.capacity + 1):
+        if queue.stats().running >= queue.capacity:
+            break
+        held.append(await queue.acquire("enterprise"))
+    try:
+        yield
+    finally:
+        for ticket in held:
+            queue.release(ticket)

@@ -19,8 +19,8 @@ from llmmesh.v1 import embedding_service_pb2 as epb
 from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb
 from llmmesh.v1 import moderation_service_pb2_grpc as mpb_grpc
-from region.fair_queue import Ticket
 from region.safety import OPENAI_CATEGORIES
+from tests.region.support import every_slot_held
 from tests.region.test_chat_servicer import auth
 from tests.stack import DEV_KEY, Stack, running_stack
 
@@ -212,12 +212,7 @@ async def test_embeddings_and_moderation_do_not_wait_for_chat_slots(stack: Stack
     # Every chat slot taken (as with every chat pod busy or gone): embeddings
     # and moderation, which no chat pod serves, are answered all the same.
     queue = stack.region.gateway.admission.queue
-    held: list[Ticket] = []
-    for _ in range(queue.capacity + 1):
-        if queue.stats().running >= queue.capacity:
-            break
-        held.append(await queue.acquire("enterprise"))
-    try:
+    async with every_slot_held(queue):
         # An upper bound so a regression fails the test instead of hanging it (not a timing assert).
         async with asyncio.timeout(30):
             embedded = await _create(stack, epb.CreateEmbeddingsRequest(model=MODEL, inputs=_texts("hi")))
@@ -225,6 +220,3 @@ async def test_embeddings_and_moderation_do_not_wait_for_chat_slots(stack: Stack
         assert len(embedded.embeddings) == 1 and embedded.usage.input_tokens > 0
         assert len(moderated.results) == 1
         assert queue.stats().total_waiting == 0
-    finally:
-        for ticket in held:
-            queue.release(ticket)

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from region.fair_queue import Ticket
+from tests.region.support import every_slot_held
 from tests.region.test_chat_servicer import run_turn, start, turn_error
 from tests.stack import Stack, wait_until
 
@@ -35,13 +35,8 @@ async def test_a_turn_queued_when_the_last_pod_dies_is_released_unavailable(stac
     served = await run_turn(stack, start(max_tokens=4))
     assert served[-1].HasField("finished")
     queue = stack.region.gateway.admission.queue
-    held: list[Ticket] = []
     # Every slot taken, so the next turn waits in the queue.
-    for _ in range(queue.capacity + 1):
-        if queue.stats().running >= queue.capacity:
-            break
-        held.append(await queue.acquire("enterprise"))
-    try:
+    async with every_slot_held(queue):
         waiting = asyncio.create_task(turn_error(stack, start()))
         await wait_until(lambda: queue.stats().total_waiting == 1, what="the turn queued")
         await stack.engine.stop(0)
@@ -50,6 +45,3 @@ async def test_a_turn_queued_when_the_last_pod_dies_is_released_unavailable(stac
         assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "ENGINE_UNAVAILABLE")
         assert error.retry_after_s is not None and error.retry_after_s > 0
         assert queue.stats().total_waiting == 0
-    finally:
-        for ticket in held:
-            queue.release(ticket)
