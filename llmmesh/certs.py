@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.core.identity import PlaneIdentity, Role
 
 CA_DAYS = 3650
 LEAF_DAYS = 30

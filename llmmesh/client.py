@@ -43,12 +43,12 @@ import grpc
 import grpc.aio
 from google.protobuf import timestamp_pb2
 
-from llmmesh.errors import Cancelled, MeshError, Reason, Unavailable, from_rpc_error, from_stream_error
-from llmmesh.grpcserver import open_channel
-from llmmesh.home import mesh_home
-from llmmesh.identity import Role, role_name
-from llmmesh.mtls import MeshSecurity, TlsSetupError, holder_security
-from llmmesh.pages import collect_pages
+from llmmesh.core.errors import Cancelled, MeshError, Reason, Unavailable, from_rpc_error, from_stream_error
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.home import mesh_home
+from llmmesh.core.identity import Role, role_name
+from llmmesh.core.mtls import MeshSecurity, TlsSetupError, holder_security
+from llmmesh.core.pages import collect_pages
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc as pb_grpc
 from llmmesh.v1 import common_pb2

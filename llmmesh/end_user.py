@@ -10,7 +10,7 @@ turn and billed with its usage, never interpreted.
 
 from __future__ import annotations
 
-from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.core.errors import InvalidArgument, Reason
 
 MAX_END_USER_CHARS = 256
 """The longest id kept (the billing column's width). OpenAI's own limit is

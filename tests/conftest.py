@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmmesh import tracing
+from llmmesh.core import tracing
 
 # Property tests judge correctness, not speed: a loaded CI machine must not
 # turn a slow example into a failure.

@@ -17,17 +17,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.server import EdgeServer, start_edge
-from edge.settings import EdgeSettings
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from globalplane.tiers import TenantTier
+from llmmesh.edge.server import EdgeServer, start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.v1 import common_pb2
-from region.server import RegionPlane, start_region
-from region.settings import RegionSettings
-from region.zone_store.store import ZoneStore
+from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.settings import RegionSettings
+from llmmesh.region.zone_store.store import ZoneStore
 from tests.stack import DEV_KEY, region_settings, wait_until
 
 LOCATIONS = {

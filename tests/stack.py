@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from edge.server import EdgeServer, start_edge
-from edge.settings import EdgeSettings
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from region.server import RegionPlane, start_region
-from region.settings import RegionSettings
+from llmmesh.edge.server import EdgeServer, start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.settings import RegionSettings
 
 DEV_KEY = "sk-llmmesh-test"
 

@@ -37,9 +37,9 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from engine.settings import EngineSettings
-from engine.tiny_model import resolve_model_dir
-from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.tiny_model import resolve_model_dir
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.openai_client import OpenAIChatClient

@@ -38,8 +38,8 @@ import httpx
 from llmmesh.bench.fleet_report import FleetReport, SystemResult, TurnResult
 from llmmesh.bench.fleet_workload import FleetTurn, FleetWorkload
 from llmmesh.bench.processes import StartupError
-from llmmesh.model_family import LARGE, SMALL
-from llmmesh.pricing import turn_cost
+from llmmesh.core.model_family import LARGE, SMALL
+from llmmesh.core.pricing import turn_cost
 
 Progress = Callable[[str], None]
 SYSTEMS = {"auto": "auto", "always_large": LARGE.name, "always_small": SMALL.name}

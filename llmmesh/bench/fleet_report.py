@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from llmmesh.bench.stats import percentile
-from llmmesh.pricing import format_usd
+from llmmesh.core.pricing import format_usd
 
 COST_TARGET = 0.40
 """auto must cost at least this much less per turn than always-large."""

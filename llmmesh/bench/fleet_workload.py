@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from engine.sim.vocabulary import WORDS
+from llmmesh.engine.sim.vocabulary import WORDS
 
 CHAT = "chat"
 HARD = "hard"

@@ -11,7 +11,7 @@ import grpc.aio
 
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest
-from llmmesh.mtls import MeshSecurity, open_secure_channel
+from llmmesh.core.mtls import MeshSecurity, open_secure_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

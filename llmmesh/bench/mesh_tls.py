@@ -11,8 +11,8 @@ from pathlib import Path
 
 from llmmesh.certs import CertFiles
 from llmmesh.cli.certs import ensure_mesh_certs
-from llmmesh.identity import PlaneIdentity, Role, role_name
-from llmmesh.mtls import MeshSecurity, holder_security
+from llmmesh.core.identity import PlaneIdentity, Role, role_name
+from llmmesh.core.mtls import MeshSecurity, holder_security
 
 ADMIN = "admin"
 

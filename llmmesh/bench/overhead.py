@@ -100,8 +100,8 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from engine.settings import EngineSettings
-from engine.sim.sampler import MAX_REPLY_TOKENS
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.sampler import MAX_REPLY_TOKENS
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name

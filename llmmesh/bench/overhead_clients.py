@@ -24,7 +24,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench.loadgen import LevelRun, StreamingClient
 from llmmesh.bench.openai_client import ChunkCounter
 from llmmesh.bench.stats import RequestRecord

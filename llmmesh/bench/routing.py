@@ -44,9 +44,9 @@ from pathlib import Path
 
 import grpc.aio
 
-from engine.settings import EngineSettings
-from engine.tiny_model import resolve_model_dir
-from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.tiny_model import resolve_model_dir
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.loadgen import quarter_reporter
 from llmmesh.bench.plan import RoutingBackendPlan, RoutingBenchPlan
 from llmmesh.bench.processes import StartupError, free_port

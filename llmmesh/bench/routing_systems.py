@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.settings import EngineSettings
-from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.engine import peer_command, pod_command
 from llmmesh.bench.mesh_tls import plane_tls_flags
 from llmmesh.bench.processes import ChildProcess, StartupError, free_port

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 
-from engine.sim.tokenizer import SimTokenizer
-from engine.sim.vocabulary import WORDS
+from llmmesh.engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.sim.vocabulary import WORDS
 from llmmesh.bench.workload import DEFAULT_SEED, sentences
 
 Message = tuple[str, str]

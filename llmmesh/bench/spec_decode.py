@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 
 SPEC_COUNTERS = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from engine.sim.vocabulary import WORDS
+from llmmesh.engine.sim.vocabulary import WORDS
 
 DEFAULT_SEED = 20261121
 SYSTEM_PREAMBLE = "You are a careful assistant. Answer the user with plain words."

@@ -29,12 +29,12 @@ from google.protobuf.message import Message
 
 from llmmesh.cli.tls_flags import add_tls_arguments, tls_from_args
 from llmmesh.client import CertificateSetupError, MeshTls
-from llmmesh.errors import from_rpc_error
-from llmmesh.grpcserver import open_channel
-from llmmesh.home import mesh_home
-from llmmesh.identity import Role, role_name
-from llmmesh.mtls import MeshSecurity
-from llmmesh.pages import collect_pages
+from llmmesh.core.errors import from_rpc_error
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.home import mesh_home
+from llmmesh.core.identity import Role, role_name
+from llmmesh.core.mtls import MeshSecurity
+from llmmesh.core.pages import collect_pages
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,

@@ -19,7 +19,7 @@ from typing import Any
 import grpc.aio
 
 from llmmesh.cli.admin import _TIER_NAMES, _TIERS, CALL_TIMEOUT_S, _as_dict, _table
-from llmmesh.pages import collect_pages
+from llmmesh.core.pages import collect_pages
 from llmmesh.v1 import common_pb2, model_registry_service_pb2_grpc
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from llmmesh.certs import LEAF_DAYS, CertFiles, CertificateAuthority, identity_of_pem, not_after
-from llmmesh.home import mesh_home
-from llmmesh.identity import IdentityError, PlaneIdentity, Role
+from llmmesh.core.home import mesh_home
+from llmmesh.core.identity import IdentityError, PlaneIdentity, Role
 
 RENEW_BEFORE = dt.timedelta(days=7)
 """A certificate that expires sooner than this is re-issued by :func:`ensure_mesh_certs`."""

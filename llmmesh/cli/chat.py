@@ -56,7 +56,7 @@ from llmmesh.client import (
     TextDelta,
     read_mesh_file,
 )
-from llmmesh.errors import MeshError
+from llmmesh.core.errors import MeshError
 
 Write = Callable[[str], None]
 COMMANDS = ("/reset", "/exit")

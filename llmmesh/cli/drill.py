@@ -27,7 +27,7 @@ import sys
 
 from llmmesh.cli.tls_flags import add_tls_arguments
 from llmmesh.drill.plan import KINDS, MODES, DrillPlan
-from llmmesh.home import mesh_home
+from llmmesh.core.home import mesh_home
 
 DRILLS = ("failover",)
 
@@ -150,7 +150,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
     from llmmesh.drill.target import TargetError, read_target
 
     # The progress lines say what happens; a reloaded certificate is the drill's own doing.
-    for name in ("httpx", "httpcore", "llmmesh.mtls"):
+    for name in ("httpx", "httpcore", "llmmesh.core.mtls"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         plan = plan_from_args(args)

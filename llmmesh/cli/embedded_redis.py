@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmmesh.cli.supervisor import MeshStartError, Plane, Probe, Supervisor
-from llmmesh.mesh_config import MeshConfig
+from llmmesh.topology.mesh_config import MeshConfig
 
 PROBE_TIMEOUT_S = 0.5
 

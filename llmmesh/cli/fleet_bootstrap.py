@@ -19,11 +19,11 @@ import grpc
 import grpc.aio
 
 from llmmesh.cli.admin_model import MODEL_TIERS
-from llmmesh.grpcserver import open_channel
-from llmmesh.home import mesh_home
-from llmmesh.identity import Role, role_name
-from llmmesh.model_family import FAMILY, TINY, FamilyModel
-from llmmesh.mtls import MeshSecurity
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.home import mesh_home
+from llmmesh.core.identity import Role, role_name
+from llmmesh.core.model_family import FAMILY, TINY, FamilyModel
+from llmmesh.core.mtls import MeshSecurity
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import model_registry_service_pb2_grpc
 
@@ -45,7 +45,7 @@ def pod_env(backend: str, model: str) -> dict[str, str]:
 
 def _built(member: FamilyModel) -> Path:
     """The member's vLLM model directory, built when missing (a few seconds to a minute)."""
-    from engine.tiny_model import build_tiny_model, family_spec, is_tiny_model
+    from llmmesh.engine.tiny_model import build_tiny_model, family_spec, is_tiny_model
 
     path = mesh_home() / "models" / member.name
     if not is_tiny_model(path):

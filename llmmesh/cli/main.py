@@ -9,11 +9,11 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from llmmesh import config
-from llmmesh.errors import MeshError
-from llmmesh.json_logs import LOG_LEVELS, LogSettings, configure_logging
-from llmmesh.lifecycle import run_event_loop
-from llmmesh.tracing import TracingSettings, configure_tracing
+from llmmesh.core import config
+from llmmesh.core.errors import MeshError
+from llmmesh.core.json_logs import LOG_LEVELS, LogSettings, configure_logging
+from llmmesh.core.lifecycle import run_event_loop
+from llmmesh.core.tracing import TracingSettings, configure_tracing
 
 # The log level a process takes when no --log-level is given (how up passes its own on).
 _LOG_LEVEL_VARIABLE = config.ENV_PREFIX + "LOG_LEVEL"
@@ -45,29 +45,29 @@ def _run_plane(name: str, coro: Callable[[], Coroutine[Any, Any, None]]) -> int:
 
 
 def _cmd_global(args: argparse.Namespace) -> int:
-    from globalplane.server import serve
-    from globalplane.settings import GlobalSettings
+    from llmmesh.globalplane.server import serve
+    from llmmesh.globalplane.settings import GlobalSettings
 
     return _run_plane("global", lambda: serve(config.load(GlobalSettings, args)))
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
-    from engine.server import serve
-    from engine.settings import EngineSettings
+    from llmmesh.engine.server import serve
+    from llmmesh.engine.settings import EngineSettings
 
     return _run_plane("engine", lambda: serve(config.load(EngineSettings, args)))
 
 
 def _cmd_region(args: argparse.Namespace) -> int:
-    from region.server import serve
-    from region.settings import RegionSettings
+    from llmmesh.region.server import serve
+    from llmmesh.region.settings import RegionSettings
 
     return _run_plane("region", lambda: serve(config.load(RegionSettings, args)))
 
 
 def _cmd_edge(args: argparse.Namespace) -> int:
-    from edge.server import serve
-    from edge.settings import EdgeSettings
+    from llmmesh.edge.server import serve
+    from llmmesh.edge.settings import EdgeSettings
 
     return _run_plane("edge", lambda: serve(config.load(EdgeSettings, args)))
 
@@ -130,9 +130,9 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edge.settings import EdgeSettings
-    from engine.settings import EngineSettings
-    from globalplane.settings import GlobalSettings
+    from llmmesh.edge.settings import EdgeSettings
+    from llmmesh.engine.settings import EngineSettings
+    from llmmesh.globalplane.settings import GlobalSettings
     from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.bench import add_bench_arguments
     from llmmesh.cli.certs import add_certs_arguments
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     from llmmesh.cli.drill import add_drill_arguments
     from llmmesh.cli.model import add_model_arguments
     from llmmesh.cli.up import add_up_arguments
-    from region.settings import RegionSettings
+    from llmmesh.region.settings import RegionSettings
 
     parser = argparse.ArgumentParser(
         prog="llmmesh", description="A gRPC-native, multi-region LLM serving mesh."

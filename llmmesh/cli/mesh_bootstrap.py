@@ -15,10 +15,10 @@ import grpc
 import grpc.aio
 
 from llmmesh.cli.supervisor import MeshStartError
-from llmmesh.errors import Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import Role, role_name
-from llmmesh.mtls import MeshSecurity
+from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import Role, role_name
+from llmmesh.core.mtls import MeshSecurity
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc, policy_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from llmmesh.model_family import FAMILY
+from llmmesh.core.model_family import FAMILY
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_model(args: argparse.Namespace) -> int:
     try:
-        from engine.embedding_model import EMBED_MODEL_NAME, build_tiny_embedding_model
-        from engine.tiny_model import MODEL_NAME, build_tiny_model, family_spec
+        from llmmesh.engine.embedding_model import EMBED_MODEL_NAME, build_tiny_embedding_model
+        from llmmesh.engine.tiny_model import MODEL_NAME, build_tiny_model, family_spec
     except ImportError as exc:  # pragma: no cover - exercised only without the vllm extra
         print(f"llmmesh model: building needs torch and transformers ({exc})", file=sys.stderr)
         return 1

@@ -68,16 +68,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from llmmesh.addresses import AddressError, check_advertisable, is_wildcard
+from llmmesh.core.addresses import AddressError, check_advertisable, is_wildcard
 from llmmesh.certs import CertFiles
 from llmmesh.cli.certs import certs_dir, ensure_mesh_certs
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
 from llmmesh.cli.fleet_bootstrap import ensure_family_models, pod_env
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
 from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
-from llmmesh.home import mesh_home
-from llmmesh.identity import PlaneIdentity, Role
-from llmmesh.mesh_config import (
+from llmmesh.core.home import mesh_home
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.topology.mesh_config import (
     BACKENDS,
     MeshConfig,
     MeshConfigError,
@@ -85,8 +85,8 @@ from llmmesh.mesh_config import (
     default_mesh_config,
     load_mesh_config,
 )
-from llmmesh.mtls import MeshSecurity, holder_security
-from llmmesh.netns import HostNetwork, NetHost, NetnsError
+from llmmesh.core.mtls import MeshSecurity, holder_security
+from llmmesh.topology.netns import HostNetwork, NetHost, NetnsError
 
 STARTUP_TIMEOUT_S = 120.0
 

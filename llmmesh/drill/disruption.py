@@ -33,7 +33,7 @@ import signal
 import time
 from pathlib import Path
 
-from llmmesh.netns import NetHost, NetnsError, set_link
+from llmmesh.topology.netns import NetHost, NetnsError, set_link
 
 COMMAND_TIMEOUT_S = 120.0
 

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 
 from llmmesh.certs import CertFiles, identity_of_pem, stem_of
 from llmmesh.drill.disruption import Disruption
-from llmmesh.identity import PlaneIdentity
+from llmmesh.core.identity import PlaneIdentity
 
 CHECK_TIMEOUT_S = 5.0
 """Longest one TLS handshake of a check may take."""

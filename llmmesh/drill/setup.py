@@ -42,7 +42,7 @@ from llmmesh.drill.target import (
     region_directory,
     tenant_of,
 )
-from llmmesh.identity import Role, role_name
+from llmmesh.core.identity import Role, role_name
 
 
 class DrillInputError(Exception):

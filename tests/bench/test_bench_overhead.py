@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench import overhead
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
 from llmmesh.bench.overhead_plan import OverheadBenchPlan, SimTiming, overhead_plan_from_args

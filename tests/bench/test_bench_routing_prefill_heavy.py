@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.sim.kv_blocks import full_block_hashes
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.sim.kv_blocks import full_block_hashes
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench.plan import SIM_ROUTING, RoutingBenchPlan
 from llmmesh.bench.routing import sim_workload
 from llmmesh.bench.routing_clients import PrefixCacheCounts

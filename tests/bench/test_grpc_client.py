@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.server import start_engine
-from engine.settings import EngineSettings
+from llmmesh.engine.server import start_engine
+from llmmesh.engine.settings import EngineSettings
 from llmmesh.bench.grpc_client import EngineGrpcClient, generate_request
 from llmmesh.bench.loadgen import run_closed_loop
 from llmmesh.bench.mesh_tls import issue_certs, pod_client_security, pod_server_name

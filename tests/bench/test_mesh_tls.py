@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.settings import EngineSettings
-from engine.vllm_engine.config import VllmEngineConfig
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.engine import pod_command
 from llmmesh.bench.mesh_tls import issue_certs, plane_tls_flags, pod_client_security, pod_server_name
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
@@ -27,8 +27,8 @@ from llmmesh.bench.routing_systems import REGION, ZONE, Pod, SimPodSpec, global_
 from llmmesh.bench.routing_systems import region_command as routing_region_command
 from llmmesh.certs import CertFiles, identity_of_pem
 from llmmesh.cli.main import build_parser
-from llmmesh.identity import PlaneIdentity, Role
-from llmmesh.mtls import MeshSecurity
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.mtls import MeshSecurity
 
 READY = Path("/tmp/ready.json")
 

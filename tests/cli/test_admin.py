@@ -23,9 +23,9 @@ import pytest
 from llmmesh.cli import admin as admin_cli
 from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.cli.main import main
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import PlaneIdentity, Role, role_name
-from llmmesh.mtls import holder_security
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import PlaneIdentity, Role, role_name
+from llmmesh.core.mtls import holder_security
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,

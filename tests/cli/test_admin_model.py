@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
 
 
 @pytest_asyncio.fixture

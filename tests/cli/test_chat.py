@@ -31,8 +31,8 @@ from llmmesh.client import (
     Usage,
     read_mesh_file,
 )
-from llmmesh.errors import NotFound, Unauthenticated, Unavailable
-from llmmesh.mtls import MeshSecurity
+from llmmesh.core.errors import NotFound, Unauthenticated, Unavailable
+from llmmesh.core.mtls import MeshSecurity
 from tests.security.mesh_pki import CLIENT, secure_stack
 from tests.stack import DEV_KEY, Stack, running_stack
 

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from llmmesh import config
+from llmmesh.core import config
 from llmmesh.cli.main import _pass_log_and_trace_flags_on, build_parser
-from llmmesh.json_logs import LogSettings
-from llmmesh.tracing import TracingSettings
+from llmmesh.core.json_logs import LogSettings
+from llmmesh.core.tracing import TracingSettings
 
 VARIABLES = ("LLMMESH_LOG_FORMAT", "LLMMESH_OTLP_ENDPOINT", "LLMMESH_TRACE_SAMPLE_RATIO", "LLMMESH_LOG_LEVEL")
 

@@ -15,7 +15,7 @@ import pytest
 from llmmesh.cli.embedded_redis import choose_redis, redis_probe
 from llmmesh.cli.supervisor import MeshStartError, RestartPolicy, Supervisor
 from llmmesh.cli.up import MeshLauncher, add_up_arguments, mesh_config_of
-from llmmesh.mesh_config import MeshConfig, default_mesh_config
+from llmmesh.topology.mesh_config import MeshConfig, default_mesh_config
 
 CONFIGURED = "redis://redis.internal:6379/2"
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from globalplane.server import start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.addresses import (
+from llmmesh.globalplane.server import start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.addresses import (
     AddressError,
     advertised_address,
     advertised_url,

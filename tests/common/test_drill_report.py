@@ -31,8 +31,8 @@ from llmmesh.drill.setup import DrillInputError, DrillSetup, tls_servers
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
 from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TenantKey
 from llmmesh.drill.usage import UsageCheck
-from llmmesh.identity import PlaneIdentity, Role
-from llmmesh.mtls import MeshSecurity, holder_security
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.mtls import MeshSecurity, holder_security
 
 ZONES = {"us-east": "us", "us-west": "us", "eu-west": "eu"}
 TIMELINE = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0)

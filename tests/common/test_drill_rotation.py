@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from llmmesh.access import AccessPolicy
+from llmmesh.core.access import AccessPolicy
 from llmmesh.certs import CertificateAuthority
 from llmmesh.cli.certs import ensure_mesh_certs, rotate_all
 from llmmesh.drill.rotation import CertRotation, TlsServer, client_context, presented_certificate, serial_of
-from llmmesh.grpcserver import GrpcServer
-from llmmesh.identity import PlaneIdentity, Role, role_name
-from llmmesh.mtls import MeshSecurity
+from llmmesh.core.grpcserver import GrpcServer
+from llmmesh.core.identity import PlaneIdentity, Role, role_name
+from llmmesh.core.mtls import MeshSecurity
 
 pytestmark = pytest.mark.asyncio
 

@@ -6,7 +6,7 @@ import asyncio
 
 import uvloop
 
-from llmmesh.lifecycle import run_event_loop
+from llmmesh.core.lifecycle import run_event_loop
 
 
 def test_a_plane_runs_on_uvloop_and_gets_its_result() -> None:

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from llmmesh import tracing
-from llmmesh.grpcserver import GrpcServer, open_channel
+from llmmesh.core import tracing
+from llmmesh.core.grpcserver import GrpcServer, open_channel
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,8 +13,8 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from llmmesh import tracing
-from llmmesh.json_logs import JsonFormatter, bind_request_id, configure_logging, current_request_id
+from llmmesh.core import tracing
+from llmmesh.core.json_logs import JsonFormatter, bind_request_id, configure_logging, current_request_id
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from llmmesh.json_logs import configure_logging
+from llmmesh.core.json_logs import configure_logging
 
 
 def test_configure_logging_refuses_an_unknown_level() -> None:

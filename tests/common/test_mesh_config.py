@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmmesh.cli.main import main
-from llmmesh.mesh_config import (
+from llmmesh.topology.mesh_config import (
     MeshConfig,
     MeshConfigError,
     RegionConfig,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from llmmesh.metrics_http import MetricsEndpoint
+from llmmesh.core.metrics_http import MetricsEndpoint
 
 # What a Prometheus 2.x server sends when it scrapes.
 PROMETHEUS_ACCEPT = (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tiny_model import TinyModelSpec, build_tokenizer, family_spec
-from llmmesh.model_family import FAMILY, LARGE, SMALL, TINY, family_model
+from llmmesh.engine.tiny_model import TinyModelSpec, build_tokenizer, family_spec
+from llmmesh.core.model_family import FAMILY, LARGE, SMALL, TINY, family_model
 
 
 def test_members_grow_in_parameters_and_simulated_cost() -> None:

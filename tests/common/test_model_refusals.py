@@ -10,9 +10,9 @@ import contextvars
 import grpc
 import pytest
 
-from llmmesh.errors import MeshError
-from llmmesh.model_refusals import RefusalCache
-from llmmesh.model_resolver import ModelResolver
+from llmmesh.core.errors import MeshError
+from llmmesh.core.model_refusals import RefusalCache
+from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.v1 import common_pb2, model_registry_service_pb2
 from tests.common.test_model_resolver import CountingRegistry
 

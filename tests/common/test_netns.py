@@ -13,7 +13,7 @@ import pytest
 
 from llmmesh.drill.disruption import DisruptionError, LinkDisruption, mesh_host
 from llmmesh.drill.plan import DrillPlan
-from llmmesh.netns import HostNetwork, netns_available
+from llmmesh.topology.netns import HostNetwork, netns_available
 
 
 def test_link_down_is_a_mode_of_the_kinds_with_a_host_of_their_own() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.outage import OutageGate
+from llmmesh.core.outage import OutageGate
 
 
 class Clock:

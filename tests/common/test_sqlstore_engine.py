@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.sqlstore import create_store_engine
 
 
 def pragma(engine: sa.Engine, name: str) -> object:

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.sqlstore import GROUP_LIMIT, SqlStore, create_store_engine
+from llmmesh.core.sqlstore import GROUP_LIMIT, SqlStore, create_store_engine
 
 pytestmark = pytest.mark.asyncio
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.tool_calls import (
+from llmmesh.core.tool_calls import (
     ChoiceMode,
     ToolCallMerger,
     is_function_name,

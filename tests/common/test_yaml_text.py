@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.yaml_text import to_yaml
+from llmmesh.topology.yaml_text import to_yaml
 
 yaml = pytest.importorskip("yaml")
 

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.bench.processes import free_port
 from llmmesh.cli.certs import ensure_mesh_certs
-from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.core.identity import PlaneIdentity, Role
 from tests.deploy.helm_render import Manifest, example_values, merge, objects, render
 
 pytestmark = pytest.mark.e2e

@@ -23,9 +23,9 @@ import pytest_asyncio
 from cryptography import x509
 
 from llmmesh.certs import CertificateAuthority
-from llmmesh.envoy_config import REGION_HEADER, ZONE_HEADER, FrontProxy, RegionUpstream, Upstream
-from llmmesh.envoy_tls import PROXY_IDENTITY, SERVER_STEM
-from llmmesh.identity import PlaneIdentity, Role
+from llmmesh.topology.envoy_config import REGION_HEADER, ZONE_HEADER, FrontProxy, RegionUpstream, Upstream
+from llmmesh.topology.envoy_tls import PROXY_IDENTITY, SERVER_STEM
+from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.v1 import common_pb2
 from tests.deploy.envoy_process import RunningEnvoy, chat_on, running_envoy
 from tests.deploy.tls_mesh import PUBLIC_NAME, SecureZone, secure_zone

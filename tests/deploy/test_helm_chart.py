@@ -20,14 +20,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from edge.settings import EdgeSettings
-from engine.settings import EngineSettings
-from globalplane.settings import GlobalSettings
-from llmmesh import envoy_config
-from llmmesh.envoy_tls import ProxyTls, sds_documents
-from llmmesh.json_logs import LogSettings
-from llmmesh.tracing import TracingSettings
-from region.settings import RegionSettings
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.topology import envoy_config
+from llmmesh.topology.envoy_tls import ProxyTls, sds_documents
+from llmmesh.core.json_logs import LogSettings
+from llmmesh.core.tracing import TracingSettings
+from llmmesh.region.settings import RegionSettings
 from tests.deploy.helm_render import (
     CHART,
     EXAMPLES,

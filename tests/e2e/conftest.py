@@ -18,10 +18,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.grpcserver import open_channel
-from llmmesh.mtls import holder_security
-from llmmesh.sqlstore import create_store_engine
-from region.zone_store import schema
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.mtls import holder_security
+from llmmesh.core.sqlstore import create_store_engine
+from llmmesh.region.zone_store import schema
 
 # Ten processes (global plane, four pods, four regions, edge) on two shared cores.
 STARTUP_TIMEOUT_S = 240.0

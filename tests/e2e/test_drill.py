@@ -22,8 +22,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import Role, role_name
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import Role, role_name
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 from tests.e2e.conftest import RunningMesh, child_pids, pid_alive, start_up, stop_up

@@ -19,14 +19,14 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from edge.server import EdgeServer, start_edge
-from edge.settings import EdgeSettings
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.model_family import LARGE, SMALL, FamilyModel
-from region.server import RegionPlane, start_region
+from llmmesh.edge.server import EdgeServer, start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.model_family import LARGE, SMALL, FamilyModel
+from llmmesh.region.server import RegionPlane, start_region
 from tests.stack import DEV_KEY, region_settings, wait_until
 
 CHIT_CHAT = "Hi there! How are you today?"

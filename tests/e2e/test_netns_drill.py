@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from llmmesh.addresses import split_host_port
-from llmmesh.identity import Role, role_name
-from llmmesh.netns import netns_available
+from llmmesh.core.addresses import split_host_port
+from llmmesh.core.identity import Role, role_name
+from llmmesh.topology.netns import netns_available
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 from tests.e2e.conftest import RunningMesh, start_up, stop_up

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from llmmesh.yaml_text import to_yaml
+from llmmesh.topology.yaml_text import to_yaml
 from tests.deploy.dashboards import PROMETHEUS, PanelQuery, all_panel_queries
 from tests.e2e.conftest import RunningMesh
 

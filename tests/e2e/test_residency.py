@@ -18,7 +18,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.sqlstore import create_store_engine
 from tests.e2e.conftest import (
     NO_TENANT_ROWS,
     RunningMesh,

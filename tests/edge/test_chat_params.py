@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from edge.errors import OpenAIError
-from edge.schemas import parse_chat_request
+from llmmesh.edge.errors import OpenAIError
+from llmmesh.edge.schemas import parse_chat_request
 from llmmesh.v1 import common_pb2
 
 OK: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.chunks import ChunkStream, sse_event
+from llmmesh.edge.chunks import ChunkStream, sse_event
 
 
 def whole_chunk(stream: ChunkStream, text: str) -> dict[str, object]:

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge.chunks import blocked_categories, completion_object
-from edge.reply_parts import ReplyCollector
+from llmmesh.edge.chunks import blocked_categories, completion_object
+from llmmesh.edge.reply_parts import ReplyCollector
 from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.stack import DEV_KEY, running_stack
 

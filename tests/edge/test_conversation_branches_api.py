@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from openai.types.chat import ChatCompletion
 
-from region.zone_store import schema as zs
+from llmmesh.region.zone_store import schema as zs
 from tests.edge.sdk import async_client
 from tests.edge.test_conversations_api import AUTH, create, sse_chunks
 from tests.stack import Stack

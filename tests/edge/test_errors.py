@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge.errors import OpenAIError, from_mesh_error
-from llmmesh.errors import (
+from llmmesh.edge.errors import OpenAIError, from_mesh_error
+from llmmesh.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     MeshError,

@@ -17,9 +17,9 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolParam
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-import edge.region_session
-import edge.turns
-from engine.sim.tokenizer import SimTokenizer
+import llmmesh.edge.region_session
+import llmmesh.edge.turns
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.v1 import chat_service_pb2
 from tests.edge.sdk import async_client, function_tool, object_schema
 from tests.stack import Stack

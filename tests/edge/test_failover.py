@@ -25,11 +25,11 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from edge.schemas import parse_chat_request
-from engine.sim.backend import SimBackend
-from llmmesh.grpcserver import open_channel
+from llmmesh.edge.schemas import parse_chat_request
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
-from region.zone_store import schema
+from llmmesh.region.zone_store import schema
 from tests.edge.sse import Event, events_of
 from tests.multiregion import MultiRegionMesh, RegionSpec, running_multiregion
 from tests.stack import wait_until

@@ -7,7 +7,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from globalplane.region_directory import RegionHealth
+from llmmesh.globalplane.region_directory import RegionHealth
 from tests.edge.sse import Event, parse_events
 from tests.stack import DEV_KEY, Stack, wait_until
 

@@ -9,9 +9,9 @@ import grpc
 import httpx
 import pytest
 
-from edge.errors import from_mesh_error
-from edge.mesh_client import MeshClient
-from llmmesh.errors import MeshError
+from llmmesh.edge.errors import from_mesh_error
+from llmmesh.edge.mesh_client import MeshClient
+from llmmesh.core.errors import MeshError
 from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio

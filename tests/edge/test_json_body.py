@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.errors import OpenAIError
-from edge.json_body import MAX_DEPTH, nesting_depth, parse_json
+from llmmesh.edge.errors import OpenAIError
+from llmmesh.edge.json_body import MAX_DEPTH, nesting_depth, parse_json
 from tests.stack import DEV_KEY
 
 AUTH = {"authorization": f"Bearer {DEV_KEY}", "content-type": "application/json"}

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2, policy_service_pb2, policy_service_pb2_grpc
 from tests.stack import DEV_KEY, Stack
 

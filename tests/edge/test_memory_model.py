@@ -17,12 +17,12 @@ import pytest
 import pytest_asyncio
 
 from llmmesh.v1 import common_pb2
-from region import housekeeping
-from region.engine_complete import engine_completer
-from region.fair_queue import UNKNOWN_TIER_PRIORITY
-from region.memory import rules_extractor
-from region.memory_model import FACTS_SCHEMA, fact_extractor, parse_facts
-from region.settings import RegionSettings
+from llmmesh.region.lifecycle import housekeeping_model as housekeeping
+from llmmesh.region.engine_complete import engine_completer
+from llmmesh.region.admission.fair_queue import UNKNOWN_TIER_PRIORITY
+from llmmesh.region.knowledge.memory import rules_extractor
+from llmmesh.region.knowledge.memory_model import FACTS_SCHEMA, fact_extractor, parse_facts
+from llmmesh.region.settings import RegionSettings
 from tests.edge.test_memories_api import auth, facts, tenant_key, turn
 from tests.stack import DEV_KEY, Stack, running_stack
 

@@ -9,8 +9,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from edge.mesh_client import MeshClient
-from llmmesh.errors import MeshError, Reason
+from llmmesh.edge.mesh_client import MeshClient
+from llmmesh.core.errors import MeshError, Reason
 from llmmesh.v1 import geo_routing_service_pb2, policy_service_pb2
 
 pytestmark = pytest.mark.asyncio

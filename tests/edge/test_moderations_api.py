@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openai.types import ModerationTextInputParam
 
-from region.safety import OPENAI_CATEGORIES
+from llmmesh.region.safety import OPENAI_CATEGORIES
 from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from globalplane.tiers import TenantTier
+from llmmesh.globalplane.tiers import TenantTier
 from tests.edge.sdk import async_client, sync_client
 from tests.stack import Stack, running_stack
 

@@ -17,7 +17,7 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.shared_params import ResponseFormatJSONSchema
 
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack, running_stack
 

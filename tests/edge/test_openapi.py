@@ -10,10 +10,10 @@ import pytest
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from starlette.routing import Route
 
-from edge.app import build_app
-from edge.mesh_client import MeshClient
-from edge.openapi import openapi_document
-from edge.settings import EdgeSettings
+from llmmesh.edge.app import build_app
+from llmmesh.edge.mesh_client import MeshClient
+from llmmesh.edge.openapi.document import openapi_document
+from llmmesh.edge.settings import EdgeSettings
 
 # Answered only to say the Responses API is not served; /v1/responses is documented.
 UNDOCUMENTED = {

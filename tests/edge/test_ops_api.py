@@ -10,10 +10,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from edge.app import build_app
-from edge.mesh_client import MeshClient
-from edge.settings import EdgeSettings
-from edge.web_routes import ASSETS, CONTENT_SECURITY_POLICY
+from llmmesh.edge.app import build_app
+from llmmesh.edge.mesh_client import MeshClient
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.edge.web_routes import ASSETS, CONTENT_SECURITY_POLICY
 
 OPS_KEY = "ops-key-unit"
 

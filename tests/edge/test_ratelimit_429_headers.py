@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from edge.errors import from_mesh_error
-from edge.ratelimit_headers import refusal_ratelimit_headers
-from llmmesh.errors import Reason, ResourceExhausted
+from llmmesh.edge.errors import from_mesh_error
+from llmmesh.edge.ratelimit_headers import refusal_ratelimit_headers
+from llmmesh.core.errors import Reason, ResourceExhausted
 from tests.edge.test_conversations_api import new_tenant
 from tests.edge.test_ratelimit_headers import RESET
 from tests.stack import Stack

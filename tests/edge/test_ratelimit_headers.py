@@ -9,10 +9,10 @@ import re
 import httpx
 import pytest
 
-from edge.ratelimit_headers import ratelimit_headers, reset_text
+from llmmesh.edge.ratelimit_headers import ratelimit_headers, reset_text
 from llmmesh.v1 import chat_service_pb2
-from region.gateway import rate_limit_status
-from region.ratelimit import Reservation
+from llmmesh.region.gateway import rate_limit_status
+from llmmesh.region.admission.ratelimit import Reservation
 from tests.edge.test_conversations_api import new_tenant
 from tests.stack import DEV_KEY, Stack
 

@@ -7,8 +7,8 @@ import json
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from edge.chunks import ChunkStream, completion_object
-from edge.reply_parts import ReplyCollector
+from llmmesh.edge.chunks import ChunkStream, completion_object
+from llmmesh.edge.reply_parts import ReplyCollector
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 USAGE = common_pb2.TokenUsage(input_tokens=7, output_tokens=4)

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.request_id import RequestIdMiddleware, answer_request_id
+from llmmesh.edge.request_id import RequestIdMiddleware, answer_request_id
 from tests.stack import DEV_KEY
 
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}

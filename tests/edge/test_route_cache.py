@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from edge.route_cache import RouteCache
-from edge.settings import EdgeSettings
+from llmmesh.edge.route_cache import RouteCache
+from llmmesh.edge.settings import EdgeSettings
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.errors import OpenAIError
-from edge.schemas import parse_chat_request
+from llmmesh.edge.errors import OpenAIError
+from llmmesh.edge.schemas import parse_chat_request
 from llmmesh.v1 import common_pb2
 
 OK = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}

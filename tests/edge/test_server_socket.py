@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from edge.server import listening_socket
+from llmmesh.edge.server import listening_socket
 
 
 @pytest.mark.asyncio

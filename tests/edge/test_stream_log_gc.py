@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from edge.stream_log import InProcessStreamLog, LogEntry, StreamInfo
+from llmmesh.edge.streams.log import InProcessStreamLog, LogEntry, StreamInfo
 
 
 @pytest.mark.asyncio

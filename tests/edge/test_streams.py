@@ -15,11 +15,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from edge.chunks import ChunkStream
-from edge.server import EdgeServer, start_edge
-from edge.settings import EdgeSettings
-from edge.stream_log import EventsGone, InProcessStreamLog, LogEntry, StreamInfo
-from engine.sim.backend import SimBackend
+from llmmesh.edge.chunks import ChunkStream
+from llmmesh.edge.server import EdgeServer, start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.edge.streams.log import EventsGone, InProcessStreamLog, LogEntry, StreamInfo
+from llmmesh.engine.sim.backend import SimBackend
 from tests.edge.sse import Event, parse_events
 from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 

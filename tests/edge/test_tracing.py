@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from llmmesh.json_logs import JsonFormatter
+from llmmesh.core.json_logs import JsonFormatter
 from tests.edge.test_failover import mesh_of, regions, settle_billing, stream
 from tests.stack import wait_until
 
@@ -65,7 +65,7 @@ async def test_a_failed_over_turn_is_one_trace_across_edge_regions_and_pods(
     lines = io.StringIO()
     handler = logging.StreamHandler(lines)
     handler.setFormatter(JsonFormatter("edge"))
-    failover_log = logging.getLogger("edge.failover")
+    failover_log = logging.getLogger("llmmesh.edge.failover")
     failover_log.addHandler(handler)
     async with mesh_of(tmp_path, regions()) as mesh:
         tenant_id, secret = await mesh.new_key("us")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge.errors import OpenAIError
-from edge.unary_requests import answer_headers, object_of_fields
+from llmmesh.edge.errors import OpenAIError
+from llmmesh.edge.unary_requests import answer_headers, object_of_fields
 from llmmesh.v1 import chat_service_pb2
 
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
 from tests.engine.support import FAST, SLOW
 
 

@@ -7,18 +7,18 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from engine.backend import (
+from llmmesh.engine.backend import (
     GeneratedTokens,
     GenerationEvent,
     GenerationFinished,
     GenerationRequest,
     GenerationStarted,
 )
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
-from engine.sim.sampler import DeterministicSampler
-from engine.sim.sequence import SimSequence
-from engine.sim.step_plan import StepPlan
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.sampler import DeterministicSampler
+from llmmesh.engine.sim.sequence import SimSequence
+from llmmesh.engine.sim.step_plan import StepPlan
 
 # Steps take well under a millisecond, so a whole reply takes a few ms.
 FAST = EngineSettings(

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.settings import EngineSettings
+from llmmesh.engine.settings import EngineSettings
 
 
 @pytest.mark.parametrize(

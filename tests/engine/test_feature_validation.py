@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from llmmesh.errors import from_rpc_error
+from llmmesh.core.errors import from_rpc_error
 from llmmesh.v1 import common_pb2 as c
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.gpu import GpuCollector, GpuDevice, GpuTelemetry, NvmlProbe
-from engine.server import EnginePod
+from llmmesh.engine.gpu import GpuCollector, GpuDevice, GpuTelemetry, NvmlProbe
+from llmmesh.engine.server import EnginePod
 
 
 class ReadingProbe(NvmlProbe):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventLog
-from engine.sim.kv_blocks import KvAllocation, KvBlockPool, full_block_hashes
+from llmmesh.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventLog
+from llmmesh.engine.sim.kv_blocks import KvAllocation, KvBlockPool, full_block_hashes
 
 BLOCK = 4
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engine.kv_events import BlockRemoved, KvEventBatch, KvEventLog
+from llmmesh.engine.kv_events import BlockRemoved, KvEventBatch, KvEventLog
 
 
 def removed(n: int) -> BlockRemoved:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.backend import FinishReason, GenerationRequest, SamplingOptions
-from engine.sim.backend import SimBackend
-from engine.sim.detokenizer import StopAwareDetokenizer
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.backend import FinishReason, GenerationRequest, SamplingOptions
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.detokenizer import StopAwareDetokenizer
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from tests.engine.support import collect
 
 PROMPT = tuple(SimTokenizer().encode_prompt("tell me about the sea and the mountain"))

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.server import BackendNotAvailable, create_backend, serve
-from engine.settings import EngineSettings
-from llmmesh.config import add_arguments, load
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.server import BackendNotAvailable, create_backend, serve
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.core.config import add_arguments, load
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 from tests.engine.support import FAST
@@ -41,7 +41,7 @@ def test_the_vllm_backend_refuses_a_directory_without_a_model(tmp_path: Path) ->
 def test_a_missing_vllm_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     # A None entry in sys.modules makes the import fail as if vLLM were absent.
-    monkeypatch.setitem(sys.modules, "engine.vllm_engine.backend", None)
+    monkeypatch.setitem(sys.modules, "llmmesh.engine.vllm_engine.backend", None)
     with pytest.raises(BackendNotAvailable, match=re.escape("pip install -e '.[vllm]'")):
         create_backend(EngineSettings(backend="vllm", model_path=str(tmp_path)))
 
@@ -62,7 +62,7 @@ def test_default_timing_streams_a_short_reply_well_under_a_second() -> None:
 
 @pytest.mark.asyncio
 async def test_serve_writes_the_ready_file_and_drains_on_sigterm(tmp_path: Path) -> None:
-    ready = tmp_path / "engine.json"
+    ready = tmp_path / "llmmesh.engine.json"
     task = asyncio.create_task(serve(dataclasses.replace(FAST, ready_file=str(ready), pod_id="pod-9")))
     for _ in range(1000):
         if ready.exists() or task.done():

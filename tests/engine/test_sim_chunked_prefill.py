@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from engine.backend import GenerationRequest
-from engine.settings import EngineSettings
+from llmmesh.engine.backend import GenerationRequest
+from llmmesh.engine.settings import EngineSettings
 from tests.engine.support import FAST, SteppedSimulator
 
 BUDGET = 16

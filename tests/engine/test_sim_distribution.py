@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sim.distribution import MARK_LOGIT, Adjustments, Pool, sample
+from llmmesh.engine.sim.distribution import MARK_LOGIT, Adjustments, Pool, sample
 
 POOL = Pool.of(list(range(100, 120)))
 OUTSIDE = 7

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backend import SamplingOptions
-from engine.sim.detokenizer import StopAwareDetokenizer
-from engine.sim.json_schema import SchemaNotSupported, compile_schema
-from engine.sim.json_writer import JsonWriter
-from engine.sim.sampler import DeterministicSampler
-from engine.sim.tokenizer import SimTokenizer
+from llmmesh.engine.backend import SamplingOptions
+from llmmesh.engine.sim.detokenizer import StopAwareDetokenizer
+from llmmesh.engine.sim.json_schema import SchemaNotSupported, compile_schema
+from llmmesh.engine.sim.json_writer import JsonWriter
+from llmmesh.engine.sim.sampler import DeterministicSampler
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 
 TOKENIZER = SimTokenizer()
 SAMPLER = DeterministicSampler(TOKENIZER)

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from engine.backend import GenerationRequest, KvTransferSpec, SamplingOptions
-from engine.sim.backend import SimBackend
-from engine.sim.kv_blocks import full_block_hashes
+from llmmesh.engine.backend import GenerationRequest, KvTransferSpec, SamplingOptions
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.kv_blocks import full_block_hashes
 from tests.engine.support import FAST, SLOW, collect
 
 PROMPT = tuple(range(10, 47))  # 37 tokens: 9 full blocks of 4 and a tail

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.backend import FinishReason, GenerationRequest, SamplingOptions
-from engine.sim.backend import SimBackend
-from engine.sim.metrics import RequestTimeline
+from llmmesh.engine.backend import FinishReason, GenerationRequest, SamplingOptions
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.metrics import RequestTimeline
 from tests.engine.support import FAST, SteppedSimulator, collect
 
 LABELS = {"model_name": FAST.model, "engine": "0"}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.backend import GenerationRequest, SamplingOptions
-from engine.sim.backend import SimBackend
-from engine.sim.metrics import SchedulerStats, SimEngineMetrics, request_token_buckets
+from llmmesh.engine.backend import GenerationRequest, SamplingOptions
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.metrics import SchedulerStats, SimEngineMetrics, request_token_buckets
 from tests.engine.support import FAST, collect
 
 LABELS = {"model_name": FAST.model, "engine": "0"}

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backend import (
+from llmmesh.engine.backend import (
     FinishReason,
     GeneratedTokens,
     GenerationFinished,
@@ -19,12 +19,12 @@ from engine.backend import (
     GenerationStarted,
     SamplingOptions,
 )
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
-from engine.sim.sampler import DeterministicSampler
-from engine.sim.sequence import SimSequence
-from engine.sim.tokenizer import SimTokenizer
-from llmmesh.errors import InvalidArgument, Reason
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.sampler import DeterministicSampler
+from llmmesh.engine.sim.sequence import SimSequence
+from llmmesh.engine.sim.tokenizer import SimTokenizer
+from llmmesh.core.errors import InvalidArgument, Reason
 from tests.engine.support import FAST, Generation, SteppedSimulator, collect
 
 SAMPLER = DeterministicSampler(SimTokenizer())

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backend import ToolCallPart, ToolChoiceMode, ToolChoiceSpec, ToolSpec
-from engine.tool_calls import ToolCallParser, ToolCallSyntaxError, tool_call_schema
+from llmmesh.engine.backend import ToolCallPart, ToolChoiceMode, ToolChoiceSpec, ToolSpec
+from llmmesh.engine.tool_calls import ToolCallParser, ToolCallSyntaxError, tool_call_schema
 
 
 def call_id(index: int) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from globalplane.store import GlobalStore, create_store_engine
+from llmmesh.globalplane.store import GlobalStore, create_store_engine
 
 StoreFactory = Callable[[], GlobalStore]
 """Opens another store (its own engine and pool) on the same database."""

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 import pytest_asyncio
 
-from globalplane.model_catalog import (
+from llmmesh.globalplane.model_catalog import (
     SIM_FAMILY,
     Model,
     ModelCatalog,
@@ -15,10 +15,10 @@ from globalplane.model_catalog import (
     default_model,
     parse_price,
 )
-from globalplane.settings import GlobalSettings
-from globalplane.store import GlobalStore
-from globalplane.tiers import TenantTier
-from llmmesh.errors import InvalidArgument, NotFound, PermissionDenied, Reason
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import InvalidArgument, NotFound, PermissionDenied, Reason
 
 BIG = Model(
     "llmmesh-big",

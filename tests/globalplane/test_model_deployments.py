@@ -13,17 +13,17 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.model_catalog import Model, ModelDeployment, ModelTier
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.model_catalog import Model, ModelDeployment, ModelTier
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import model_registry_service_pb2_grpc
-from region.engine_pool import EnginePool
-from region.heartbeat import model_pods
-from region.server import RegionPlane, start_region
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.heartbeat import model_pods
+from llmmesh.region.server import RegionPlane, start_region
 from tests.stack import DEV_KEY, region_settings, wait_until
 
 SMALL, LARGE = "llmmesh-small", "llmmesh-large"

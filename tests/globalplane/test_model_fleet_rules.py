@@ -10,12 +10,12 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from globalplane import schema
-from globalplane.model_catalog import Model, ModelCatalog, ModelTier, default_model
-from globalplane.settings import GlobalSettings
-from globalplane.store import GlobalStore
-from globalplane.tiers import TenantTier
-from llmmesh.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier, default_model
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, Reason
 
 LARGE = Model("llmmesh-large", ModelTier.LARGE, 4096, Decimal("0.002"), Decimal("0.004"))
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from globalplane.region_directory import (
+from llmmesh.globalplane.region_directory import (
     GeoPoint,
     LocationHint,
     ModelPodCount,
@@ -14,7 +14,7 @@ from globalplane.region_directory import (
     RegionHealth,
     RegionReport,
 )
-from llmmesh.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from tests.globalplane.manual_clock import ManualClock
 
 PARIS = GeoPoint(48.86, 2.35)

@@ -10,14 +10,14 @@ import grpc
 import grpc.aio
 import pytest
 
-from globalplane.audit import AuditLog
-from globalplane.region_directory import GeoPoint, RegionHealth, RegionReport
-from globalplane.region_reports import RegionReportBook
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from globalplane.store import GlobalStore
-from llmmesh.errors import from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.globalplane.audit import AuditLog
+from llmmesh.globalplane.region_directory import GeoPoint, RegionHealth, RegionReport
+from llmmesh.globalplane.region_reports import RegionReportBook
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.core.errors import from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc, policy_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb

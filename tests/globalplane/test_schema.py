@@ -9,8 +9,8 @@ from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy_cockroachdb.psycopg import CockroachDBDialect_psycopg
 
-from globalplane import schema
-from globalplane.store import GlobalStore, global_locality_statements
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.store import GlobalStore, global_locality_statements
 
 COCKROACH = CockroachDBDialect_psycopg()
 POSTGRESQL = sa.create_engine("postgresql+psycopg://").dialect  # no connection is made

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from globalplane import schema
-from globalplane.model_catalog import ModelCatalog, default_model
-from globalplane.settings import GlobalSettings
-from globalplane.store import GlobalStore
-from globalplane.tenant_book import TenantBook
-from globalplane.tiers import TenantTier
-from globalplane.usage_ledger import UsageLedger, UsageRecord
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.model_catalog import ModelCatalog, default_model
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tenant_book import TenantBook
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
 
 
 def _old_shape(keyed_by_tenant: bool = False) -> sa.MetaData:

@@ -11,10 +11,10 @@ import pytest_asyncio
 from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from globalplane.server import SERVICE_NAMES, GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.errors import MeshError, Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.globalplane.server import SERVICE_NAMES, GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.errors import MeshError, Reason, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,

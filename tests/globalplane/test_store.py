@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from globalplane import schema
-from globalplane.model_catalog import Model, ModelCatalog, ModelTier
-from globalplane.server import ensure_dev_tenant
-from globalplane.settings import GlobalSettings
-from globalplane.store import GlobalStore, create_store_engine, default_database_url
-from globalplane.tenant_book import TenantBook
-from globalplane.tiers import TenantTier
-from globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.errors import AlreadyExists
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier
+from llmmesh.globalplane.server import ensure_dev_tenant
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.store import GlobalStore, create_store_engine, default_database_url
+from llmmesh.globalplane.tenant_book import TenantBook
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
+from llmmesh.core.errors import AlreadyExists
 from tests.globalplane.conftest import StoreFactory
 from tests.globalplane.manual_clock import ManualClock
 

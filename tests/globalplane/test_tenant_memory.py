@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from globalplane import schema
-from globalplane.policy_records import TenantUpdate
-from globalplane.policy_servicer import tenant_to_proto, tenant_update_from_proto
-from globalplane.store import GlobalStore
-from globalplane.tenant_book import TenantBook
-from globalplane.tiers import TenantTier
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.policy_records import TenantUpdate
+from llmmesh.globalplane.policy_servicer import tenant_to_proto, tenant_update_from_proto
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tenant_book import TenantBook
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.v1 import policy_service_pb2
 from tests.globalplane.manual_clock import ManualClock
 

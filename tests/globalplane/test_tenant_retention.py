@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from globalplane import schema
-from globalplane.policy_records import TenantUpdate
-from globalplane.policy_servicer import tenant_to_proto
-from globalplane.store import GlobalStore
-from globalplane.tenant_book import TenantBook
-from globalplane.tiers import TenantTier
-from llmmesh.errors import InvalidArgument
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.policy_records import TenantUpdate
+from llmmesh.globalplane.policy_servicer import tenant_to_proto
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tenant_book import TenantBook
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import InvalidArgument
 from tests.globalplane.manual_clock import ManualClock
 
 pytestmark = pytest.mark.asyncio

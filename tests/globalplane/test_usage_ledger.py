@@ -8,13 +8,13 @@ from decimal import Decimal
 import pytest
 import pytest_asyncio
 
-from globalplane.model_catalog import Model, ModelCatalog, ModelTier
-from globalplane.store import GlobalStore
-from globalplane.tenant_book import TenantBook
-from globalplane.tiers import TenantTier
-from globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.errors import InvalidArgument, NotFound, Reason
-from llmmesh.pricing import format_usd
+from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier
+from llmmesh.globalplane.store import GlobalStore
+from llmmesh.globalplane.tenant_book import TenantBook
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
+from llmmesh.core.errors import InvalidArgument, NotFound, Reason
+from llmmesh.core.pricing import format_usd
 from tests.globalplane.manual_clock import ManualClock
 
 MODEL = Model("m", ModelTier.SMALL, 4096, Decimal("0.0005"), Decimal("0.0015"))

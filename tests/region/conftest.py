@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from llmmesh.sqlstore import create_store_engine
-from region.zone_store import ZoneStore
+from llmmesh.core.sqlstore import create_store_engine
+from llmmesh.region.zone_store import ZoneStore
 from tests.stack import Stack, running_stack
 
 

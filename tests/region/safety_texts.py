@@ -9,8 +9,8 @@ import re
 
 from hypothesis import strategies as st
 
-from region.safety import RulesBackend, luhn_valid
-from region.safety.rules import _EMAIL, _NATIONAL_IDS, _PHONES
+from llmmesh.region.safety import RulesBackend, luhn_valid
+from llmmesh.region.safety.rules import _EMAIL, _NATIONAL_IDS, _PHONES
 
 TERM = "forbidden phrase"
 PIECES = [

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
-from engine.server import EnginePod
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
-from engine.sim.kv_blocks import full_block_hashes
+from llmmesh.engine.server import EnginePod
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.kv_blocks import full_block_hashes
 from llmmesh.v1 import common_pb2, engine_service_pb2, engine_service_pb2_grpc
-from region.fair_queue import FairQueue, Ticket
-from region.kv_index import PrefixIndex, ResetReason
+from llmmesh.region.admission.fair_queue import FairQueue, Ticket
+from llmmesh.region.placement.kv_index import PrefixIndex, ResetReason
 from tests.engine.support import FAST
 
 BLOCK = FAST.block_size

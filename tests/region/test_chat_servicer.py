@@ -10,8 +10,8 @@ import grpc.aio
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.errors import MeshError, from_rpc_error, from_stream_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.errors import MeshError, from_rpc_error, from_stream_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,

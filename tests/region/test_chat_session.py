@@ -12,7 +12,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc, common_pb2, engine_service_pb2, engine_service_pb2_grpc
 from tests.region.test_chat_servicer import billed

@@ -22,9 +22,9 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from engine.sim.backend import SimBackend
-from globalplane.policy_records import TenantUpdate
-from llmmesh.errors import (
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.policy_records import TenantUpdate
+from llmmesh.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -34,10 +34,10 @@ from llmmesh.errors import (
     Reason,
     from_rpc_error,
 )
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import chat_service_pb2
-from region.zone_store import AcceptedTurn, TurnStart, ZoneStore
-from region.zone_store import schema as zs
+from llmmesh.region.zone_store import AcceptedTurn, TurnStart, ZoneStore
+from llmmesh.region.zone_store import schema as zs
 from tests.region.test_continuation import (
     SAMPLING,
     UNFILTERED_FAST,

@@ -11,8 +11,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from llmmesh.errors import MeshError, Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.errors import MeshError, Reason, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.stack import DEV_KEY, Stack, running_stack
 

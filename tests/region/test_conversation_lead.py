@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import chat_service_pb2, common_pb2
-from region.conversation_turns import conversation_context, turn_question
-from region.zone_store import AssistantMessage, ZoneStore
+from llmmesh.region.turn.conversation_context import conversation_context, turn_question
+from llmmesh.region.zone_store import AssistantMessage, ZoneStore
 
 pytestmark = pytest.mark.asyncio
 A = "tenant-a"

@@ -14,9 +14,9 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from globalplane.tiers import TenantTier
-from llmmesh import apikeys
-from llmmesh.errors import (
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core import apikeys
+from llmmesh.core.errors import (
     InvalidArgument,
     MeshError,
     NotFound,
@@ -25,10 +25,10 @@ from llmmesh.errors import (
     Unauthenticated,
     from_rpc_error,
 )
-from llmmesh.grpcserver import open_channel
-from llmmesh.ids import ConversationId
-from llmmesh.model_resolver import ModelResolver
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.ids import ConversationId
+from llmmesh.core.model_resolver import ModelResolver
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import (
     chat_service_pb2,
     chat_service_pb2_grpc,
@@ -37,10 +37,10 @@ from llmmesh.v1 import (
     policy_service_pb2,
     policy_service_pb2_grpc,
 )
-from region.conversations import ConversationService, decode_message_position, encode_message_position
-from region.policy_cache import PolicyCache
-from region.settings import RegionSettings
-from region.zone_store import AssistantMessage, ZoneStore
+from llmmesh.region.conversations import ConversationService, decode_message_position, encode_message_position
+from llmmesh.region.policy_cache import PolicyCache
+from llmmesh.region.settings import RegionSettings
+from llmmesh.region.zone_store import AssistantMessage, ZoneStore
 from tests.stack import DEV_KEY, Stack, running_stack
 
 pytestmark = pytest.mark.asyncio

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmmesh.v1 import common_pb2
-from region.difficulty import FRONTIER, LARGE, SMALL, Difficulty, RuleScorer, features_of
+from llmmesh.region.modelchoice.difficulty import FRONTIER, LARGE, SMALL, Difficulty, RuleScorer, features_of
 
 PRO, FREE = common_pb2.TIER_PRO, common_pb2.TIER_FREE
 

@@ -11,17 +11,17 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as engine_pb
-from region.disaggregation import phased_pod
-from region.metrics import REGISTRY
-from region.server import RegionPlane, start_region
+from llmmesh.region.placement.disaggregation import phased_pod
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.server import RegionPlane, start_region
 from tests.stack import DEV_KEY, region_settings, wait_until
 
 pytestmark = pytest.mark.asyncio

@@ -13,13 +13,13 @@ import grpc
 import grpc.aio
 import pytest
 
-from llmmesh.errors import Reason, from_rpc_error
+from llmmesh.core.errors import Reason, from_rpc_error
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import embedding_service_pb2 as epb
 from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb
 from llmmesh.v1 import moderation_service_pb2_grpc as mpb_grpc
-from region.safety import OPENAI_CATEGORIES
+from llmmesh.region.safety import OPENAI_CATEGORIES
 from tests.region.support import every_slot_held
 from tests.region.test_chat_servicer import auth
 from tests.stack import DEV_KEY, Stack, running_stack

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmmesh.errors import ResourceExhausted
+from llmmesh.core.errors import ResourceExhausted
 from llmmesh.v1 import common_pb2
-from region.fair_queue import DEFAULT_TIER_WEIGHTS, FairQueue, Ticket, engine_priority, tier_name
+from llmmesh.region.admission.fair_queue import DEFAULT_TIER_WEIGHTS, FairQueue, Ticket, engine_priority, tier_name
 
 
 class FakeClock:

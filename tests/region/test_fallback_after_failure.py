@@ -16,18 +16,18 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.model_catalog import Model as CatalogModel
-from globalplane.model_catalog import ModelTier
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
-from globalplane.tiers import TenantTier
-from llmmesh.model_family import LARGE, SMALL, FamilyModel
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.model_catalog import Model as CatalogModel
+from llmmesh.globalplane.model_catalog import ModelTier
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.model_family import LARGE, SMALL, FamilyModel
 from llmmesh.v1 import chat_service_pb2, common_pb2
-from region.difficulty_route import FALLBACK, ROUTE_DECISIONS, FleetPolicy
-from region.server import RegionPlane, start_region
-from region.tokenizer_client import TokenizerClient
+from llmmesh.region.modelchoice.difficulty_route import FALLBACK, ROUTE_DECISIONS, FleetPolicy
+from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.tokenizer_client import TokenizerClient
 from tests.region.test_region_turns import Outcome, turn
 from tests.stack import DEV_KEY, region_settings, wait_until
 

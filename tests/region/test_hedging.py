@@ -12,20 +12,20 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from engine.sim.backend import SimBackend
-from globalplane.server import start_global_plane
-from globalplane.settings import GlobalSettings
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.server import start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
-from region.engine_pool import EnginePool, PodView
-from region.hedging import HedgingPolicy
-from region.metrics import REGISTRY
-from region.router import KvAffinityRouter, RoutingPolicy
-from region.server import start_region
-from region.tokenizer_client import TokenizerClient
+from llmmesh.region.engine_pool import EnginePool, PodView
+from llmmesh.region.placement.hedging import HedgingPolicy
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.placement.router import KvAffinityRouter, RoutingPolicy
+from llmmesh.region.server import start_region
+from llmmesh.region.tokenizer_client import TokenizerClient
 from tests.stack import DEV_KEY, region_settings, wait_until
 
 pytestmark = pytest.mark.asyncio

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from tests.region.test_chat_servicer import auth, start
 from tests.stack import Stack, running_stack, wait_until

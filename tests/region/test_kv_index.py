@@ -19,18 +19,18 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.server import EnginePod, start_engine
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import engine_service_pb2
-from region.kv_index import (
+from llmmesh.region.placement.kv_index import (
     InMemoryPrefixIndex,
     PodCursor,
     PrefixIndex,
     ResetReason,
     prefix_block_hashes,
 )
-from region.kv_index_redis import RedisPrefixIndex
-from region.recent_prefixes import RecentPrefixes
+from llmmesh.region.placement.kv_index_redis import RedisPrefixIndex
+from llmmesh.region.placement.recent_prefixes import RecentPrefixes
 from tests.region.support import (
     BLOCK,
     POD,

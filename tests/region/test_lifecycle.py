@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.grpcserver import open_channel
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,
@@ -27,12 +27,12 @@ from llmmesh.v1 import (
     common_pb2,
     policy_service_pb2,
 )
-from region.lifecycle_purge import ConversationPurge
-from region.lifecycle_retry import RecordRetries
-from region.lifecycle_spool import RecordSpool, SpooledTurn, usage_rows
-from region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
-from region.zone_store import schema as zs
-from region.zone_store.rows import ContinuedTurn
+from llmmesh.region.lifecycle.purge import ConversationPurge
+from llmmesh.region.lifecycle.retry import RecordRetries
+from llmmesh.region.lifecycle.spool import RecordSpool, SpooledTurn, usage_rows
+from llmmesh.region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
+from llmmesh.region.zone_store import schema as zs
+from llmmesh.region.zone_store.rows import ContinuedTurn
 from tests.stack import DEV_KEY, running_stack
 
 pytestmark = pytest.mark.asyncio

@@ -20,9 +20,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
-from globalplane.tiers import TenantTier
-from llmmesh.errors import DOMAIN, Reason
-from llmmesh.grpcserver import open_channel
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import DOMAIN, Reason
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.multiregion import MultiRegionMesh, RegionSpec, running_multiregion
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from llmmesh.model_resolver import ModelResolver
+from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.v1 import common_pb2, model_registry_service_pb2
-from region.lookup_warmer import LookupWarmer
+from llmmesh.region.modelchoice.lookup_warmer import LookupWarmer
 from tests.common.test_model_resolver import CountingRegistry
 from tests.stack import wait_until
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from region.memory import MAX_FACTS_PER_TURN, extract_facts
+from llmmesh.region.knowledge.memory import MAX_FACTS_PER_TURN, extract_facts
 
 
 def test_first_person_statements_become_facts_about_the_user() -> None:

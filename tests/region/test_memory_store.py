@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from llmmesh.errors import NotFound
-from region import memory_store
-from region.memory_store import MemoryStore
-from region.vector_store import VectorStoreDb
+from llmmesh.core.errors import NotFound
+from llmmesh.region.knowledge import memory_store
+from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.vector_store import VectorStoreDb
 
 pytestmark = pytest.mark.asyncio
 

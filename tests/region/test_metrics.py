@@ -13,15 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from llmmesh.errors import Reason, ResourceExhausted
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.errors import Reason, ResourceExhausted
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
-from region.admission import Admission
-from region.fair_queue import FairQueue
-from region.metrics import REGISTRY
-from region.policy_cache import Caller
-from region.quota import QuotaLedger
-from region.ratelimit import LocalRateLimiter
+from llmmesh.region.admission.control import Admission
+from llmmesh.region.admission.fair_queue import FairQueue
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.policy_cache import Caller
+from llmmesh.region.admission.quota import QuotaLedger
+from llmmesh.region.admission.ratelimit import LocalRateLimiter
 from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.errors import MeshError
+from llmmesh.core.errors import MeshError
 from tests.stack import running_stack, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.services]

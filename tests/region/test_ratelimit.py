@@ -14,14 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from llmmesh.errors import ResourceExhausted
-from region.ratelimit import (
+from llmmesh.core.errors import ResourceExhausted
+from llmmesh.region.admission.ratelimit import (
     LocalRateLimiter,
     RateLimiter,
     RateLimits,
     Reservation,
 )
-from region.ratelimit_redis import RedisRateLimiter
+from llmmesh.region.admission.ratelimit_redis import RedisRateLimiter
 
 US = 1_000_000
 

@@ -12,9 +12,9 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 from redis.asyncio import Redis
 
-from llmmesh.errors import Reason, ResourceExhausted, from_stream_error
-from region.ratelimit import LocalRateLimiter, RateLimiter, RateLimits, Reservation
-from region.ratelimit_redis import RedisRateLimiter
+from llmmesh.core.errors import Reason, ResourceExhausted, from_stream_error
+from llmmesh.region.admission.ratelimit import LocalRateLimiter, RateLimiter, RateLimits, Reservation
+from llmmesh.region.admission.ratelimit_redis import RedisRateLimiter
 from tests.region.test_ratelimit import FakeClock
 
 FIGURES = (

@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from engine.sim.backend import SimBackend
-from globalplane.tiers import TenantTier
-from llmmesh.errors import MeshError, Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import MeshError, Reason, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
-from region.server import RegionPlane, start_region
-from region.zone_store import schema
+from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.zone_store import schema
 from tests.stack import Stack, region_settings, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio

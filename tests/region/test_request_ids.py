@@ -23,14 +23,14 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from engine.sim.backend import SimBackend
-from globalplane.tiers import TenantTier
-from llmmesh.errors import AlreadyExists, MeshError, Reason
-from llmmesh.grpcserver import open_channel
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.errors import AlreadyExists, MeshError, Reason
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
-from region.zone_store import AssistantMessage, TurnStart, ZoneStore
-from region.zone_store import schema as zs
+from llmmesh.region.zone_store import AssistantMessage, TurnStart, ZoneStore
+from llmmesh.region.zone_store import schema as zs
 from tests.region.test_region_turns import FAST_POD, Outcome, auth, new_tenant, turn
 from tests.stack import Stack, running_stack
 

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator, Collection, Sequence
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from llmmesh.errors import Unavailable
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.core.errors import Unavailable
 from llmmesh.v1 import common_pb2, engine_service_pb2
-from region.engine_pool import EnginePodHandle, EnginePool
-from region.kv_events_feed import Backoff, KvEventFeeds
-from region.kv_index import InMemoryPrefixIndex, PrefixIndexError
-from region.router import KvAffinityRouter, RoutingDecision, RoutingPolicy, RoutingTuning
-from region.tokenizer_client import TokenizerClient
+from llmmesh.region.engine_pool import EnginePodHandle, EnginePool
+from llmmesh.region.placement.kv_events_feed import Backoff, KvEventFeeds
+from llmmesh.region.placement.kv_index import InMemoryPrefixIndex, PrefixIndexError
+from llmmesh.region.placement.router import KvAffinityRouter, RoutingDecision, RoutingPolicy, RoutingTuning
+from llmmesh.region.tokenizer_client import TokenizerClient
 from tests.region.support import BLOCK, Reply, chat, generate, pod_settings, sim
 from tests.stack import wait_until
 

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from region.engine_pool import EnginePool
-from region.kv_events_feed import Backoff, KvEventFeeds
-from region.kv_index import InMemoryPrefixIndex, PrefixIndexError
-from region.router import KvAffinityRouter, RoutingPolicy
-from region.tokenizer_client import TokenizerClient
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.placement.kv_events_feed import Backoff, KvEventFeeds
+from llmmesh.region.placement.kv_index import InMemoryPrefixIndex, PrefixIndexError
+from llmmesh.region.placement.router import KvAffinityRouter, RoutingPolicy
+from llmmesh.region.tokenizer_client import TokenizerClient
 from tests.region.support import chat, expected_resident, generate, pod_settings, tokenize
 
 MODEL = "llmmesh-tiny"

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.errors import PermissionDenied, Reason, Unavailable
-from region.filtered_output import FilteredOutput
-from region.safety import (
+from llmmesh.core.errors import PermissionDenied, Reason, Unavailable
+from llmmesh.region.turn.filtered_output import FilteredOutput
+from llmmesh.region.safety import (
     InputFilter,
     LlmJudgeBackend,
     OutputDecision,
@@ -24,7 +24,7 @@ from region.safety import (
     Verdict,
     build_filters,
 )
-from region.safety.verdict import CheckKind
+from llmmesh.region.safety.verdict import CheckKind
 from tests.region.safety_texts import matches, rules, texts
 
 PHRASE = "forbidden phrase"

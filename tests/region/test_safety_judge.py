@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.errors import Reason, Unavailable
-from region.safety import (
+from llmmesh.core.errors import Reason, Unavailable
+from llmmesh.region.safety import (
     ALL_CATEGORIES,
     DEFAULT_POLICY,
     CompleteFn,

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from region.safety import OPENAI_CATEGORIES, RulesBackend, luhn_valid
-from region.safety.config import parse_categories, parse_term_lists
-from region.safety.partial import normalise
-from region.safety.rules import (
+from llmmesh.region.safety import OPENAI_CATEGORIES, RulesBackend, luhn_valid
+from llmmesh.region.safety.config import parse_categories, parse_term_lists
+from llmmesh.region.safety.partial import normalise
+from llmmesh.region.safety.rules import (
     _EMAIL,
     _NATIONAL_IDS,
     _PHONES,
@@ -19,7 +19,7 @@ from region.safety.rules import (
     card_hold,
     contains_card_number,
 )
-from region.safety.verdict import Verdict
+from llmmesh.region.safety.verdict import Verdict
 from tests.region.safety_texts import matches, rules, texts
 
 RULES = RulesBackend()

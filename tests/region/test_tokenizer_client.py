@@ -14,13 +14,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from engine.sim.vocabulary import DIGITS, PUNCTUATION, SPECIAL_TOKENS, WORDS
-from llmmesh.chat_tokenizer import HfTokenizerSpec, chat_role_name, tokenizer_response, tokenizer_spec
-from llmmesh.errors import InvalidArgument
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.sim.vocabulary import DIGITS, PUNCTUATION, SPECIAL_TOKENS, WORDS
+from llmmesh.core.chat_tokenizer import HfTokenizerSpec, chat_role_name, tokenizer_response, tokenizer_spec
+from llmmesh.core.errors import InvalidArgument
 from llmmesh.v1 import common_pb2, engine_service_pb2
-from region.engine_pool import EnginePool
-from region.tokenizer_client import TokenizerClient, local_tokenizer
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.tokenizer_client import TokenizerClient, local_tokenizer
 from tests.region.support import chat, pod_settings, tokenize
 
 MODEL = "llmmesh-tiny"
@@ -180,9 +180,9 @@ def test_a_published_hf_tokenizer_renders_as_transformers_does() -> None:
     """What a vLLM pod does in ``Tokenize`` (transformers' chat template, then
     encode without special tokens), against the region's run of what it publishes."""
     pytest.importorskip("transformers")
-    from engine.tiny_model import SPECIAL_TOKENS as HF_SPECIAL_TOKENS
-    from engine.tiny_model import build_hf_tokenizer
-    from engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
+    from llmmesh.engine.tiny_model import SPECIAL_TOKENS as HF_SPECIAL_TOKENS
+    from llmmesh.engine.tiny_model import build_hf_tokenizer
+    from llmmesh.engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
 
     hf = build_hf_tokenizer()
     published = tokenizer_spec(tokenizer_response(MODEL, hf_tokenizer_spec(hf)))

@@ -12,14 +12,14 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from engine.server import EnginePod, start_engine
-from llmmesh.chat_tokenizer import HfTokenizerSpec, tokenizer_response
-from llmmesh.errors import FailedPrecondition
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.core.chat_tokenizer import HfTokenizerSpec, tokenizer_response
+from llmmesh.core.errors import FailedPrecondition
 from llmmesh.v1 import common_pb2
-from region.engine_pool import EnginePool
-from region.hf_chat_tokenizer import HfChatTokenizer
-from region.prompt_render import plain_turns, template_messages, template_tools
-from region.tokenizer_client import TokenizerClient
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.hf_chat_tokenizer import HfChatTokenizer
+from llmmesh.region.turn.prompt_render import plain_turns, template_messages, template_tools
+from llmmesh.region.tokenizer_client import TokenizerClient
 from tests.region.support import pod_settings
 
 MODEL = "llmmesh-tiny"
@@ -75,8 +75,8 @@ async def test_the_region_and_a_pod_render_tools_alike(pool: EnginePool) -> None
 
 def hf_spec(template: str) -> tuple[Any, HfTokenizerSpec]:
     pytest.importorskip("transformers")
-    from engine.tiny_model import build_hf_tokenizer
-    from engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
+    from llmmesh.engine.tiny_model import build_hf_tokenizer
+    from llmmesh.engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
 
     hf = build_hf_tokenizer()
     hf.chat_template = template
@@ -96,7 +96,7 @@ def test_a_template_with_tools_gets_them_as_transformers_takes_them() -> None:
 
 
 def test_a_template_without_tools_gets_them_as_text() -> None:
-    from engine.tiny_model import CHAT_TEMPLATE
+    from llmmesh.engine.tiny_model import CHAT_TEMPLATE
 
     hf, spec = hf_spec(CHAT_TEMPLATE)
     local = HfChatTokenizer(spec)

@@ -18,13 +18,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.chat_tokenizer import PieceTokenizer, chat_role_name
-from llmmesh.errors import MeshError, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.core.chat_tokenizer import PieceTokenizer, chat_role_name
+from llmmesh.core.errors import MeshError, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
-from region.prompt_render import plain_turns
-from region.tool_calls import tool_call_id
-from region.zone_store import Role, ToolCallRow
+from llmmesh.region.turn.prompt_render import plain_turns
+from llmmesh.region.turn.tool_calls import tool_call_id
+from llmmesh.region.zone_store import Role, ToolCallRow
 from tests.region.test_continuation import (
     UNFILTERED_FAST,
     began_and_died,

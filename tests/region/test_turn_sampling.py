@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from llmmesh.v1 import chat_service_pb2, common_pb2
-from region.turn_sampling import REGENERATE_TEMPERATURE, fresh_draw, turn_seed
+from llmmesh.region.turn.sampling import REGENERATE_TEMPERATURE, fresh_draw, turn_seed
 from tests.region.test_continuation import (
     USER,
     USER_TEXT,

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from llmmesh.errors import NotFound
-from region.vector_store import VectorStoreDb
-from region.vector_store_text import chunk_text, query_terms
+from llmmesh.core.errors import NotFound
+from llmmesh.region.knowledge.vector_store import VectorStoreDb
+from llmmesh.region.knowledge.vector_store_text import chunk_text, query_terms
 
 pytestmark = pytest.mark.asyncio
 DIMS = 64

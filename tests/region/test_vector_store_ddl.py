@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy_cockroachdb.psycopg import CockroachDBDialect_psycopg
 
-from region.vector_store_ddl import create_table_statements, residency_statements
-from region.vector_store_schema import RETRIEVAL_TABLES
-from region.zone_store.ddl import ZoneRegion
+from llmmesh.region.vector_store_ddl import create_table_statements, residency_statements
+from llmmesh.region.knowledge.vector_store_schema import RETRIEVAL_TABLES
+from llmmesh.region.zone_store.ddl import ZoneRegion
 
 COCKROACH = CockroachDBDialect_psycopg()
 MESH = [ZoneRegion("eu", "eu-west", "europe-west1"), ZoneRegion("us", "us-east", "us-east1")]

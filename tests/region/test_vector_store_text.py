@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from region.vector_store_text import chunk_text, query_terms, reciprocal_rank_fusion
+from llmmesh.region.knowledge.vector_store_text import chunk_text, query_terms, reciprocal_rank_fusion
 
 
 def test_chunks_overlap_and_cover_the_text() -> None:

@@ -7,8 +7,8 @@ import re
 import pytest
 from sqlalchemy_cockroachdb.psycopg import CockroachDBDialect_psycopg
 
-from region.zone_store import schema
-from region.zone_store.ddl import ZoneRegion, create_table_statements, zone_residency_statements
+from llmmesh.region.zone_store import schema
+from llmmesh.region.zone_store.ddl import ZoneRegion, create_table_statements, zone_residency_statements
 
 COCKROACH = CockroachDBDialect_psycopg()
 MESH = [

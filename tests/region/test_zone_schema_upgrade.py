@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.errors import AlreadyExists
-from llmmesh.ids import ConversationId
+from llmmesh.core.errors import AlreadyExists
+from llmmesh.core.ids import ConversationId
 from llmmesh.v1 import billing_service_pb2
-from region.zone_store import (
+from llmmesh.region.zone_store import (
     AssistantMessage,
     PendingUsage,
     Role,
@@ -27,8 +27,8 @@ from region.zone_store import (
     UsageKey,
     ZoneStore,
 )
-from region.zone_store import schema as zs
-from region.zone_store.schema_upgrade import outdated_tables
+from llmmesh.region.zone_store import schema as zs
+from llmmesh.region.zone_store.migrations.adopt import outdated_tables
 
 pytestmark = pytest.mark.asyncio
 

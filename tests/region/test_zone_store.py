@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.errors import InvalidArgument, MeshError, NotFound, Reason
-from llmmesh.ids import ConversationId
-from llmmesh.sqlstore import create_store_engine
+from llmmesh.core.errors import InvalidArgument, MeshError, NotFound, Reason
+from llmmesh.core.ids import ConversationId
+from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.v1 import billing_service_pb2, common_pb2
-from region.zone_store import AssistantMessage, ConversationRow, PendingUsage, Role, UsageKey, ZoneStore
-from region.zone_store import schema as zs
+from llmmesh.region.zone_store import AssistantMessage, ConversationRow, PendingUsage, Role, UsageKey, ZoneStore
+from llmmesh.region.zone_store import schema as zs
 
 pytestmark = pytest.mark.asyncio
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from llmmesh.sqlstore import create_store_engine
-from region.zone_store import AssistantMessage, Role, SummaryRow, ZoneStore
-from region.zone_store.tree import branches, current_branch, path_to
+from llmmesh.core.sqlstore import create_store_engine
+from llmmesh.region.zone_store import AssistantMessage, Role, SummaryRow, ZoneStore
+from llmmesh.region.zone_store.tree import branches, current_branch, path_to
 
 pytestmark = pytest.mark.asyncio
 

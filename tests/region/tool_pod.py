@@ -25,7 +25,7 @@ import dataclasses
 import json
 from collections.abc import AsyncGenerator
 
-from engine.backend import (
+from llmmesh.engine.backend import (
     FinishReason,
     GeneratedTokens,
     GenerationEvent,
@@ -34,7 +34,7 @@ from engine.backend import (
     TokenLogprobs,
     ToolCallPart,
 )
-from engine.sim.backend import SimBackend
+from llmmesh.engine.sim.backend import SimBackend
 
 POD_CALL_ID = "pod-call-0"
 OPENING = '{"note": "'

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import grpc.aio
 
-from edge.server import EdgeServer, start_edge
-from edge.settings import EdgeSettings
-from engine.server import EnginePod, start_engine
-from engine.settings import EngineSettings
-from globalplane.server import GlobalPlane, start_global_plane
-from globalplane.settings import GlobalSettings
+from llmmesh.edge.server import EdgeServer, start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.globalplane.server import GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.certs import CertFiles, CertificateAuthority
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import PlaneIdentity, Role
-from llmmesh.mtls import MeshSecurity
-from region.server import RegionPlane, start_region
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.mtls import MeshSecurity
+from llmmesh.region.server import RegionPlane, start_region
 from tests.stack import DEV_KEY, region_settings
 
 GLOBAL = PlaneIdentity(Role.GLOBAL, "global")

@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping
 from google.protobuf import descriptor_pool
 
 import llmmesh.v1
-from engine.server import ENGINE_ACCESS
-from globalplane.access import GLOBAL_ACCESS
-from llmmesh.identity import Role
-from region.server import REGION_ACCESS
+from llmmesh.engine.server import ENGINE_ACCESS
+from llmmesh.globalplane.access import GLOBAL_ACCESS
+from llmmesh.core.identity import Role
+from llmmesh.region.server import REGION_ACCESS
 
 
 def _declared_services() -> set[str]:

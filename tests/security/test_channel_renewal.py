@@ -13,9 +13,9 @@ import grpc.aio
 import pytest
 from cryptography import x509
 
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import Role, role_name
-from llmmesh.renewing_channel import RenewingChannel
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import Role, role_name
+from llmmesh.core.renewing_channel import RenewingChannel
 from tests.security.mesh_pki import EDGE, GLOBAL, Pki, make_pki
 
 pytestmark = pytest.mark.asyncio

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from edge.server import start_edge
-from edge.settings import EdgeSettings
+from llmmesh.edge.server import start_edge
+from llmmesh.edge.settings import EdgeSettings
 from tests.edge.test_conversations_api import new_tenant
 from tests.stack import DEV_KEY, Stack, running_stack
 

@@ -14,8 +14,8 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.errors import Reason, from_rpc_error
-from llmmesh.identity import Role, role_name
+from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.core.identity import Role, role_name
 from llmmesh.v1 import embedding_service_pb2 as epb
 from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb

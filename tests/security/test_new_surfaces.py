@@ -17,8 +17,8 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.bench.processes import free_port
-from llmmesh.errors import Reason, from_rpc_error
-from llmmesh.identity import PlaneIdentity, Role, role_name
+from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.core.identity import PlaneIdentity, Role, role_name
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -38,8 +38,8 @@ from llmmesh.v1 import memory_service_pb2 as mem
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 from llmmesh.v1 import retrieval_service_pb2 as rpb
-from region.memory_store import MemoryStore
-from region.retrieval import MAX_STORE_FILES
+from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.retrieval import MAX_STORE_FILES
 from tests.security.mesh_pki import (
     ADMIN,
     CLIENT,

@@ -21,12 +21,12 @@ from cryptography import x509
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from edge.server import start_edge
-from edge.settings import EdgeSettings
-from llmmesh.errors import DOMAIN, MeshError, Reason, from_rpc_error
-from llmmesh.grpcserver import open_channel
-from llmmesh.identity import PlaneIdentity, Role, role_name
-from llmmesh.mtls import MeshTlsSettings, TlsSetupError
+from llmmesh.edge.server import start_edge
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.core.errors import DOMAIN, MeshError, Reason, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
+from llmmesh.core.identity import PlaneIdentity, Role, role_name
+from llmmesh.core.mtls import MeshTlsSettings, TlsSetupError
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -392,7 +392,7 @@ async def test_a_rotated_certificate_is_served_without_a_restart(stack: SecureSt
 def test_an_identity_names_its_place() -> None:
     region = PlaneIdentity.parse("spiffe://llmmesh/region/us/us-east/us-east")
     assert region == US_EAST
-    assert region.dns_names == ["region.llmmesh", "us.region.llmmesh", "us-east.us.region.llmmesh"]
+    assert region.dns_names == ["llmmesh.region.llmmesh", "us.region.llmmesh", "us-east.us.region.llmmesh"]
     with pytest.raises(ValueError, match="zone and a region"):
         PlaneIdentity(Role.REGION, "us-east")
     with pytest.raises(ValueError, match="not an identity of this mesh"):

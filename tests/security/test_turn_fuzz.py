@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from globalplane.tiers import TenantTier
-from llmmesh.grpcserver import open_channel
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc, common_pb2
 from tests.conftest import fresh_schema

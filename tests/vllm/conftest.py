@@ -54,7 +54,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_pod(model_dir: Path, run_dir: Path, *flags: str) -> VllmPod:
     """Start ``llmmesh engine --backend vllm`` and wait for its ready file."""
     ready = run_dir / "ready.json"
-    log_path = run_dir / "engine.log"
+    log_path = run_dir / "llmmesh.engine.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [

@@ -14,8 +14,8 @@ from pathlib import Path
 
 
 def main(model_dir: str, max_tokens: int, prompts: list[list[int]]) -> list[list[int]]:
-    from engine.settings import EngineSettings
-    from engine.vllm_engine.config import VllmEngineConfig
+    from llmmesh.engine.settings import EngineSettings
+    from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 
     config = VllmEngineConfig.from_settings(EngineSettings(backend="vllm", max_num_seqs=2), Path(model_dir))
     for name, value in config.environment().items():

@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 from transformers import AutoTokenizer
 
-from engine import tiny_model
-from engine.backend import (
+from llmmesh.engine import tiny_model
+from llmmesh.engine.backend import (
     FinishReason,
     GenerationRequest,
     ResponseFormatSpec,
@@ -34,12 +34,12 @@ from engine.backend import (
     ToolChoiceSpec,
     ToolSpec,
 )
-from engine.vllm_engine import resumed_grammar
-from engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
-from engine.vllm_engine.replies import ReplyStream
-from engine.vllm_engine.sampling import JSON_OBJECT_SCHEMA, sampling_params
-from llmmesh.errors import Internal, InvalidArgument, from_rpc_error
-from llmmesh.grpcserver import open_channel
+from llmmesh.engine.vllm_engine import resumed_grammar
+from llmmesh.engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
+from llmmesh.engine.vllm_engine.replies import ReplyStream
+from llmmesh.engine.vllm_engine.sampling import JSON_OBJECT_SCHEMA, sampling_params
+from llmmesh.core.errors import Internal, InvalidArgument, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

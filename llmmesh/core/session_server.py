@@ -1,0 +1,154 @@
+"""The server side of a session stream: many requests (generations, turns)
+on one long-lived gRPC stream, each named by its request id, their events
+sent together.
+
+Each start runs its request in a task of its own. The tasks put their
+events in one :class:`~llmmesh.outbox.Outbox`, and the stream sends all it
+holds as one message each time it wakes, so a decode step that reaches
+every request of a batch at once goes out as one message.
+
+A request's failure is an event of that request; the stream stays up for
+the others. When the client half-closes (or the server stops taking
+requests), the stream ends once its requests have; a cancelled stream
+cancels every request still running on it. Subclasses say how a request
+runs and how its events and errors are shaped: ``engine/session.py`` for
+``EngineService.GenerateSession``, ``region/chat_session.py`` for
+``ChatService.ChatSession``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Generic, TypeVar
+
+import grpc.aio
+
+from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, Reason
+from llmmesh.core.outbox import Outbox
+from llmmesh.core.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+Start = TypeVar("Start")
+Event = TypeVar("Event")
+Response = TypeVar("Response")
+
+
+class SessionServer(ABC, Generic[Start, Event, Response]):
+    """One session call. ``kind`` names a request in error messages
+    ("generation", "turn"); ``internal`` is the error a request gets when
+    it fails unexpectedly."""
+
+    kind: str
+    internal: MeshError
+
+    def __init__(self) -> None:
+        self.outbox: Outbox[Event] = Outbox()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._half_closed = False
+
+    @abstractmethod
+    def request_id(self, start: Start) -> str:
+        """The id a start message names its request by."""
+
+    @abstractmethod
+    async def run(self, request_id: str, start: Start) -> None:
+        """Run one request, putting its events in the outbox. A MeshError
+        it raises becomes the request's error event."""
+
+    @abstractmethod
+    async def cancel(self, request_id: str, reason: str) -> None:
+        """The client asked to stop a running request."""
+
+    @abstractmethod
+    def error_event(self, request_id: str, error: MeshError) -> Event:
+        """The event that ends a request with ``error``."""
+
+    @abstractmethod
+    def response(self, events: list[Event]) -> Response:
+        """One message out carrying ``events``."""
+
+    def refusal(self, request_id: str) -> MeshError | None:
+        """Why a new request is refused before it runs; None to run it."""
+        return None
+
+    def stopping(self) -> bool:
+        """The server takes no more requests: end the stream once the
+        running ones have."""
+        return False
+
+    def closed(self) -> None:
+        """The stream ended."""
+
+    def wake(self) -> None:
+        """Have the stream look at ``stopping`` now."""
+        self.outbox.poke()
+
+    async def serve(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Response, None]:
+        """The stream's messages out, until the client has half-closed (or
+        the server is stopping) and every request has ended."""
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                if batch := await self.outbox.take():
+                    yield self.response(batch)
+                if (self._half_closed or self.stopping()) and not self._running:
+                    return
+        finally:
+            self.closed()
+            await cancel_and_wait(reader)
+            running = list(self._running.values())
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _read(self, requests: AsyncIterator[Any]) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            async for request in requests:
+                action = request.WhichOneof("action")
+                if action == "start":
+                    self._begin(request.start)
+                elif action == "cancel" and request.cancel.request_id in self._running:
+                    await self.cancel(request.cancel.request_id, request.cancel.reason or "no reason given")
+        self._half_closed = True
+        self.outbox.poke()
+
+    def _begin(self, start: Start) -> None:
+        request_id = self.request_id(start)
+        error: MeshError | None
+        if not request_id:
+            error = InvalidArgument(
+                Reason.INVALID_REQUEST,
+                "request_id is required on a session",
+                metadata={"param": "request_id"},
+            )
+        elif request_id in self._running:
+            error = AlreadyExists(
+                Reason.DUPLICATE_REQUEST,
+                f"{self.kind} {request_id!r} already runs on this session",
+                metadata={"param": "request_id"},
+            )
+        else:
+            error = self.refusal(request_id)
+        if error is not None:
+            self.outbox.put(self.error_event(request_id, error))
+        else:
+            self._running[request_id] = asyncio.create_task(
+                self._run(request_id, start), name=f"{self.kind}-{request_id}"
+            )
+
+    async def _run(self, request_id: str, start: Start) -> None:
+        try:
+            await self.run(request_id, start)
+        except MeshError as err:
+            self.outbox.put(self.error_event(request_id, err))
+        except Exception:
+            log.exception("%s %s failed", self.kind, request_id)
+            self.outbox.put(self.error_event(request_id, self.internal))
+        finally:
+            del self._running[request_id]
+            self.outbox.poke()

@@ -1,0 +1,206 @@
+"""``POST /v1/chat/completions``: an OpenAI request becomes a ChatService
+turn on the tenant's region, and its events become SSE chunks or one
+``chat.completion``.
+
+A streamed turn goes through the stream log (:mod:`edge.streams`): the
+response follows it, and the client can resume it by its id. A client that
+disconnects cancels its turn, streamed or not, unless it asked for a
+resumable stream (``x-llmmesh-resumable: true``). Streamed or not, a turn
+whose region fails mid-generation goes on in another region of the zone
+(:mod:`edge.failover`); ``x-llmmesh-region`` names the region that accepted
+it (of a whole completion, the one that finished it)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmmesh.edge.chunks import ChunkStream, blocked_categories, completion_object
+from llmmesh.edge.conversation_objects import turn_context_headers
+from llmmesh.edge.errors import OpenAIError
+from llmmesh.edge.failover import FailoverPolicy, FailoverTurn
+from llmmesh.edge.json_body import read_json
+from llmmesh.edge.mesh_client import MeshClient, Principal
+from llmmesh.edge.ratelimit_headers import ratelimit_headers
+from llmmesh.edge.reply_parts import ReplyCollector
+from llmmesh.edge.retrieval_options import retrieval_fields
+from llmmesh.edge.route_headers import AUTO_MODELS, route_headers
+from llmmesh.edge.schemas import parse_chat_request
+from llmmesh.edge.settings import EdgeSettings
+from llmmesh.edge.streams.log import StreamInfo
+from llmmesh.edge.streams import StreamHub, build_stream_log
+from llmmesh.edge.turn_spans import TurnSpans
+from llmmesh.edge.turns import open_turn
+from llmmesh.core import apikeys
+from llmmesh.core.json_logs import bind_request_id
+from llmmesh.core.tasks import cancel_and_wait
+from llmmesh.v1 import chat_service_pb2
+
+
+async def authenticate(request: Request, mesh: MeshClient) -> Principal:
+    """The caller behind the request's bearer key, or a 401."""
+    secret = apikeys.bearer_secret(request.headers.get("authorization"))
+    if secret is None:
+        raise OpenAIError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            code="missing_api_key",
+        )
+    return await mesh.authenticate(secret)
+
+
+RESUMABLE_HEADER = "x-llmmesh-resumable"
+
+
+async def disconnected(request: Request) -> None:
+    """Return once the client has gone (the body must have been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class CompletionsHandler:
+    """Serves chat completions through the mesh."""
+
+    def __init__(self, settings: EdgeSettings, mesh: MeshClient, streams: StreamHub | None = None) -> None:
+        self._settings = settings
+        self._mesh = mesh
+        self.streams = streams if streams is not None else StreamHub(settings, build_stream_log(settings))
+        self._failover = FailoverPolicy(
+            first_event_timeout_s=settings.first_event_timeout_ms / 1000,
+            stall_timeout_s=settings.stall_timeout_ms / 1000,
+            deadline_s=settings.failover_deadline_ms / 1000,
+        )
+
+    async def handle(self, request: Request) -> Response:
+        principal = await authenticate(request, self._mesh)
+        req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
+        # Refusals and the messages' checks come before any call to the mesh.
+        sampling = req.to_sampling()
+        messages = req.to_messages()
+        model = await self._mesh.models.resolve(req.model, principal.tenant.tier)
+        # "auto" is the region's to decide (by the request's difficulty, among its models).
+        auto = req.model in AUTO_MODELS
+        start = chat_service_pb2.ChatStart(
+            model="auto" if auto else model.name,
+            messages=messages,
+            sampling=sampling,
+            user=req.end_user(),
+        )
+        if req.llmmesh_retrieval is not None:
+            start.retrieval.CopyFrom(req.llmmesh_retrieval.to_proto())
+        return await self.serve_turn(
+            request,
+            principal,
+            start,
+            "" if auto else model.name,
+            stream=req.streaming(),
+            include_usage=req.include_usage(),
+        )
+
+    async def serve_turn(
+        self,
+        request: Request,
+        principal: Principal,
+        start: chat_service_pb2.ChatStart,
+        model: str,
+        *,
+        stream: bool,
+        include_usage: bool,
+        prefer_region: str = "",
+    ) -> Response:
+        """Open ``start`` on the tenant's regions (``prefer_region`` first) and
+        answer it: an SSE stream of ``chat.completion.chunk`` events, or one
+        ``chat.completion``. The completion id is ``start.request_id`` (one
+        is chosen when it is empty); it is also the stream id for resuming.
+        Errors before the region accepts the turn raise (OpenAIError or
+        MeshError); later ones end the stream with an error event."""
+        arrived = time.monotonic()
+        if not start.request_id:
+            start.request_id = "chatcmpl-" + secrets.token_hex(12)
+        completion_id = start.request_id
+        bind_request_id(completion_id)
+        spans = TurnSpans(model, completion_id)
+        try:
+            with spans.current():
+                opened = await open_turn(
+                    self._mesh,
+                    principal,
+                    start,
+                    model,
+                    self._settings.first_event_timeout_ms / 1000,
+                    prefer_region=prefer_region,
+                )
+        except BaseException as err:
+            spans.fail(err)
+            raise
+        spans.opened(opened.started)
+        if opened.started.model:
+            # The model the region chose; a continuation elsewhere goes on with it.
+            model = start.model = opened.started.model
+        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover, spans)
+        headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
+        headers.update(ratelimit_headers(turn.started))
+        headers.update(turn_context_headers(turn.started))
+        headers.update(route_headers(turn.started))
+        created = int(time.time())
+        if not stream:
+            return await self._complete(
+                request, turn, completion_id, created, model, headers, logprobs=start.sampling.logprobs
+            )
+        detached = request.headers.get(RESUMABLE_HEADER, "").strip().lower() in ("true", "1")
+        info = StreamInfo(principal.key_id, principal.tenant.id, turn.started.region)
+        chunks = ChunkStream(completion_id, created, model, include_usage)
+        chunks.final_fields = retrieval_fields(turn.started)
+        await self.streams.begin(turn, chunks, info, detached=detached, arrived=arrived)
+        return self.streams.response(completion_id, -1, headers, cancel_on_drop=not detached)
+
+    async def _complete(
+        self,
+        request: Request,
+        turn: FailoverTurn,
+        completion_id: str,
+        created: int,
+        model: str,
+        headers: dict[str, str],
+        *,
+        logprobs: bool,
+    ) -> Response:
+        """The whole completion; a client that leaves first cancels the turn
+        (the region still reports, and bills, what it produced)."""
+
+        reply = ReplyCollector()
+
+        async def collect() -> None:
+            async for delta in turn.deltas():
+                reply.add(delta)
+
+        collecting = asyncio.create_task(collect())
+        gone = asyncio.create_task(disconnected(request))
+        try:
+            await asyncio.wait((collecting, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not collecting.done():
+                await turn.cancel("client disconnected")
+                await asyncio.wait((collecting,), timeout=self._settings.cancel_grace_ms / 1000)
+                if not collecting.done():
+                    turn.close()
+            await collecting
+        finally:
+            await cancel_and_wait(gone)
+            await cancel_and_wait(collecting)
+            turn.close()
+        body = completion_object(
+            completion_id,
+            created,
+            model,
+            reply,
+            turn.reason,
+            turn.usage,
+            blocked_categories(turn.safety),
+            logprobs=logprobs,
+        )
+        body.update(retrieval_fields(turn.started))
+        return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

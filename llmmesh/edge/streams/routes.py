@@ -1,0 +1,66 @@
+"""``GET /v1/streams/{stream_id}`` (resume) and ``POST
+/v1/streams/{stream_id}/cancel``.
+
+A stream's id is its completion id. Only the API key that started a stream
+may resume or cancel it; for any other key the stream does not exist (404,
+``stream_not_found``), as it does not for an unknown or expired id.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmmesh.edge.completions import authenticate
+from llmmesh.edge.mesh_client import MeshClient, Principal
+from llmmesh.edge.streams.log import StreamInfo, StreamLogError
+from llmmesh.edge.streams import StreamHub, log_unavailable, not_found, parse_position
+
+
+class StreamRoutes:
+    """Resume and cancel, on any edge sharing the stream log."""
+
+    def __init__(self, mesh: MeshClient, streams: StreamHub) -> None:
+        self._mesh = mesh
+        self._streams = streams
+
+    async def _owned(self, principal: Principal, stream_id: str) -> StreamInfo:
+        try:
+            info = await self._streams.log.info(stream_id)
+        except StreamLogError as err:
+            raise log_unavailable() from err
+        if info is None or info.key_id != principal.key_id:
+            raise not_found(stream_id)
+        return info
+
+    async def resume(self, request: Request) -> Response:
+        """Replay the events after ``?starting_after=N`` (or the
+        ``Last-Event-ID`` header; neither: all), then follow live to the end."""
+        principal = await authenticate(request, self._mesh)
+        if "starting_after" in request.query_params:
+            after = parse_position(request.query_params["starting_after"], "starting_after")
+        else:
+            after = parse_position(request.headers.get("last-event-id"), "Last-Event-ID")
+        stream_id = request.path_params["stream_id"]
+        info = await self._owned(principal, stream_id)
+        headers = {"x-request-id": stream_id, "x-llmmesh-region": info.region}
+        return self._streams.response(stream_id, after, headers)
+
+    async def cancel(self, request: Request) -> Response:
+        """Stop the stream's generation; answers once the stream has ended
+        (or the cancel grace has passed)."""
+        principal = await authenticate(request, self._mesh)
+        stream_id = request.path_params["stream_id"]
+        await self._owned(principal, stream_id)
+        try:
+            cancelled = await self._streams.cancel(stream_id)
+        except StreamLogError as err:
+            raise log_unavailable() from err
+        return JSONResponse(
+            {
+                "id": stream_id,
+                "object": "stream.cancel",
+                "status": "cancelled" if cancelled else "already_finished",
+            },
+            headers={"x-request-id": stream_id},
+        )

@@ -1,0 +1,167 @@
+"""Opening a chat turn on the tenant's regions, best first, and reading it.
+
+Turns run on the edge's session stream to each region
+(:mod:`edge.region_session`). A region that cannot be reached, or that says
+it cannot serve (UNAVAILABLE), before it accepts the turn is skipped for the
+next one of the zone; a region that answers with another error ends the
+turn with that error. Once accepted, a stream that breaks (the connection
+lost or reset, an error event saying the region or its engine failed, or no
+event for ``stall_timeout_s`` while generating) raises :class:`RegionLost`,
+which :mod:`edge.failover` continues elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass, field
+
+import grpc
+
+from llmmesh.edge.mesh_client import MeshClient, Principal
+from llmmesh.edge.region_session import SessionLost, SessionTurn, start_message
+from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
+from llmmesh.v1 import chat_service_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+# Error events that say the region or its engine failed, not the caller or the content.
+_FAILED_REASONS = frozenset({Reason.REGION_UNAVAILABLE, Reason.ENGINE_FAILED, Reason.ENGINE_UNAVAILABLE})
+
+
+class RegionLost(Unavailable):
+    """The region's stream broke after it accepted the turn; the turn may
+    go on in another region of the zone from what was delivered."""
+
+    def __init__(self, region: str, message: str, cause: MeshError | None = None) -> None:
+        super().__init__(
+            cause.reason if cause is not None else Reason.REGION_UNAVAILABLE,
+            f"region {region}: {message}",
+            retry_after_s=1.0,
+        )
+        self.region = region
+
+
+@dataclass
+class OpenTurn:
+    """A turn a region has accepted, on the edge's session stream to it.
+
+    ``first_delta_timeout_s`` bounds the wait for its first delta (queueing
+    and prefill), ``stall_timeout_s`` every later gap; None waits forever.
+    """
+
+    call: SessionTurn
+    started: chat_service_pb2.ChatStarted
+    usage: common_pb2.TokenUsage = field(default_factory=common_pb2.TokenUsage)
+    reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
+    # The output filter's verdict when it flagged the reply.
+    safety: chat_service_pb2.SafetyVerdict | None = None
+    first_delta_timeout_s: float | None = None
+    stall_timeout_s: float | None = None
+
+    @property
+    def region(self) -> str:
+        return self.started.region
+
+    async def deltas(self) -> AsyncIterator[chat_service_pb2.ChatDelta]:
+        """The turn's output deltas; ``usage``, ``reason`` and ``safety`` are
+        set once it ends. A broken stream raises :class:`RegionLost`; an
+        error event from the region raises its MeshError."""
+        timeout_s = self.first_delta_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    event = await self.call.read()
+            except TimeoutError:
+                raise RegionLost(self.region, f"no event for {timeout_s:g} s while generating") from None
+            except SessionLost as err:
+                raise RegionLost(self.region, err.message) from err
+            if event is None:
+                break
+            kind = event.WhichOneof("event")
+            if kind == "delta":
+                timeout_s = self.stall_timeout_s
+                yield event.delta
+            elif kind == "usage":
+                self.usage = event.usage.usage
+            elif kind == "safety" and event.safety.flagged:
+                self.safety = event.safety
+            elif kind == "finished":
+                self.reason = event.finished.reason
+            elif kind == "error":
+                error = from_stream_error(event.error)
+                if error.reason in _FAILED_REASONS:
+                    raise RegionLost(self.region, error.message, error)
+                raise error
+        if self.reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            raise RegionLost(self.region, "the stream ended without a finish event")
+
+    async def cancel(self, reason: str) -> None:
+        """Ask the region to stop the turn; its usage is still metered."""
+        await self.call.cancel(reason)
+
+    def close(self) -> None:
+        """Stop reading; the region stops the turn unless it ended."""
+        self.call.abandon("the edge stopped reading")
+
+
+async def open_turn(
+    mesh: MeshClient,
+    principal: Principal,
+    start: chat_service_pb2.ChatStart,
+    model: str,
+    timeout_s: float,
+    prefer_region: str = "",
+    *,
+    exclude: Collection[str] = (),
+    tried: set[str] | None = None,
+) -> OpenTurn:
+    """Start the turn on the first region of the tenant's zone that accepts it.
+
+    ``prefer_region``, when it is one of the tenant's regions, is tried first
+    (a conversation's follow-up goes to its home region); the others keep
+    their order behind it. Regions in ``exclude`` are left out; each region
+    tried is added to ``tried``. ``start.request_id`` must be set: it names
+    the turn on the region's session stream.
+    """
+    regions = [r for r in await mesh.route(principal.tenant.id, model) if r.report.region not in exclude]
+    if prefer_region:
+        regions.sort(key=lambda r: r.report.region != prefer_region)
+    last_error: MeshError | None = None
+    for region in regions:
+        name = region.report.region
+        if tried is not None:
+            tried.add(name)
+        session = mesh.session(region.report.chat_address)
+        call = await session.start(start.request_id, start_message(start, principal.secret))
+        try:
+            async with asyncio.timeout(timeout_s):
+                first = await call.read()
+        except TimeoutError:
+            call.abandon("the region did not accept the turn in time")
+            mesh.forget_region(name)
+            last_error = Unavailable(
+                Reason.REGION_UNAVAILABLE, f"region {name} did not accept the turn in time", retry_after_s=1.0
+            )
+            continue
+        except SessionLost as err:
+            log.warning("region %s unreachable (%s); trying the next", name, err.message)
+            mesh.forget_region(name)
+            last_error = err
+            continue
+        kind = first.WhichOneof("event") if first is not None else None
+        if kind == "error":
+            assert first is not None
+            error = from_stream_error(first.error)
+            if error.code == grpc.StatusCode.UNAVAILABLE:
+                log.warning("region %s cannot serve the turn (%s); trying the next", name, error.message)
+                mesh.forget_region(name)
+                last_error = error
+                continue
+            raise error
+        if kind != "started" or first is None:
+            call.abandon("the turn opened without a started event")
+            raise Unavailable(Reason.REGION_UNAVAILABLE, f"the region opened the stream with {kind!r}")
+        return OpenTurn(call=call, started=first.started)
+    raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region can serve this request")

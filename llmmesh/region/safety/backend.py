@@ -1,0 +1,38 @@
+"""The one boundary between the safety filters and what classifies text."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from llmmesh.region.safety.verdict import CheckKind, Verdict
+
+
+class SafetyBackend(ABC):
+    """Classifies one text into moderation categories.
+
+    A backend that cannot decide raises (any ``Exception``); it never returns
+    a safe verdict it is unsure of. The filters turn a raise or a timeout into
+    ``Unavailable(SAFETY_UNAVAILABLE)``: the mesh fails closed.
+    """
+
+    name: str
+    """Short name reported in verdicts and error metadata (``rules``, ``judge``)."""
+
+    @abstractmethod
+    async def check(self, text: str, *, kind: CheckKind) -> Verdict:
+        """Classify ``text``; ``kind`` says whether it is the caller's input or
+        the model's output (some categories apply to one only)."""
+
+    def hold_from(self, text: str, *, kind: CheckKind, since: int = 0) -> int | None:
+        """Where, in ``text`` (a reply so far, its end the newest character
+        received), a flag could still begin: the earliest offset ``>= since``
+        such that ``text[offset:]`` followed by some text still to come might
+        be flagged, a match already whole in ``text`` included; ``len(text)``
+        when nothing could. Text before ``since`` was already released and is
+        context only.
+
+        It must never answer later than the truth, since the output filter
+        releases text up to the answer. ``None``, the default, means this
+        backend cannot tell, and the filter holds back its fixed overlap.
+        """
+        return None

@@ -1,0 +1,288 @@
+"""The safety filters a chat turn passes through: :class:`InputFilter` before
+any engine work, :class:`StreamingOutputFilter` on the reply as it streams.
+
+Both fail closed. A backend that raises or does not answer within
+``timeout_s`` ends the turn with ``Unavailable(SAFETY_UNAVAILABLE)`` (with
+RetryInfo), never with a silent pass: an outage of the safety path must not
+become a window in which unfiltered text reaches callers. The cost is
+availability, which is the right side to err on for a filter, and clients
+already retry ``UNAVAILABLE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmmesh.core.errors import PermissionDenied, Reason, Unavailable
+from llmmesh.region import metrics as region_metrics
+from llmmesh.region.safety.backend import SafetyBackend
+from llmmesh.region.safety.verdict import CheckKind, Verdict
+
+log = logging.getLogger(__name__)
+
+WORD_SLACK = 32
+"""How far a window may stretch so as not to cut a word at its edges."""
+
+
+async def screen(
+    backends: Sequence[SafetyBackend],
+    text: str,
+    *,
+    kind: CheckKind,
+    timeout_s: float,
+    retry_after_s: float,
+) -> Verdict | None:
+    """The first flagged verdict of ``backends`` (asked in order, cheap ones
+    first, each within ``timeout_s``), or ``None`` when all pass.
+
+    Raises ``Unavailable(SAFETY_UNAVAILABLE)`` when a backend raises or times
+    out; a flag from an earlier backend wins, since it needs no retry.
+    """
+    for backend in backends:
+        try:
+            async with asyncio.timeout(timeout_s):
+                verdict = await backend.check(text, kind=kind)
+        except Exception as exc:
+            log.warning("safety backend %s failed on %s: %r", backend.name, kind, exc)
+            raise Unavailable(
+                Reason.SAFETY_UNAVAILABLE,
+                f"the safety check ({backend.name}) is unavailable: {type(exc).__name__}",
+                metadata={"backend": backend.name},
+                retry_after_s=retry_after_s,
+            ) from exc
+        if verdict.reported:
+            log.info("safety %s reported %s (%s)", kind, ",".join(verdict.reported), verdict.backend)
+        if verdict.flagged:
+            return verdict
+    return None
+
+
+class InputFilter:
+    """Checks a turn's messages before any engine work."""
+
+    def __init__(
+        self, backends: Sequence[SafetyBackend], *, timeout_s: float = 5.0, retry_after_s: float = 1.0
+    ) -> None:
+        self._backends = tuple(backends)
+        self._timeout_s = timeout_s
+        self._retry_after_s = retry_after_s
+
+    async def check(self, messages: Sequence[tuple[str, str]]) -> None:
+        """Pass, or raise ``PermissionDenied(CONTENT_FILTERED)`` with the
+        blocking ``categories`` (comma-separated) and ``backend`` as metadata.
+
+        Every role is checked, the system prompt included, as one text so a
+        phrase cannot hide by being split across messages.
+        """
+        text = "\n\n".join(content for _, content in messages if content)
+        if not text:
+            return
+        verdict = await screen(
+            self._backends, text, kind="input", timeout_s=self._timeout_s, retry_after_s=self._retry_after_s
+        )
+        if verdict is not None:
+            region_metrics.safety_blocked("input", verdict.categories)
+            categories = ",".join(verdict.categories)
+            raise PermissionDenied(
+                Reason.CONTENT_FILTERED,
+                f"the request was blocked by the content filter ({categories})",
+                metadata={"categories": categories, "backend": verdict.backend},
+            )
+
+
+@dataclass(frozen=True)
+class OutputDecision:
+    """What the caller may send on: ``release`` (text checked clean). When
+    ``stopped`` is set, nothing more is ever released: the caller aborts the
+    engine request and ends the turn with finish reason ``content_filter``."""
+
+    release: str
+    stopped: Verdict | None = None
+
+
+class StreamingOutputFilter:
+    """Checks a streamed reply in overlapping windows and releases only text
+    that was checked, and of that only what text still to come cannot turn
+    into part of a flag.
+
+    Each check covers up to ``window_chars`` ending at the newest text, and
+    consecutive windows overlap by at least ``overlap_chars``. After a clean
+    check, every backend says from where a match could still begin
+    (:meth:`SafetyBackend.hold_from`, given the text received since the last
+    window began): checked text before the earliest of those goes out, so a
+    reply whose end could not start a flagged phrase is released at once. A
+    backend that cannot tell (a model judge) holds back the last
+    ``overlap_chars`` checked until the next window (or :meth:`finish`) has
+    seen them with what follows. Either way a flagged phrase the windows can
+    see whole (any of up to ``overlap_chars``) is caught before any part of
+    it is released, however the deltas split it.
+    Windows begin and end at word edges (stretching by up to ``WORD_SLACK``),
+    so a token that ends mid-word is held until the word is complete and a
+    whole-word rule never fires on a fragment (``ass`` of ``assassin``).
+
+    A check runs once ``min_check_chars`` unchecked characters have arrived:
+    ``1`` checks on every delta (fine for :class:`RulesBackend`), while
+    ``window_chars - overlap_chars`` checks only full windows (for a model
+    judge), at the cost of releasing text in larger steps.
+
+    One turn, one instance; calls must not overlap. Backend failures raise
+    ``Unavailable(SAFETY_UNAVAILABLE)`` from this and every later call.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[SafetyBackend],
+        window_chars: int = 256,
+        overlap_chars: int = 64,
+        *,
+        min_check_chars: int = 1,
+        timeout_s: float = 5.0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if not 0 <= overlap_chars < window_chars:
+            raise ValueError("need 0 <= overlap_chars < window_chars")
+        if not 1 <= min_check_chars <= window_chars - overlap_chars:
+            raise ValueError("need 1 <= min_check_chars <= window_chars - overlap_chars")
+        self._backends = tuple(backends)
+        self._window = window_chars
+        self._overlap = overlap_chars
+        self._min_check = min_check_chars
+        self._timeout_s = timeout_s
+        self._retry_after_s = retry_after_s
+        # The stream from absolute offset _base on; everything before it was
+        # released and is outside any future window.
+        self._text = ""
+        self._base = 0
+        self._checked = 0  # end of the last window checked clean
+        self._window_start = 0  # and where it began
+        self._released = 0
+        self._stopped: Verdict | None = None
+        self._failure: Unavailable | None = None
+        self._finished = False
+
+    @property
+    def held(self) -> str:
+        """Text received but not yet released."""
+        return self._text[self._released - self._base :]
+
+    @property
+    def stopped(self) -> Verdict | None:
+        """The verdict that stopped the stream, if one did."""
+        return self._stopped
+
+    async def feed(self, delta: str) -> OutputDecision:
+        """Take the next text delta; release what is now checked."""
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        if self._stopped is None and self._failure is None:
+            self._text += delta
+        return await self._advance(final=False)
+
+    async def finish(self) -> OutputDecision:
+        """The reply ended: check the rest and release it all if clean."""
+        self._finished = True
+        return await self._advance(final=True)
+
+    async def _advance(self, *, final: bool) -> OutputDecision:
+        if self._failure is not None:
+            raise self._failure
+        if self._stopped is not None:
+            return OutputDecision("", self._stopped)
+        end = self._base + len(self._text)
+        while end > self._checked and (final or end - self._checked >= self._min_check):
+            stop = self._next_stop(end, final)
+            if stop is None:
+                break
+            start = self._word_start(max(0, min(stop - self._window, self._checked - self._overlap)))
+            window = self._text[start - self._base : stop - self._base]
+            try:
+                verdict = await screen(
+                    self._backends,
+                    window,
+                    kind="output",
+                    timeout_s=self._timeout_s,
+                    retry_after_s=self._retry_after_s,
+                )
+            except Unavailable as err:
+                self._failure = err
+                raise
+            if verdict is not None:
+                self._stopped = verdict
+                return OutputDecision("", verdict)
+            self._checked, self._window_start = stop, start
+        upto = end if final else max(self._released, self._clear_end(end))
+        release = self._text[self._released - self._base : upto - self._base]
+        self._released = upto
+        # Drop what no future window reaches (see _advance and _word_start).
+        keep = min(self._released, self._checked - self._window - WORD_SLACK - 1)
+        keep = max(self._base, keep)
+        self._text = self._text[keep - self._base :]
+        self._base = keep
+        return OutputDecision(release)
+
+    def _clear_end(self, end: int) -> int:
+        """Where checked text stops being safe to release: the earliest point
+        from which any backend says a match could still begin, or the overlap
+        back from the checked end for one that cannot tell. The backends see
+        the text from the last window's start (the context its check had), so
+        their work is bounded by the window, not the reply."""
+        if self._checked <= self._released:
+            return self._checked
+        start = self._window_start
+        text = self._text[start - self._base : end - self._base]
+        since = max(0, self._released - start)
+        clear = self._checked
+        for backend in self._backends:
+            hold = _hold_from(backend, text, since)
+            clear = min(clear, self._checked - self._overlap if hold is None else start + hold)
+        return clear
+
+    def _next_stop(self, end: int, final: bool) -> int | None:
+        """Where the next window ends: at most a step past the last one, and
+        at a word edge, so that a window never ends inside a word whose rest
+        has not been seen (``ass`` in ``assassin``, split by tokens). A word
+        may stretch the step by ``WORD_SLACK``; a longer one is cut. ``None``:
+        wait for more text."""
+        limit = self._checked + self._window - self._overlap
+        for stop in range(min(end, limit), self._checked, -1):
+            if self._is_edge(stop, end, final):
+                return stop
+        for stop in range(limit + 1, min(end, limit + WORD_SLACK) + 1):
+            if self._is_edge(stop, end, final):
+                return stop
+        return limit if end >= limit + WORD_SLACK else None
+
+    def _is_edge(self, pos: int, end: int, final: bool) -> bool:
+        before = self._text[pos - 1 - self._base]
+        if pos == end:
+            return final or not _is_word(before)
+        return not (_is_word(before) and _is_word(self._text[pos - self._base]))
+
+    def _word_start(self, start: int) -> int:
+        """``start`` moved back (by at most ``WORD_SLACK``) out of a word, so
+        that a window never begins with the tail of a word (``ass`` of
+        ``embarrass``)."""
+        floor = max(self._base + 1, start - WORD_SLACK)
+        while start >= floor and _is_word(self._text[start - 1 - self._base]):
+            if not _is_word(self._text[start - self._base]):
+                break
+            start -= 1
+        return start
+
+
+def _hold_from(backend: SafetyBackend, text: str, since: int) -> int | None:
+    """``backend.hold_from``, with a failure taken for "cannot tell": holding
+    back the overlap is safe, so a bug here costs latency, not the turn."""
+    try:
+        return backend.hold_from(text, kind="output", since=since)
+    except Exception:
+        log.exception("safety backend %s could not tell what to hold back", backend.name)
+        return None
+
+
+def _is_word(char: str) -> bool:
+    # What the regex engine's \w matches, near enough for word edges.
+    return char.isalnum() or char == "_"
