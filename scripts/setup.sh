@@ -49,6 +49,23 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   }
   install_chromium || { apt-get update -qq >/dev/null && install_chromium; }
 fi
+# The edge's web pages: web/ (TypeScript, Vite) builds into llmmesh/edge/web,
+# which the package serves. Node and npm come from Debian where missing; the
+# build runs again only when web/'s sources differ from those last built.
+if ! command -v npm >/dev/null 2>&1; then
+  install_node() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  }
+  install_node || { apt-get update -qq >/dev/null && install_node; }
+fi
+web_sources() {
+  find web -path web/node_modules -prune -o -type f -print | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
+}
+WEB_STAMP=llmmesh/edge/web/.sources
+if [ ! -d web/node_modules ] || [ ! -f "$WEB_STAMP" ] || [ "$(cat "$WEB_STAMP")" != "$(web_sources)" ]; then
+  (cd web && npm ci --no-audit --no-fund --loglevel=error && npm run build --silent)
+  web_sources > "$WEB_STAMP"
+fi
 # iproute2 (`ip`): llmmesh up --netns and tests/e2e/test_netns_drill.py put
 # each plane in a network namespace of its own.
 if ! command -v ip >/dev/null 2>&1; then

@@ -3,6 +3,15 @@
 Tests that need PostgreSQL or Redis take the ``postgres_url`` or
 ``redis_url`` fixture: it skips when the service is down, unless
 ``LLMMESH_REQUIRE_SERVICES=1`` (CI), where it fails instead.
+
+Every test under ``tests/e2e``, ``tests/bench`` and ``tests/vllm`` (real
+processes, benchmark runs, vLLM) is ``slow``, as are the few marked so
+elsewhere; ``pytest -m "not slow"`` is the fast lane.
+
+Tests marked ``image`` build the container image: they run only when asked
+for (``pytest -m image``, or ``LLMMESH_IMAGE_TESTS=1``), and then fail
+rather than skip without a container engine. Otherwise they are deselected
+and the run's summary names them as not run.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -31,6 +41,55 @@ settings.register_profile(
     derandomize=bool(os.environ.get("CI")),
 )
 settings.load_profile("llmmesh")
+
+_NOT_RUN = pytest.StashKey[list[str]]()
+
+
+def _image_tests_asked_for(config: pytest.Config) -> bool:
+    return os.environ.get("LLMMESH_IMAGE_TESTS") == "1" or "image" in (config.option.markexpr or "").replace(
+        "not image", ""
+    )
+
+
+SLOW_FOLDERS = ("e2e", "bench", "vllm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+    if _image_tests_asked_for(config):
+        return
+    held = [item for item in items if item.get_closest_marker("image") is not None]
+    if held:
+        items[:] = [item for item in items if item.get_closest_marker("image") is None]
+        config.hook.pytest_deselected(items=held)
+    config.stash[_NOT_RUN] = [item.nodeid for item in held]
+    worker_output = getattr(config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: its controller prints the summary
+        worker_output["not_run"] = config.stash[_NOT_RUN]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist's controller hears what a worker left out when the worker ends."""
+    output = getattr(node, "workeroutput", {})
+    config = getattr(node, "config", None)
+    if config is not None and output.get("not_run"):
+        known = config.stash.get(_NOT_RUN, [])
+        config.stash[_NOT_RUN] = sorted({*known, *output["not_run"]})
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    held = config.stash.get(_NOT_RUN, [])
+    if held:
+        terminalreporter.section("not run", sep="-")
+        for nodeid in held:
+            terminalreporter.line(
+                f"NOT RUN {nodeid}: builds the container image; run it with `pytest -m image`"
+            )
+
 
 POSTGRES_URL = os.environ.get(
     "LLMMESH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -94,7 +153,7 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """This process traces (:mod:`llmmesh.tracing`) into an in-memory
+    """This process traces (:mod:`llmmesh.core.tracing`) into an in-memory
     exporter for the test; servers and channels made meanwhile trace."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

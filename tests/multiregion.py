@@ -17,18 +17,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmmesh.edge.server import EdgeServer, start_edge
-from llmmesh.edge.settings import EdgeSettings
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.edge.server import EdgeServer
+from llmmesh.engine.server import EnginePod
+from llmmesh.globalplane.server import GlobalPlane
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.v1 import common_pb2
-from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.server import RegionPlane
 from llmmesh.region.settings import RegionSettings
 from llmmesh.region.zone_store.store import ZoneStore
-from tests.stack import DEV_KEY, region_settings, wait_until
+from llmmesh.v1 import common_pb2
+from tests.stack import MeshBuilder, region_settings, wait_until
 
 LOCATIONS = {
     "us-east": "39.0,-77.5",
@@ -57,8 +54,10 @@ class RunningRegion:
     settings: RegionSettings
     plane: RegionPlane
     pods: tuple[EnginePod, ...]
+    # Starts the region again, and stops every plane it started at the end.
+    builder: MeshBuilder
     up: bool = True
-    # Planes killed and replaced, stopped for good at the end.
+    # Planes killed and replaced (the builder stops them at the end).
     dead: list[RegionPlane] = field(default_factory=list)
 
 
@@ -118,7 +117,7 @@ class MultiRegionMesh:
         running = self.regions[region]
         assert not running.up, f"{region} is up"
         running.dead.append(running.plane)
-        running.plane = await start_region(running.settings)
+        running.plane = await running.builder.region(running.settings)
         running.up = True
         await wait_until(lambda: self.routable(region), 10.0, f"{region} routed again")
 
@@ -141,22 +140,12 @@ async def running_multiregion(
     """Start the global plane (dev tenant in zone ``us``), every region of
     ``specs`` with its pods, and an edge; stop them all afterwards. A zone's
     store is ``store_urls[zone]``, else an SQLite file in ``store_dir``."""
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
-    )
-    regions: dict[str, RunningRegion] = {}
-    urls = {spec.zone: _store_url(spec.zone, store_dir, store_urls or {}) for spec in specs}
-    server: EdgeServer | None = None
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane()
+        regions: dict[str, RunningRegion] = {}
+        urls = {spec.zone: _store_url(spec.zone, store_dir, store_urls or {}) for spec in specs}
         for spec in specs:
-            pods = tuple(
-                [
-                    await start_engine(
-                        EngineSettings(pod_id=f"{spec.name}-pod-{n}", insecure=True, **spec.engine)  # type: ignore[arg-type]
-                    )
-                    for n in range(spec.pods)
-                ]
-            )
+            pods = tuple(await build.pods(spec.name, spec.pods, **spec.engine))
             settings = region_settings(
                 glob.address,
                 pods,
@@ -166,23 +155,11 @@ async def running_multiregion(
                 zone_store_url=urls[spec.zone],
                 **spec.settings,
             )
-            plane = await start_region(settings)
-            regions[spec.name] = RunningRegion(spec, settings, plane, pods)
-        server = await start_edge(
-            EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True, **(edge or {}))  # type: ignore[arg-type]
-        )
+            regions[spec.name] = RunningRegion(spec, settings, await build.region(settings), pods, build)
+        server = await build.edge(glob.address, **(edge or {}))
         mesh = MultiRegionMesh(glob, regions, server, urls)
         await wait_until(lambda: all(mesh.routable(name) for name in regions), 10.0, "every region routed")
         yield mesh
-    finally:
-        if server is not None:
-            await server.stop()
-        for running in regions.values():
-            for plane in [*running.dead, running.plane]:
-                await plane.stop(0.5)
-            for pod in running.pods:
-                await pod.stop(0.5)
-        await glob.stop(0.5)
 
 
 def user(text: str) -> common_pb2.ChatMessage:

@@ -1,11 +1,17 @@
-"""An in-process mesh for servicer-level tests: the global plane, one engine
-pod, one region and optionally the edge, each a real gRPC (or HTTP) server on
-port 0 in this event loop."""
+"""The one builder of in-process test meshes, and the smallest mesh.
+
+:class:`MeshBuilder` starts planes (the global plane, engine pods, regions,
+the edge) as real gRPC (or HTTP) servers on port 0 in this event loop, with
+the test settings every suite shares (fast heartbeats and refreshes,
+in-memory stores, plaintext unless told otherwise), and stops them, last
+started first, when its block ends. :func:`running_stack` is its smallest
+mesh: the global plane, engine pods, one region and optionally the edge;
+:mod:`tests.multiregion` builds zones of regions with it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -40,6 +46,71 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, wha
     assert predicate(), what
 
 
+class MeshBuilder:
+    """Starts planes with test settings and stops them, last started first,
+    when its ``async with`` block ends (or fails part way)."""
+
+    def __init__(self) -> None:
+        # What was started, with how to stop it, in the order it started.
+        self._stops: list[tuple[object, Callable[[], Awaitable[None]]]] = []
+
+    async def __aenter__(self) -> MeshBuilder:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        while self._stops:
+            await self._stops.pop()[1]()
+
+    def on_exit(self, started: object, stop: Callable[[], Awaitable[None]]) -> None:
+        """Run ``stop`` for ``started`` when the block ends, before what was started earlier stops."""
+        self._stops.append((started, stop))
+
+    async def stop(self, started: object) -> None:
+        """Stop ``started`` now (a test that takes a plane down); the block's end skips it."""
+        (entry,) = [entry for entry in self._stops if entry[0] is started]
+        self._stops.remove(entry)
+        await entry[1]()
+
+    async def global_plane(self, **overrides: object) -> GlobalPlane:
+        values: dict[str, object] = {
+            "dev_key": DEV_KEY,
+            "heartbeat_interval_ms": 200,
+            "database_url": "sqlite://",
+            "insecure": True,
+            **overrides,
+        }
+        glob = await start_global_plane(GlobalSettings(**values))  # type: ignore[arg-type]
+        self.on_exit(glob, lambda: glob.stop(0.5))
+        return glob
+
+    async def pod(self, pod_id: str, **overrides: object) -> EnginePod:
+        values: dict[str, object] = {"pod_id": pod_id, "insecure": True, **overrides}
+        pod = await start_engine(EngineSettings(**values))  # type: ignore[arg-type]
+        self.on_exit(pod, lambda: pod.stop(0.5))
+        return pod
+
+    async def pods(self, region: str, count: int, **overrides: object) -> list[EnginePod]:
+        """``count`` pods named ``{region}-pod-{n}``."""
+        return [await self.pod(f"{region}-pod-{n}", **overrides) for n in range(count)]
+
+    async def region(self, settings: RegionSettings) -> RegionPlane:
+        plane = await start_region(settings)
+        self.on_exit(plane, lambda: plane.stop(0.5))
+        return plane
+
+    async def edge(self, global_address: str, **overrides: object) -> EdgeServer:
+        values: dict[str, object] = {
+            "port": 0,
+            "global_address": global_address,
+            "auth_cache_ms": 0,
+            "insecure": True,
+            **overrides,
+        }
+        server = await start_edge(EdgeSettings(**values))  # type: ignore[arg-type]
+        self.on_exit(server, server.stop)
+        return server
+
+
 @asynccontextmanager
 async def running_stack(
     with_edge: bool = False,
@@ -51,29 +122,12 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     """Start every plane in this process (``pods`` engine pods behind the
     region); stop them all afterwards."""
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url=database_url, insecure=True)
-    )
-    engines = [
-        await start_engine(EngineSettings(pod_id=f"us-east-pod-{n}", insecure=True, **engine_overrides))  # type: ignore[arg-type]
-        for n in range(pods)
-    ]
-    engine = engines[0]
-    region = await start_region(region_settings(glob.address, engines, **(region_overrides or {})))
-    edge = (
-        await start_edge(EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True))
-        if with_edge
-        else None
-    )
-    try:
-        yield Stack(glob, engine, region, edge, tuple(engines))
-    finally:
-        if edge is not None:
-            await edge.stop()
-        await region.stop(0.5)
-        for pod in engines:
-            await pod.stop(0.5)
-        await glob.stop(0.5)
+    async with MeshBuilder() as build:
+        glob = await build.global_plane(database_url=database_url)
+        engines = await build.pods("us-east", pods, **engine_overrides)
+        region = await build.region(region_settings(glob.address, engines, **(region_overrides or {})))
+        edge = await build.edge(glob.address) if with_edge else None
+        yield Stack(glob, engines[0], region, edge, tuple(engines))
 
 
 def region_settings(global_address: str, engines: Sequence[EnginePod], **overrides: object) -> RegionSettings:

@@ -37,9 +37,6 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.tiny_model import resolve_model_dir
-from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.openai_client import OpenAIChatClient
@@ -49,6 +46,9 @@ from llmmesh.bench.report import BenchReport
 from llmmesh.bench.spec_decode import SPEC_COUNTERS, read_counters, speculative_flags
 from llmmesh.bench.stats import LevelMetrics, summarize
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.tiny_model import resolve_model_dir
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 
 OURS = "llmmesh"
 PEER = "vllm-serve"

@@ -3,7 +3,7 @@ on one simulated fleet, the same seeded mixed workload for each.
 
 The mesh is ``llmmesh up`` with one region serving llmmesh-small and
 llmmesh-large (``pods_per_model`` simulator pods each, with the family's
-per-size step costs; :mod:`llmmesh.model_family`). Each system ("auto",
+per-size step costs; :mod:`llmmesh.core.model_family`). Each system ("auto",
 "always_large", "always_small": the request's ``model``) sends every turn
 of the workload (:mod:`llmmesh.bench.fleet_workload`) streamed, at the
 same seeded Poisson arrival times (``rate`` turns a second: an open loop,

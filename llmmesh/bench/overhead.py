@@ -52,10 +52,11 @@ By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
 path adds), then with them on (``with_output_filter``: the product path).
 ``--safety off`` or ``--safety on`` makes only that run. The two differ by
-design: the streaming output filter holds each reply's first word until
-the next token shows where the word ends (a rule about a word needs the
-whole word), so with the filter on the first content reaches the client
-about one decode step later, whatever the transport. The direct path has
+design: the streaming output filter holds text from where a rule could
+still begin, and with personal data blocking any unfinished word may begin
+an email address, so a reply's first word waits for the next token to end
+it: with the filter on the first content reaches the client about one
+decode step later, whatever the transport. The direct path has
 no such filter. The targets are therefore judged on the transport run,
 and what the filter adds to time to first token is reported on its own:
 what the mesh adds with the filter on minus what it adds with it off, each
@@ -100,12 +101,13 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.sim.sampler import MAX_REPLY_TOKENS
+import httpx
+
 from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter, TraceSampling, split_run
+from llmmesh.bench.overhead_hops import HopSnapshot, scrape_hops, total
 from llmmesh.bench.overhead_otlp import SpanSink, running_span_sink
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.overhead_report import (
@@ -128,6 +130,8 @@ from llmmesh.bench.processes import StartupError
 from llmmesh.bench.routing_systems import API_KEY, REGION, ZONE
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatWorkload
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.sim.sampler import MAX_REPLY_TOKENS
 
 Progress = Callable[[str], None]
 
@@ -228,14 +232,22 @@ class OverheadBench:
                 reference.engine_address,
                 plan.request_timeout_s,
                 ignore_eos,
-                pod_client_security(reference.certs),
+                pod_client_security(reference.certs, REGION),
                 pod_server_name(ZONE, REGION),
             )
             stack.push_async_callback(direct.close)
             clients = {DIRECT: direct, **clients}
-            runs, after_idle, marks = await self._measure_levels(clients, progress)
+            scraper = httpx.AsyncClient(timeout=plan.request_timeout_s)
+            stack.push_async_callback(scraper.aclose)
+            # Per-hop figures of every mesh but the traced one, whose rounds mix sampled and unsampled turns.
+            metrics = {
+                system: mesh.metrics_urls
+                for system, mesh in zip(mesh_systems, meshes, strict=True)
+                if system != MESH_TRACED and mesh.metrics_urls
+            }
+            runs, after_idle, marks, hops = await self._measure_levels(clients, progress, scraper, metrics)
             spans = None if sink is None else sink.spans
-        return self._run(safety, tls, runs, after_idle, ignore_eos, spans, marks)
+        return self._run(safety, tls, runs, after_idle, ignore_eos, spans, marks, hops)
 
     async def _mesh_honours_ignore_eos(
         self, system: str, client: StreamingClient, progress: Progress
@@ -255,11 +267,23 @@ class OverheadBench:
         return False
 
     async def _measure_levels(
-        self, clients: Mapping[str, StreamingClient], progress: Progress
-    ) -> tuple[dict[str, list[LevelRun]], dict[str, list[RequestRecord]], dict[str, list[list[bool]]]]:
+        self,
+        clients: Mapping[str, StreamingClient],
+        progress: Progress,
+        scraper: httpx.AsyncClient | None = None,
+        metrics: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> tuple[
+        dict[str, list[LevelRun]],
+        dict[str, list[RequestRecord]],
+        dict[str, list[list[bool]]],
+        dict[str, HopSnapshot],
+    ]:
         """Each system's rounds by ``{system}/c{level}``, the request that
-        began each of its rounds after it idled, and for the traced mesh
-        which requests of each round it traced (:class:`TraceSampling`)."""
+        began each of its rounds after it idled, for the traced mesh which
+        requests of each round it traced (:class:`TraceSampling`), and for
+        each system in ``metrics`` (its planes' ``/metrics`` URLs) the hop
+        histograms of its rounds (:mod:`llmmesh.bench.overhead_hops`),
+        scraped with ``scraper`` just before and after each round."""
         plan = self.plan
         busiest = max(plan.levels)
         systems = tuple(clients)
@@ -273,6 +297,8 @@ class OverheadBench:
         runs: dict[str, list[LevelRun]] = {}
         after_idle: dict[str, list[RequestRecord]] = {}
         marks: dict[str, list[list[bool]]] = {}
+        rounds_hops: dict[str, list[HopSnapshot]] = {}
+        metrics = metrics or {}
         for level in plan.levels:
             sizes = plan.round_sizes(level)
             for round_index, size in enumerate(sizes):
@@ -289,9 +315,15 @@ class OverheadBench:
                     if system == MESH_TRACED:
                         sampled = self.sampling.deal(f"c{level}-r{round_index}", requests, delays)
                         marks.setdefault(key(system, level), []).append(sampled)
+                    urls = metrics.get(system) if scraper is not None else None
+                    before = await scrape_hops(scraper, urls) if scraper is not None and urls else None
                     run = await measure_level(name, jittered[system], requests, level, progress)
                     runs.setdefault(key(system, level), []).append(run)
-        return runs, after_idle, marks
+                    if before is not None and scraper is not None and urls:
+                        after = await scrape_hops(scraper, urls)
+                        rounds_hops.setdefault(key(system, level), []).append(after - before)
+        hops = {name: total(snapshots) for name, snapshots in rounds_hops.items()}
+        return runs, after_idle, marks, hops
 
     def _run(
         self,
@@ -302,11 +334,13 @@ class OverheadBench:
         ignore_eos: bool,
         spans_exported: int | None = None,
         marks: Mapping[str, list[list[bool]]] | None = None,
+        hops: Mapping[str, HopSnapshot] | None = None,
     ) -> OverheadRun:
         """The run's figures; ``spans_exported``, what the traced mesh sent
         its collector (None without one); ``marks``, which requests of each
         of its rounds it traced: its sampled requests are ``mesh_traced``'s
-        figures, the others ``mesh_unsampled``'s."""
+        figures, the others ``mesh_unsampled``'s; ``hops``, each mesh's hop
+        histograms by ``{system}/c{level}``."""
         parts = dict(runs)
         for level in self.plan.levels:
             traced = key(MESH_TRACED, level)
@@ -336,7 +370,9 @@ class OverheadBench:
         if spans_exported is not None:
             # Spans still in the planes' batches when the run ended are not counted.
             setup["traced_spans_exported"] = spans_exported
-        return OverheadRun(safety, results, mismatches, setup, after_idle, tls, spans_exported is not None)
+        return OverheadRun(
+            safety, results, mismatches, setup, after_idle, tls, spans_exported is not None, hops or {}
+        )
 
     def _setup(self) -> dict[str, object]:
         """What every run shares; each run's own setting is in its

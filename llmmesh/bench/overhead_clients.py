@@ -24,11 +24,11 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench.loadgen import LevelRun, StreamingClient
 from llmmesh.bench.openai_client import ChunkCounter
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 
 
 class SimChunkCounter(ChunkCounter):

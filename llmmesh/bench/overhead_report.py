@@ -19,6 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llmmesh.bench.overhead_hops import HopSnapshot, HopTable
 from llmmesh.bench.report import ratio
 from llmmesh.bench.stats import LevelMetrics, RequestRecord, percentile, summarize
 
@@ -297,6 +298,8 @@ class OverheadRun:
     tls: str = "off"
     # Whether the run measured a mesh with tracing on beside the others.
     traced: bool = False
+    # Each mesh's hop histograms of its measured rounds, by ``{system}/c{level}``.
+    hops: Mapping[str, HopSnapshot] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -348,6 +351,21 @@ class OverheadRun:
         over rounds, one minus the other; None when not measured or every
         such request failed."""
         return _added_ms(self._after_idle_median(system, level), self._after_idle_median(over, level))
+
+    def hops_dict(self, levels: Sequence[int]) -> dict[str, HopTable]:
+        """Where each mesh's added time to first token goes, by
+        ``{system}/c{level}``: :meth:`HopSnapshot.table` beside the
+        client-side figure, the mesh's mean time to first token less direct's."""
+        tables: dict[str, HopTable] = {}
+        for level in levels:
+            direct = _mean(self.results[key(DIRECT, level)].ttfts_s)
+            for system in self.systems:
+                snapshot = self.hops.get(key(system, level))
+                if snapshot is None:
+                    continue
+                mesh = _mean(self.results[key(system, level)].ttfts_s)
+                tables[key(system, level)] = snapshot.table(_added_ms(mesh, direct))
+        return tables
 
     def results_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:
         return {
@@ -455,9 +473,10 @@ class OverheadReport:
         return sum(run.errors() for run in self.runs)
 
     def as_dict(self) -> dict[str, object]:
-        """MISSION's report object: scenario, results, ratios, and the
-        targets with their verdicts, all of :attr:`targets_run`; with both
-        runs, the other one under ``with_output_filter``."""
+        """MISSION's report object: scenario, results, ratios, the targets
+        with their verdicts and where the added time goes hop by hop
+        (``hops``), all of :attr:`targets_run`; with both runs, the other
+        one under ``with_output_filter``."""
         target = self.targets_run
         runs = {
             run.name: {
@@ -478,12 +497,14 @@ class OverheadReport:
             "targets": self.targets.as_dict(),
             "targets_met": self.targets_met(),
             "targets_measured_on": targets_measured_on(target.safety, target.tls, target.traced),
+            "hops": target.hops_dict(self.levels),
         }
         filtered = self.filter_run
         if filtered is not None:
             body[WITH_OUTPUT_FILTER] = {
                 "results": filtered.results_dict(self.levels),
                 "ratios": filtered.ratios_dict(self.levels),
+                "hops": filtered.hops_dict(self.levels),
             } | {
                 name: {level: _round(value, 4) for level, value in by_level.items()}
                 for name, by_level in self.filter_added().items()

@@ -9,7 +9,7 @@ in the embedded mesh. The planes talk mutual TLS with the certificates of
 a directory the benchmark issued (:mod:`llmmesh.bench.mesh_tls`), or
 plaintext, asked for with ``--insecure``; the benchmark's own client talks
 to the edge in plain HTTP either way. A traced mesh's pod, region and edge
-trace every turn (:mod:`llmmesh.tracing`, sampling every trace) and export
+trace every turn (:mod:`llmmesh.core.tracing`, sampling every trace) and export
 the spans to the benchmark's collector (:mod:`llmmesh.bench.overhead_otlp`);
 its global plane, which a turn reaches only when the edge's caches miss,
 does not. An untraced mesh traces nothing, whatever the environment says.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmmesh.bench.mesh_tls import issue_certs, plane_tls_flags
@@ -41,12 +41,14 @@ KV_BLOCKS = 8192
 class Mesh:
     """Where the running mesh serves: the engine pod's gRPC address (the
     direct path) and the edge's base URL (the full path); ``certs``, the
-    directory of its planes' certificates, None when they talk plaintext."""
+    directory of its planes' certificates, None when they talk plaintext;
+    ``metrics_urls``, each plane's ``/metrics`` (edge, region, engine)."""
 
     engine_address: str
     region_address: str
     edge_url: str
     certs: Path | None = None
+    metrics_urls: Mapping[str, str] = field(default_factory=dict)
 
 
 def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path, certs: Path | None = None) -> list[str]:
@@ -155,4 +157,9 @@ async def running_mesh(
                 edge_url = await _ready_value(edge, ready["edge"], "url", timeout_s)
                 # The region must have reported to geo-routing before the edge can route to it.
                 await edge.wait_http_ok(f"{edge_url}/healthz", timeout_s)
-                yield Mesh(engine_address, region_address, edge_url, certs)
+                metrics_urls = {
+                    "edge": f"{edge_url}/metrics",
+                    "region": await _ready_value(region, ready["region"], "metrics_url", timeout_s),
+                    "engine": await _ready_value(engine, ready["engine"], "metrics_url", timeout_s),
+                }
+                yield Mesh(engine_address, region_address, edge_url, certs, metrics_urls)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmmesh.bench.overhead_report import (
+    MESH,
     MESH_TRACED,
     MESH_TWIN,
     MTLS_ADDED_P50,
@@ -99,7 +100,43 @@ def _run_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
         lines.append(line)
     if run.traced:
         lines += _traced_table(run, levels)
+    lines += _hops_table(run, levels)
     return lines
+
+
+def _hops_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
+    """Where the mesh's added time to first token goes (the ``mesh``
+    system; the JSON has every mesh): each hop's mean and percentiles, the
+    groups' means, and their sum beside the client-side figure."""
+    tables = run.hops_dict(levels)
+    lines: list[str] = []
+    for level in levels:
+        table = tables.get(key(MESH, level))
+        if table is None:
+            continue
+        lines += [
+            f"where {key(MESH, level)}'s time to first token goes, per hop (ms; percentiles interpolated "
+            "in the planes' histogram buckets)",
+            f"{'plane':<7} {'hop':<18} {'group':<8} {'turns':>6} {'mean':>8} {'p50':>8} {'p99':>8}",
+        ]
+        for row in table["hops"]:
+            lines.append(
+                f"{row['plane']:<7} {row['hop']:<18} {row['group']:<8} {row['turns']:>6} "
+                f"{_num(row['mean_ms'])} {_num(row['p50_ms'])} {_num(row['p99_ms'])}"
+            )
+        groups = table["groups_mean_ms"]
+        lines.append(
+            "mesh-added, means: "
+            + ", ".join(f"{name} {value:+.2f}" for name, value in groups.items())
+            + f"; sum {_num(table['mesh_hops_sum_mean_ms']).strip()} vs client-side added ttft mean "
+            f"{_num(table['client_added_ttft_mean_ms']).strip()} (unaccounted "
+            f"{_num(table['unaccounted_mean_ms']).strip()})"
+        )
+    return lines
+
+
+def _num(value: object) -> str:
+    return f"{'-':>8}" if not isinstance(value, (int, float)) else f"{value:>8.3f}"
 
 
 def _traced_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:

@@ -44,8 +44,13 @@ PEER_POLICIES = ("cache_aware", "kv_aware")
 ROUTING_BACKENDS = ("sim", "vllm")
 # The routing workloads: multi-turn conversations over long shared system
 # prompts, or unique long documents mixed with long chat replies
-# (llmmesh.bench.routing_prefill_heavy, simulator only).
-ROUTING_WORKLOADS = ("prefix-reuse", "prefill-heavy")
+# (llmmesh.bench.routing_prefill_heavy), long-context RAG and agentic
+# multi-turn tasks (llmmesh.bench.routing_seed_workloads); all but the
+# first on the simulator only.
+ROUTING_WORKLOADS = ("prefix-reuse", "prefill-heavy", "rag", "agentic")
+# How the simulator's run keeps time: in virtual time, in one process
+# (llmmesh.bench.routing_virtual), or end to end on the wall clock.
+ROUTING_CLOCKS = ("virtual", "real")
 
 
 @dataclass(frozen=True)
@@ -135,17 +140,27 @@ VLLM_ROUTING = RoutingBackendPlan(
 @dataclass(frozen=True)
 class RoutingBenchPlan:
     """What ``llmmesh bench routing`` runs: a plan per backend, None for a
-    backend left out."""
+    backend left out. ``clock`` is how the simulator's part keeps time
+    (vLLM runs in real time); a virtual run splits its pods over
+    ``regions`` regions."""
 
     sim: RoutingBackendPlan | None = SIM_ROUTING
     vllm: RoutingBackendPlan | None = VLLM_ROUTING
     model_path: str = ""
     startup_timeout_s: float = 180.0
     request_timeout_s: float = 300.0
+    clock: str = "virtual"
+    regions: int = 1
 
     def __post_init__(self) -> None:
         if self.sim is None and self.vllm is None:
             raise ValueError("nothing to run: no backend")
+        if self.clock not in ROUTING_CLOCKS:
+            raise ValueError(f"clock must be one of {', '.join(ROUTING_CLOCKS)}, got {self.clock!r}")
+        if self.regions < 1 or (self.regions > 1 and self.clock != "virtual"):
+            raise ValueError("several regions run in virtual time only (--clock virtual)")
+        if self.sim is not None and self.sim.pods < self.regions:
+            raise ValueError(f"{self.sim.pods} pods cannot be split over {self.regions} regions")
         if self.vllm is not None and self.vllm.workload != "prefix-reuse":
             raise ValueError(f"the {self.vllm.workload} workload runs on the simulator only (--backend sim)")
         if self.vllm is not None and self.vllm.disaggregated:

@@ -2,6 +2,11 @@
 engine pods, and ``vllm-router`` (``cache_aware``, ``kv_aware`` fed by
 vLLM's KV-cache events) over ``vllm serve`` pods as the peer.
 
+On the simulator the default is virtual time (``--clock virtual``,
+:mod:`llmmesh.bench.routing_virtual`: the region's placement code over
+simulator pods in one process, the same figures on any machine); what
+follows describes the real-time run (``--clock real``, and vLLM always).
+
 What is measured: time to first token and output throughput as the client
 sees them, through the region's ``ChatService`` over gRPC for ours (the
 region's whole turn path: authentication, admission, tokenization for the
@@ -22,7 +27,7 @@ cache comes in whole GiB, so the pressure is what it is, and reported.
 
 On the simulator, each policy of ``disaggregated`` runs once more on the
 same number of pods split into prefill and decode pods (``llmmesh/precise+pd``;
-:mod:`region.disaggregation`), so TTFT p90, ITL p90 and throughput with and
+:mod:`region.placement.disaggregation`), so TTFT p90, ITL p90 and throughput with and
 without disaggregation compare at the same pod count. The workload above
 rewards prefix reuse; ``--workload prefill-heavy``
 (:mod:`llmmesh.bench.routing_prefill_heavy`) is the one where prefill
@@ -44,9 +49,6 @@ from pathlib import Path
 
 import grpc.aio
 
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.tiny_model import resolve_model_dir
-from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.loadgen import quarter_reporter
 from llmmesh.bench.plan import RoutingBackendPlan, RoutingBenchPlan
 from llmmesh.bench.processes import StartupError, free_port
@@ -67,6 +69,7 @@ from llmmesh.bench.routing_report import (
     SystemResult,
     system_name,
 )
+from llmmesh.bench.routing_seed_workloads import AGENTIC, RAG, AgenticWorkload, RagWorkload
 from llmmesh.bench.routing_systems import (
     API_KEY,
     HOST,
@@ -76,6 +79,7 @@ from llmmesh.bench.routing_systems import (
     router_command,
     router_executable,
 )
+from llmmesh.bench.routing_virtual import MEASURED_VIRTUAL, virtual_backend_report
 from llmmesh.bench.routing_workload import (
     ConversationWorkload,
     KvSizing,
@@ -88,6 +92,9 @@ from llmmesh.bench.routing_workload import (
     working_set,
 )
 from llmmesh.bench.stats import summarize
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.tiny_model import resolve_model_dir
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 
 Progress = Callable[[str], None]
@@ -117,6 +124,13 @@ def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, Workin
     ``kv_blocks`` when set, else sized to ``kv_pressure`` (prefix reuse) or
     to a full batch of the longest turn (prefill-heavy)."""
     counter = sim_token_counter()
+    if plan.workload in (RAG, AGENTIC):
+        seeded = RagWorkload.of(plan) if plan.workload == RAG else AgenticWorkload.of(plan)
+        working = seeded.working_set(plan.concurrency, counter)
+        pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
+        # At least one turn at its longest must fit a pod.
+        pressure = max(pressure, math.ceil(working.longest_turn_tokens / plan.block_size) + 1)
+        return seeded, working, plan.kv_blocks or pressure
     if plan.workload == PREFILL_HEAVY:
         heavy = PrefillHeavyWorkload.of(plan)
         working = heavy.working_set(plan.concurrency, counter)
@@ -126,6 +140,21 @@ def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, Workin
     working = working_set(workload, plan.concurrency, counter)
     pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
     return workload, working, plan.kv_blocks or pressure
+
+
+def sim_setup(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, KvSizing, SimPodSpec]:
+    """The simulator's workload, its KV sizing and the pods' settings, in
+    real or virtual time alike. Raises ValueError when the longest turn
+    does not fit the context window."""
+    workload, working, kv_blocks = sim_workload(plan)
+    context_window = EngineSettings().context_window
+    if working.longest_turn_tokens > context_window:
+        raise ValueError(
+            f"the longest turn needs {working.longest_turn_tokens} tokens, more than the "
+            f"{context_window}-token context window; shorten the workload"
+        )
+    sizing = KvSizing(plan.pods, plan.block_size, kv_blocks, working)
+    return workload, sizing, SimPodSpec(kv_blocks, plan.block_size, plan.max_num_seqs, context_window)
 
 
 def hf_token_counter(model_dir: Path) -> TokenCounter:
@@ -166,26 +195,28 @@ class RoutingBench:
         self.model = EngineSettings().model
 
     async def run(self) -> RoutingReport:
-        """Measure every backend of the plan. Raises StartupError when one
-        of our processes cannot start (after stopping it)."""
+        """Measure every backend of the plan in real time (a virtual
+        simulator run is :meth:`run_virtual`'s). Raises StartupError when
+        one of our processes cannot start (after stopping it)."""
         sim = vllm = None
         async with self._launcher.global_plane() as global_address:
             if self.plan.sim is not None:
                 sim = await self._run_sim(self.plan.sim, global_address)
             if self.plan.vllm is not None:
                 vllm = await self._run_vllm(self.plan.vllm, global_address)
-        return RoutingReport(model=self.model, measured=MEASURED, sim=sim, vllm=vllm)
+        return RoutingReport(model=self.model, measured=MEASURED, sim=sim, vllm=vllm, clock="real")
+
+    async def run_virtual(self) -> RoutingReport:
+        """The simulator's part of the plan in virtual time
+        (:mod:`llmmesh.bench.routing_virtual`); must run on a
+        :class:`~llmmesh.bench.virtual_clock.VirtualClockLoop`."""
+        assert self.plan.sim is not None
+        sim = await virtual_backend_report(self.plan.sim, self.plan.regions, self.model, self._progress)
+        return RoutingReport(model=self.model, measured=MEASURED_VIRTUAL, sim=sim, vllm=None, clock="virtual")
 
     async def _run_sim(self, plan: RoutingBackendPlan, global_address: str) -> BackendReport:
-        workload, working, kv_blocks = sim_workload(plan)
-        context_window = EngineSettings().context_window
-        if working.longest_turn_tokens > context_window:
-            raise ValueError(
-                f"the longest turn needs {working.longest_turn_tokens} tokens, more than the "
-                f"{context_window}-token context window; shorten the workload"
-            )
-        sizing = KvSizing(plan.pods, plan.block_size, kv_blocks, working)
-        spec = SimPodSpec(kv_blocks, plan.block_size, plan.max_num_seqs, context_window)
+        workload, sizing, spec = sim_setup(plan)
+        kv_blocks = spec.kv_blocks
         self._progress(
             f"sim: {plan.pods} pods of {kv_blocks} KV blocks, KV pressure {sizing.kv_pressure:.2f}, "
             f"shared prefixes {sizing.shared_prefix_over_pod_kv:.2f}x one pod's cache"

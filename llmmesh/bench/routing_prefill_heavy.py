@@ -39,10 +39,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from llmmesh.engine.sim.vocabulary import WORDS
 from llmmesh.bench.plan import SIM_ROUTING, RoutingBackendPlan
 from llmmesh.bench.routing_workload import Conversation, Message, TokenCounter, Turn, WorkingSet
 from llmmesh.bench.workload import DEFAULT_SEED, sentences
+from llmmesh.engine.sim.vocabulary import WORDS
 
 PREFILL_HEAVY = "prefill-heavy"
 SUMMARY_TOKENS = 16

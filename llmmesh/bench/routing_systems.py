@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.engine import peer_command, pod_command
 from llmmesh.bench.mesh_tls import plane_tls_flags
 from llmmesh.bench.processes import ChildProcess, StartupError, free_port
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 
 HOST = "127.0.0.1"
 API_KEY = "sk-llmmesh-bench-routing"

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 
+from llmmesh.bench.workload import DEFAULT_SEED, sentences
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.sim.vocabulary import WORDS
-from llmmesh.bench.workload import DEFAULT_SEED, sentences
 
 Message = tuple[str, str]
 """A chat message as ``(role, content)``, role ``system``, ``user`` or ``assistant``."""

@@ -24,9 +24,26 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from google.protobuf import json_format, timestamp_pb2
-from google.protobuf.message import Message
 
+from llmmesh.cli.admin_end_user import end_user_pseudonym
+from llmmesh.cli.admin_model import add_model_arguments
+from llmmesh.cli.admin_output import (
+    _TIERS,
+    CALL_TIMEOUT_S,
+    AdminError,
+    _as_dict,
+    _table,
+    _tenant_rows,
+    _time,
+)
+from llmmesh.cli.admin_region import add_region_arguments
+from llmmesh.cli.admin_tenant import (
+    CAPS,
+    add_cap_arguments,
+    add_key_list_arguments,
+    add_tenant_delete_arguments,
+    add_tenant_update_arguments,
+)
 from llmmesh.cli.tls_flags import add_tls_arguments, tls_from_args
 from llmmesh.client import CertificateSetupError, MeshTls
 from llmmesh.core.errors import from_rpc_error
@@ -35,6 +52,7 @@ from llmmesh.core.home import mesh_home
 from llmmesh.core.identity import Role, role_name
 from llmmesh.core.mtls import MeshSecurity
 from llmmesh.core.pages import collect_pages
+from llmmesh.core.usage_purpose import purpose_name
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -45,10 +63,7 @@ from llmmesh.v1 import (
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 
-CALL_TIMEOUT_S = 10.0
 AUDIT_PAGE_SIZE = 500
-_TIERS = {"free": common_pb2.TIER_FREE, "pro": common_pb2.TIER_PRO, "enterprise": common_pb2.TIER_ENTERPRISE}
-_TIER_NAMES = {v: k for k, v in _TIERS.items()}
 _HEALTH_NAMES = {
     common_pb2.HEALTH_STATE_SERVING: "serving",
     common_pb2.HEALTH_STATE_DEGRADED: "degraded",
@@ -67,55 +82,11 @@ _BAD_INPUT = frozenset(
 )
 
 
-class AdminError(Exception):
-    """A failure to report as one line, with its reason and exit status."""
-
-    def __init__(self, message: str, reason: str, status: int) -> None:
-        super().__init__(message)
-        self.message, self.reason, self.status = message, reason, status
-
-
 Command = Callable[[grpc.aio.Channel, argparse.Namespace], Awaitable[Any]]
 """Runs one admin command; returns what ``--json`` prints (the table is printed by the command)."""
 
 
 # ------------------------------------------------------------------ output
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    return "\n".join(lines)
-
-
-def _as_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
-
-
-def _limit(value: int) -> str:
-    return str(value) if value else "unlimited"
-
-
-def _time(stamp: timestamp_pb2.Timestamp) -> str:
-    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%SZ") if stamp.seconds else "-"
-
-
-def _tenant_rows(tenants: Sequence[ppb.Tenant]) -> str:
-    rows = [
-        (
-            t.name,
-            t.id,
-            t.zone,
-            _TIER_NAMES.get(t.tier, "?"),
-            _limit(t.rpm_limit),
-            _limit(t.tpm_limit),
-            _limit(t.monthly_token_quota),
-            ",".join(t.allowed_models) or "all",
-        )
-        for t in tenants
-    ]
-    return _table(("NAME", "ID", "ZONE", "TIER", "RPM", "TPM", "MONTHLY QUOTA", "MODELS"), rows)
 
 
 # ------------------------------------------------------------------ commands
@@ -133,9 +104,11 @@ async def _tenant_create(channel: grpc.aio.Channel, args: argparse.Namespace) ->
         allowed_models=models,
         conversation_retention_days=args.retention_days,
         memory_enabled=args.memory,
+        **{field: getattr(args, field) for field, _ in CAPS},
     )
     stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
-    tenant = (await stub.CreateTenant(ppb.CreateTenantRequest(tenant=spec), timeout=CALL_TIMEOUT_S)).tenant
+    request = ppb.CreateTenantRequest(tenant=spec, allow_empty_zone=args.allow_empty_zone)
+    tenant = (await stub.CreateTenant(request, timeout=CALL_TIMEOUT_S)).tenant
     if not args.json:
         print(_tenant_rows([tenant]))
     return _as_dict(tenant)
@@ -182,19 +155,48 @@ async def _key_revoke(channel: grpc.aio.Channel, args: argparse.Namespace) -> An
 
 async def _usage(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
     stub = billing_service_pb2_grpc.BillingServiceStub(channel)
-    request = bpb.GetUsageRequest(tenant_id=args.tenant, period=args.period, end_user=args.end_user)
+    # Billing knows an end user only by the pseudonym a region of the tenant's zone computes.
+    found = (
+        await end_user_pseudonym(channel, args.tenant, args.end_user, args.security)
+        if args.end_user
+        else None
+    )
+    request = bpb.GetUsageRequest(
+        tenant_id=args.tenant, period=args.period, end_user=found.pseudonym if found else ""
+    )
     usage = await stub.GetUsage(request, timeout=CALL_TIMEOUT_S)
     if not args.json:
+        if found:
+            print(f"end user {args.end_user!r} is {found.pseudonym} outside zone {found.zone}")
         rows = [
-            (usage.period, "all", usage.requests, usage.input_tokens, usage.output_tokens, usage.cost_usd)
+            (
+                usage.period,
+                "all",
+                "all",
+                usage.requests,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cost_usd,
+            )
         ]
         rows += [
-            (usage.period, m.model, m.requests, m.input_tokens, m.output_tokens, m.cost_usd)
+            (
+                usage.period,
+                m.model,
+                purpose_name(m.purpose),
+                m.requests,
+                m.input_tokens,
+                m.output_tokens,
+                m.cost_usd,
+            )
             for m in usage.models
         ]
-        print(_table(("PERIOD", "MODEL", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD"), rows))
+        header = ("PERIOD", "MODEL", "PURPOSE", "REQUESTS", "INPUT TOKENS", "OUTPUT TOKENS", "COST USD")
+        print(_table(header, rows))
     answer = {**_as_dict(usage), "tenant": args.tenant}
-    return {**answer, "end_user": args.end_user} if args.end_user else answer
+    if found is None:
+        return answer
+    return {**answer, "end_user": args.end_user, "end_user_pseudonym": found.pseudonym}
 
 
 async def _regions(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
@@ -292,6 +294,8 @@ def _admin_error(err: grpc.aio.AioRpcError, address: str, security: MeshSecurity
 
 
 async def _call(command: Command, args: argparse.Namespace, address: str, security: MeshSecurity) -> Any:
+    # A command that dials another plane (a region) presents the same certificate.
+    args.security = security
     async with open_channel(address, security, role_name(Role.GLOBAL)) as channel:
         try:
             return await command(channel, args)
@@ -326,7 +330,7 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     add_tls_arguments(common)
     groups = parser.add_subparsers(dest="admin_group", required=True, metavar="TOPIC")
 
-    tenant = groups.add_parser("tenant", help="create and list tenants").add_subparsers(
+    tenant = groups.add_parser("tenant", help="create, list, update and delete tenants").add_subparsers(
         dest="tenant_action", required=True, metavar="ACTION"
     )
     create = tenant.add_parser("create", parents=[common], help="create a tenant pinned to a zone")
@@ -350,12 +354,21 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep facts about the tenant's end users and put them in their turns (off by default)",
     )
+    create.add_argument(
+        "--allow-empty-zone",
+        action="store_true",
+        help="create it even when no region of its zone has reported and the mesh's topology names "
+        "no such zone (its regions come later)",
+    )
+    add_cap_arguments(create, 0)
     create.set_defaults(admin_command=_tenant_create)
     listing = tenant.add_parser("list", parents=[common], help="list tenants")
     listing.add_argument("--zone", default="", help="only tenants of this zone")
     listing.set_defaults(admin_command=_tenant_list)
+    add_tenant_update_arguments(tenant, common)
+    add_tenant_delete_arguments(tenant, common)
 
-    key = groups.add_parser("key", help="create and revoke API keys").add_subparsers(
+    key = groups.add_parser("key", help="create, revoke and list API keys").add_subparsers(
         dest="key_action", required=True, metavar="ACTION"
     )
     key_create = key.add_parser("create", parents=[common], help="create an API key; prints its secret once")
@@ -365,12 +378,16 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     revoke = key.add_parser("revoke", parents=[common], help="revoke an API key")
     revoke.add_argument("key_id", help="id of the key, key_…")
     revoke.set_defaults(admin_command=_key_revoke)
+    add_key_list_arguments(key, common)
 
     usage = groups.add_parser("usage", parents=[common], help="a tenant's usage and cost in one month")
     usage.add_argument("tenant", help="tenant name or id")
     usage.add_argument("--period", default="", help="month as YYYY-MM (UTC); default the current one")
     usage.add_argument(
-        "--end-user", default="", help="only the turns made for this end user (the request's `user`)"
+        "--end-user",
+        default="",
+        help="only the turns made for this end user (the request's `user`); a region of the tenant's "
+        "zone turns it into the pseudonym billing knows it by",
     )
     usage.set_defaults(admin_command=_usage)
 
@@ -383,10 +400,5 @@ def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     )
     audit.set_defaults(admin_command=_audit)
 
-    from llmmesh.cli.admin_model import add_model_arguments  # it builds on this module's helpers
-
     add_model_arguments(groups, common)
-
-    from llmmesh.cli.admin_region import add_region_arguments
-
     add_region_arguments(groups, common)

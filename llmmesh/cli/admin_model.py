@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc.aio
 
-from llmmesh.cli.admin import _TIER_NAMES, _TIERS, CALL_TIMEOUT_S, _as_dict, _table
+from llmmesh.cli.admin_output import _TIER_NAMES, _TIERS, CALL_TIMEOUT_S, AdminError, _as_dict, _table
 from llmmesh.core.pages import collect_pages
 from llmmesh.v1 import common_pb2, model_registry_service_pb2_grpc
 from llmmesh.v1 import model_registry_service_pb2 as mpb
@@ -117,8 +117,6 @@ async def _list(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
 
 
 async def _register(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
-    from llmmesh.cli.admin import AdminError
-
     try:
         await _current(channel, args.name)
     except grpc.aio.AioRpcError as err:

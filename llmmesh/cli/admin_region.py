@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc.aio
 
-from llmmesh.cli.admin import CALL_TIMEOUT_S, _as_dict
+from llmmesh.cli.admin_output import CALL_TIMEOUT_S, _as_dict
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 

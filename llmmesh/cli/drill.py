@@ -8,8 +8,15 @@ calls present the admin certificate (``--certs-dir``, else mesh.json's,
 else ``$LLMMESH_HOME/certs``), or go plaintext with ``--insecure``.
 ``--kind cert-rotation`` re-issues every certificate of that directory
 ``--rotations`` times under the traffic, and checks that the planes serve
-the new ones. Progress goes to
-stderr while it runs; the report goes to stdout, one JSON object on the
+the new ones; ``--kind ca-rotation`` rotates the mesh CA under the
+traffic (a new CA trusted beside the old, every certificate re-issued from
+it, the old CA retired, ``--rotate-every-s`` apart; the CA's key from
+``--ca-dir``, else ``ca`` beside the certificates) and checks that the
+planes serve the new certificates and refuse the old CA's;
+``--kind partition-global`` cuts a region off from the global plane alone
+(a mesh of ``llmmesh up --netns``) and checks that it keeps serving its
+zone. ``--kind engine-pod`` is the former name of ``--kind pod``.
+Progress goes to stderr while it runs; the report goes to stdout, one JSON object on the
 last line with ``--json`` (:mod:`llmmesh.drill.report` defines every
 field), else one ``name: value`` line each. Exit status 0 when the drill
 ran (what it found is reported, not fatal), 1 when it could not (the mesh
@@ -26,8 +33,8 @@ import logging
 import sys
 
 from llmmesh.cli.tls_flags import add_tls_arguments
-from llmmesh.drill.plan import KINDS, MODES, DrillPlan
 from llmmesh.core.home import mesh_home
+from llmmesh.drill.plan import KINDS, MODES, DrillPlan, canonical_kind
 
 DRILLS = ("failover",)
 
@@ -51,16 +58,23 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("drill", choices=DRILLS, help="what to drill")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument(
-        "--kind", choices=KINDS, default=defaults.kind, help="what to disrupt (default region)"
+        "--kind",
+        type=canonical_kind,
+        choices=KINDS,
+        default=defaults.kind,
+        help="what to disrupt: a region, one of its engine pods, the global plane, the mesh's Redis, "
+        "every certificate, the mesh CA, or a region's link to the global plane alone (default region)",
     )
     parser.add_argument(
         "--mode",
         choices=MODES,
         default=None,
         help="kill: SIGKILL, restored by llmmesh up's restart; partition: SIGSTOP, then SIGCONT; "
-        "rotate: the only mode of --kind cert-rotation; link-down: the host's network link down, then "
-        "up (kinds region and global-plane of a mesh of llmmesh up --netns) "
-        "(default: kill, partition for --kind global-plane so --outage-s holds)",
+        "rotate: the only mode of --kind cert-rotation and ca-rotation; link-down: the host's network "
+        "link down, then up (kinds region and global-plane of a mesh of llmmesh up --netns); "
+        "--kind partition-global goes with partition only: the packets between the region's host and "
+        "the global plane's dropped "
+        "(default: kill, partition for --kind global-plane so --outage-s holds and for partition-global)",
     )
     parser.add_argument(
         "--region",
@@ -68,7 +82,7 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         help="region to disrupt, or whose pod to (default: the one running most of the traffic's turns then)",
     )
     parser.add_argument(
-        "--pod", default="", help="pod to disrupt with --kind engine-pod (default: the region's first)"
+        "--pod", default="", help="pod to disrupt with --kind pod (default: the region's first)"
     )
     parser.add_argument(
         "--streams", type=_positive, default=defaults.streams, help="concurrent SSE streams (32)"
@@ -84,7 +98,11 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
         ("--turn-timeout-s", defaults.turn_timeout_s, "longest a turn may take before it counts as lost"),
         ("--restore-timeout-s", defaults.restore_timeout_s, "longest wait for a restart, and for the return"),
         ("--usage-wait-s", defaults.usage_wait_s, "longest wait for billing to catch up"),
-        ("--rotate-every-s", defaults.rotate_every_s, "time between certificate rotations"),
+        (
+            "--rotate-every-s",
+            defaults.rotate_every_s,
+            "time between certificate rotations, or CA rotation steps",
+        ),
     )
     for flag, default, text in seconds:
         parser.add_argument(flag, type=_seconds, default=default, help=f"{text} ({default:g})")
@@ -104,11 +122,19 @@ def add_drill_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--restore-command", default="", help="shell command that restores it")
     add_tls_arguments(parser)
+    parser.add_argument(
+        "--ca-dir", default="", help="the mesh CA's key and certificate (default: ca beside the certificates)"
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> DrillPlan:
     """The plan the flags ask for; ValueError for an impossible one."""
-    defaults = {"global-plane": "partition", "cert-rotation": "rotate"}
+    defaults = {
+        "global-plane": "partition",
+        "cert-rotation": "rotate",
+        "ca-rotation": "rotate",
+        "partition-global": "partition",
+    }
     mode = args.mode or defaults.get(args.kind, "kill")
     return DrillPlan(
         kind=args.kind,
@@ -143,11 +169,12 @@ def _table(report: dict[str, object]) -> str:
 
 def run_drill_command(args: argparse.Namespace) -> int:
     """Run the drill ``args`` ask for; see the module docstring for the exit status."""
-    from llmmesh.cli.certs import rotate_all
+    from llmmesh.drill.ca_rotation import CaSteps
     from llmmesh.drill.disruption import DisruptionError
     from llmmesh.drill.runner import run_drill
     from llmmesh.drill.setup import DrillInputError
     from llmmesh.drill.target import TargetError, read_target
+    from llmmesh.topology.mesh_certs import ca_dir, retire_old_cas, rotate_all, trust_new_ca
 
     # The progress lines say what happens; a reloaded certificate is the drill's own doing.
     for name in ("httpx", "httpcore", "llmmesh.core.mtls"):
@@ -168,6 +195,17 @@ def run_drill_command(args: argparse.Namespace) -> int:
     if args.restore_command and not args.disrupt_command:
         _progress("--restore-command needs --disrupt-command")
         return 2
+    keys = ca_dir(args.ca_dir, target.tls.directory) if target.tls.directory else None
+    steps = (
+        CaSteps(
+            keys,
+            lambda d: trust_new_ca(d, keys),
+            lambda d: rotate_all(d, keys),
+            lambda d: retire_old_cas(d, keys),
+        )
+        if keys is not None
+        else None
+    )
     try:
         report = asyncio.run(
             run_drill(
@@ -176,7 +214,8 @@ def run_drill_command(args: argparse.Namespace) -> int:
                 _progress,
                 disrupt_command=args.disrupt_command,
                 restore_command=args.restore_command,
-                rotate=rotate_all,
+                rotate=(lambda d: rotate_all(d, keys)),
+                ca_steps=steps,
             )
         )
     except DrillInputError as err:

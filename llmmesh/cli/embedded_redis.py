@@ -1,13 +1,16 @@
-"""The Redis ``llmmesh up`` runs with (:func:`choose_redis`) and the
-``redis-server`` child it starts for it: on a port chosen before it starts
+"""The Redis of each zone ``llmmesh up`` runs with (:func:`choose_redis`)
+and the ``redis-server`` child it starts for a zone that names none: on a
+port chosen before it starts
 (Redis cannot report a port it picked), with no persistence: what it holds
 (rate-limit windows, the KV prefix index, stream logs) is shared fast state,
 rebuilt after a restart.
 
-Every region of a zone counts a key's RPM and TPM in one Redis, so the
-limits hold per key across the zone. Without Redis each region counts on
-its own, and a key that calls N regions directly gets N times its limits:
-that is why the mesh runs a Redis of its own unless told otherwise.
+A zone's Redis holds its tenants' content (stream logs carry reply text),
+so each zone has its own, like its store. Every region of a zone counts a
+key's RPM and TPM in that Redis, so the limits hold per key across the
+zone. Without Redis each region counts on its own, and a key that calls N
+regions directly gets N times its limits: that is why the mesh runs a
+Redis per zone of its own unless told otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from llmmesh.topology.mesh_config import MeshConfig
 PROBE_TIMEOUT_S = 0.5
 
 REDIS_MODES = ("auto", "embedded", "none")
-"""``--redis``: auto (the config's ``redis_url``, else an embedded
+"""``--redis``: auto (each zone's configured Redis, else an embedded
 ``redis-server`` when one is on the PATH, else none), embedded, none."""
 
 PER_REGION = (
@@ -35,33 +38,41 @@ PER_REGION = (
 
 @dataclass(frozen=True)
 class RedisChoice:
-    """Which Redis the mesh's regions and edge share."""
+    """Which zones get a Redis of the mesh's own."""
 
-    embedded: bool
-    """Run a ``redis-server`` of the mesh's own."""
+    embedded_zones: tuple[str, ...] = ()
+    """Zones that get a ``redis-server`` of the mesh's own, one each."""
     warning: str = ""
     """Why rate limits are not exact, for the operator; empty when they are."""
+
+    @property
+    def embedded(self) -> bool:
+        """Whether the mesh runs any ``redis-server`` of its own."""
+        return bool(self.embedded_zones)
 
 
 def choose_redis(
     mode: str, config: MeshConfig, which: Callable[[str], str | None] = shutil.which
 ) -> tuple[MeshConfig, RedisChoice]:
-    """``config`` with the ``redis_url`` the planes get (empty for the
-    embedded one, or for none) and the choice ``--redis mode`` makes."""
+    """``config`` with each zone's ``redis_url`` as the planes get it (empty
+    for an embedded one, or for none) and the choice ``--redis mode`` makes."""
     if mode not in REDIS_MODES:
         raise ValueError(f"--redis must be one of {', '.join(REDIS_MODES)}, got {mode!r}")
-    if mode == "auto" and config.redis_url:
-        return config, RedisChoice(embedded=False)
-    without = config.with_overrides(redis_url="")
-    if mode == "embedded" or (mode == "auto" and which("redis-server")):
-        return without, RedisChoice(embedded=True)
+    configured = {z.name: config.redis_url_of(z) for z in config.zones if config.redis_url_of(z)}
+    kept = configured if mode == "auto" else {}
+    updated = config.with_zone_redis(kept)
+    lacking = tuple(z.name for z in config.zones if z.name not in kept)
+    if mode == "embedded" or (mode == "auto" and lacking and which("redis-server")):
+        return updated, RedisChoice(lacking)
     if mode == "none":
-        ignored = " (mesh.redis_url is ignored)" if config.redis_url else ""
-        return without, RedisChoice(False, f"--redis none{ignored}: {PER_REGION}")
-    return without, RedisChoice(
-        False,
-        f"redis-server is not on the PATH, so the mesh runs without Redis: {PER_REGION}. "
-        "Install redis-server, or set mesh.redis_url in a --config, for limits per key",
+        ignored = " (the configured Redis is ignored)" if configured else ""
+        return updated, RedisChoice((), f"--redis none{ignored}: {PER_REGION}")
+    if not lacking:
+        return updated, RedisChoice()
+    return updated, RedisChoice(
+        (),
+        f"redis-server is not on the PATH, so zone {', '.join(lacking)} runs without Redis: {PER_REGION}. "
+        "Install redis-server, or set zones.NAME.redis_url in a --config, for limits per key",
     )
 
 
@@ -88,9 +99,10 @@ def redis_probe(host: str, port: int) -> Probe:
 
 
 def start_embedded_redis(
-    sup: Supervisor, host: str, data_dir: Path, *, private_network: bool = False
+    sup: Supervisor, host: str, data_dir: Path, *, name: str = "redis", private_network: bool = False
 ) -> tuple[Plane, str]:
-    """Start ``redis-server`` under ``sup`` and wait for it; the plane and its URL.
+    """Start ``redis-server`` under ``sup`` as plane ``name`` and wait for
+    it; the plane and its URL.
 
     ``private_network``: ``host`` is on a bridge only this machine's network
     namespaces reach (``llmmesh up --netns``), so Redis answers them; else
@@ -104,6 +116,6 @@ def start_embedded_redis(
     if private_network:
         # Protected mode would answer DENIED to every other namespace.
         argv += ["--protected-mode", "no"]
-    plane = sup.launch_program("redis", "redis", argv, redis_probe(host, port))
+    plane = sup.launch_program(name, "redis", argv, redis_probe(host, port))
     sup.wait_ready([plane])
     return plane, f"redis://{host}:{port}/0"

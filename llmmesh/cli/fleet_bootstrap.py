@@ -1,7 +1,7 @@
 """What ``llmmesh up`` does for a model fleet: each pod's model and its
 per-size settings, and the registry entries of the family's models.
 
-A pod of a family model (:mod:`llmmesh.model_family`) gets the model's
+A pod of a family model (:mod:`llmmesh.core.model_family`) gets the model's
 name and, on the simulator, its per-size step costs; on vLLM, the model's
 directory under ``$LLMMESH_HOME/models``, built on first use. A model the
 topology deploys and the registry does not know is registered from the

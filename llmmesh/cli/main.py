@@ -117,6 +117,12 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     return run_certs(args)
 
 
+def _cmd_db(args: argparse.Namespace) -> int:
+    from llmmesh.cli.db import run_db
+
+    return run_db(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from llmmesh.cli.bench import run_bench
 
@@ -130,16 +136,17 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from llmmesh.edge.settings import EdgeSettings
-    from llmmesh.engine.settings import EngineSettings
-    from llmmesh.globalplane.settings import GlobalSettings
     from llmmesh.cli.admin import add_admin_arguments
     from llmmesh.cli.bench import add_bench_arguments
     from llmmesh.cli.certs import add_certs_arguments
     from llmmesh.cli.chat import add_chat_arguments
+    from llmmesh.cli.db import add_db_arguments
     from llmmesh.cli.drill import add_drill_arguments
     from llmmesh.cli.model import add_model_arguments
     from llmmesh.cli.up import add_up_arguments
+    from llmmesh.edge.settings import EdgeSettings
+    from llmmesh.engine.settings import EngineSettings
+    from llmmesh.globalplane.settings import GlobalSettings
     from llmmesh.region.settings import RegionSettings
 
     parser = argparse.ArgumentParser(
@@ -180,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     certs = sub.add_parser("certs", help="create the mesh CA, issue and rotate the planes' certificates")
     add_certs_arguments(certs)
     certs.set_defaults(func=_cmd_certs)
+
+    db = sub.add_parser("db", help="migrate the stores to this release's schema, check them, print the SQL")
+    add_db_arguments(db)
+    db.set_defaults(func=_cmd_db)
 
     bench = sub.add_parser(
         "bench", help="run a benchmark against a peer in the same run; the last line is one JSON object"

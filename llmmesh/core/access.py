@@ -1,7 +1,7 @@
 """Per-RPC authorization from the caller's mesh identity.
 
 Each server has an :class:`AccessPolicy`: which roles may call each of its
-methods. :mod:`llmmesh.grpcserver` checks it before a handler runs and
+methods. :mod:`llmmesh.core.grpcserver` checks it before a handler runs and
 records the caller for the handler, so a servicer can narrow further by
 what the request says (a region may heartbeat only for itself) with
 :func:`require_caller`. On a plaintext server (``--insecure``) nobody has

@@ -12,7 +12,7 @@ call made while tracing is off gets no interceptor at all
 Bidirectional streams are left alone: they are the token streams
 (``ChatSession``, ``GenerateSession``, ``Chat``, ``Generate``), long-lived
 and carrying many requests, whose trace context rides in each request's
-start message instead (:func:`llmmesh.tracing.trace_context_message`). An
+start message instead (:func:`llmmesh.core.tracing.trace_context_message`). An
 interceptor on them would wrap every token message, and a span of the
 call would last as long as the session, not a turn.
 """

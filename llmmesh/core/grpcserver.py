@@ -1,6 +1,6 @@
 """gRPC plumbing every plane shares: a server with ``grpc.health.v1``,
 reflection, graceful drain, mTLS and per-RPC authorization
-(:mod:`llmmesh.access`), and channels with the mesh's options."""
+(:mod:`llmmesh.core.access`), and channels with the mesh's options."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def open_channel(
     address: str, security: MeshSecurity | None = None, server_name: str = ""
 ) -> grpc.aio.Channel:
     """A channel to a mesh peer: mTLS with ``security``, expecting the server
-    to answer to ``server_name`` (:func:`llmmesh.identity.role_name`), or
+    to answer to ``server_name`` (:func:`llmmesh.core.identity.role_name`), or
     plaintext when ``security`` is None or insecure."""
     if security is None or not security.enabled:
         return grpc.aio.insecure_channel(
@@ -261,6 +261,16 @@ class GrpcServer:
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for name in ["", *self._service_names]:
+            await self._health.set(name, status)
+
+    async def set_ready(self, ready: bool) -> None:
+        """Report the plane's services up or down, leaving the server-wide
+        ``""`` status (liveness) as it is: a plane whose dependency is down
+        is alive, only not ready (:mod:`llmmesh.core.readiness`). Ignored once draining."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in self._service_names:
             await self._health.set(name, status)
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -5,7 +5,7 @@ Every line names its time, level, logger, plane and message, and, when
 the line is logged while serving a request, the request's id
 (:func:`bind_request_id`, a context variable, so each turn's task carries
 its own) and the trace and span the line belongs to
-(:mod:`llmmesh.tracing`), so a log line leads to its trace and back.
+(:mod:`llmmesh.core.tracing`), so a log line leads to its trace and back.
 Every plane's process chooses ``text`` (the default, for a terminal) or
 ``json`` with ``--log-format``/``LLMMESH_LOG_FORMAT``.
 """

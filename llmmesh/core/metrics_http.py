@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 _PATHS = ("/", "/metrics")
+# socketserver's default is 0.5 s: a plane's stop would hold its event loop that long per endpoint.
+_STOP_POLL_S = 0.05
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -61,7 +63,13 @@ class MetricsEndpoint:
         self._server = make_server(
             host, port, metrics_app(registry), server_class=_ThreadingServer, handler_class=_QuietHandler
         )
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            # How long stop() may wait for the serving loop to notice (it blocks its caller's event loop).
+            kwargs={"poll_interval": _STOP_POLL_S},
+            name="metrics-http",
+            daemon=True,
+        )
         self._thread.start()
         self.address = f"{host}:{self._server.server_port}"
 

@@ -8,7 +8,7 @@ serving a retired or unregistered model put a ``ResolveModel`` round trip on
 every turn's path; a client repeating a wrong name did the same at the edge.
 A refusal is kept for the resolver's TTL: within it, the refusal is raised
 again at once; past half of it, it is still raised and the name is asked
-about in the background (:mod:`llmmesh.refresh`), so a model registered,
+about in the background (:mod:`llmmesh.core.refresh`), so a model registered,
 restored or opened to the tier is served from the first request after that
 refresh, and at the latest once the TTL has run out.
 

@@ -3,13 +3,13 @@
 A cached answer keeps a plane serving known models while the registry is
 unreachable; only a never-seen name needs the global plane. An answer past
 half its time to live is used and refreshed in the background
-(:mod:`llmmesh.refresh`), so steady traffic never waits on the registry. An
+(:mod:`llmmesh.core.refresh`), so steady traffic never waits on the registry. An
 answer past its TTL but younger than ``stale_s`` is used the same way
 (stale-while-revalidate): what a name means changes only when an operator
 changes the registry, so the first turn after an idle spell need not wait
 for it; a name the refresh finds gone is refused from the next turn on.
 A refusal (unknown, retired, not for the tier) is remembered the same way
-(:mod:`llmmesh.model_refusals`), and refreshes run outside the request's
+(:mod:`llmmesh.core.model_refusals`), and refreshes run outside the request's
 trace. Requests that find a name unknown or too old at the same time wait for one
 call, not one each. :meth:`ModelResolver.forget_all` drops every answer
 when the registry says its catalog changed (a region hears so in its

@@ -24,7 +24,7 @@ import grpc.aio
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from llmmesh.certs import CertFiles, identity_of_pem
+from llmmesh.core.certs import CertFiles, identity_of_pem
 from llmmesh.core.config import setting
 from llmmesh.core.grpc_tracing import client_interceptors
 from llmmesh.core.home import mesh_home
@@ -205,7 +205,7 @@ def open_secure_channel(
     address: str, security: MeshSecurity, server_name: str, options: Sequence[tuple[str, int | str]]
 ) -> grpc.aio.Channel:
     """A channel to ``address`` that expects the server to answer to
-    ``server_name`` (see :func:`llmmesh.identity.role_name`), presenting
+    ``server_name`` (see :func:`llmmesh.core.identity.role_name`), presenting
     this plane's certificate as it is when each call starts
     (:class:`~llmmesh.renewing_channel.RenewingChannel`)."""
     interceptors = client_interceptors() or None

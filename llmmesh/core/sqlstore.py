@@ -20,6 +20,11 @@ has a single writer anyway. Writes that arrive together (the records of the
 turns one decode step ends) can share one transaction, each in a savepoint
 of its own: :meth:`SqlStore.grouped`.
 
+Transactions that fail for the database's sake (it is unreachable, or
+conflicts outlast every retry) are counted in ``llmmesh_store_errors_total``
+by :attr:`SqlStore.store_label` (:mod:`llmmesh.core.dependency_metrics`);
+:meth:`SqlStore.ping` is a plane's readiness check of its store.
+
 The column types here (:class:`ExactDecimal`, :class:`UtcDateTime`) keep
 money exact and times aware on every backend.
 """
@@ -38,13 +43,16 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from llmmesh.core.dependency_metrics import STORE_ERROR_KINDS, STORE_ERRORS
+from llmmesh.core.migrations import MigrationSet, StoreNotMigrated, revision, upgrade
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,24 @@ def is_retryable(err: sa.exc.DBAPIError) -> bool:
     if isinstance(orig, sqlite3.OperationalError):
         return "locked" in str(orig)
     return getattr(orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+_SQLITE_UNAVAILABLE = ("unable to open", "disk I/O error", "readonly database", "database disk image")
+
+
+def failure_kind(err: sa.exc.DBAPIError, *, retries_left: bool) -> str | None:
+    """What a transaction's error says about the database, for
+    ``llmmesh_store_errors_total``: ``unavailable`` (it could not be reached
+    or dropped the connection), ``conflict`` (a retryable error with no retry
+    left), or None (a constraint or statement error: the caller's)."""
+    if is_retryable(err):
+        return None if retries_left else "conflict"
+    if isinstance(err.orig, sqlite3.OperationalError):
+        # sqlite3 raises it for bad statements too; only these are the database's.
+        return "unavailable" if any(s in str(err.orig) for s in _SQLITE_UNAVAILABLE) else None
+    if isinstance(err, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return "unavailable"
+    return None
 
 
 def _prepare_sqlite(engine: Engine, *, file_backed: bool) -> None:
@@ -90,15 +116,30 @@ def _prepare_sqlite(engine: Engine, *, file_backed: bool) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+_PSYCOPG = {"postgresql": "postgresql+psycopg", "cockroachdb": "cockroachdb+psycopg"}
+"""The driver a URL that names none gets, by database."""
+
+
+def with_store_driver(url: str) -> sa.URL:
+    """``url`` parsed, with psycopg (3) for a PostgreSQL or CockroachDB URL that names no driver."""
+    parsed = sa.make_url(url)
+    if parsed.drivername in _PSYCOPG:
+        parsed = parsed.set(drivername=_PSYCOPG[parsed.drivername])
+    return parsed
+
+
 def create_store_engine(url: str) -> Engine:
     """An engine for ``url`` configured the way a store needs it (SQLite pragmas, pooling).
 
     ``sqlite://`` (or ``sqlite:///:memory:``) is one in-memory database
     shared by every caller; ``sqlite:///path`` creates missing parent
     folders and runs in write-ahead-log mode; ``postgresql+psycopg://`` and ``cockroachdb+psycopg://`` pool
-    connections and check them before use.
+    connections and check them before use. A ``postgresql://`` or
+    ``cockroachdb://`` URL that names no driver gets psycopg (3), the one
+    this project ships: SQLAlchemy's default for them, psycopg2, is not
+    installed, and the URL's query (``sslmode``, certificates) means the same to both.
     """
-    parsed = sa.make_url(url)
+    parsed = with_store_driver(url)
     if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(parsed, pool_pre_ping=True)
     database = parsed.database or ""
@@ -189,6 +230,9 @@ class SqlStore:
     ``max_backoff_s``, so conflicting transactions stop colliding in step.
     """
 
+    store_label: ClassVar[str] = "sql"
+    """The ``store`` label of this store's ``llmmesh_store_errors_total``."""
+
     def __init__(
         self,
         engine: Engine,
@@ -205,6 +249,12 @@ class SqlStore:
         self._min_backoff_s = min_backoff_s
         self._max_backoff_s = max_backoff_s
         self._group = _GroupCommit(self)
+        # Transactions running on worker threads; dispose waits for them.
+        self._running = 0
+        self._idle = threading.Condition()
+        # Every kind exported from the start, at 0, so increase() sees the first error.
+        for kind in STORE_ERROR_KINDS:
+            STORE_ERRORS.labels(store=self.store_label, kind=kind)
 
     async def transaction(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in one transaction on a worker thread; commit if it returns.
@@ -236,17 +286,54 @@ class SqlStore:
 
     def run_transaction(self, work: Callable[[Connection], T]) -> T:
         """:meth:`transaction` on the calling thread (which it blocks)."""
+        with self._idle:
+            self._running += 1
+        try:
+            return self._attempts(work)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _attempts(self, work: Callable[[Connection], T]) -> T:
         for attempt in range(1, self._max_attempts + 1):
             try:
                 with self._exclusive(), self.engine.begin() as conn:
                     return work(conn)
             except sa.exc.DBAPIError as err:
-                if attempt == self._max_attempts or not is_retryable(err):
+                retries_left = attempt < self._max_attempts
+                kind = failure_kind(err, retries_left=retries_left)
+                if kind is not None:
+                    STORE_ERRORS.labels(store=self.store_label, kind=kind).inc()
+                if not retries_left or not is_retryable(err):
                     raise
                 log.debug("retrying a transaction (attempt %d) after %s", attempt, err.orig)
             # Outside the serial lock, so the conflicting writer can finish meanwhile.
             time.sleep(random.uniform(0, min(self._max_backoff_s, self._min_backoff_s * 2 ** (attempt - 1))))
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def ping(self) -> None:
+        """Run ``SELECT 1`` in a transaction: raises when the database does
+        not answer (a plane's readiness check; counted as any failure is)."""
+        await self.transaction(lambda conn: conn.execute(sa.text("SELECT 1")).scalar_one())
+
+    def migrate(self, migrations: MigrationSet) -> None:
+        """Bring the database to the head revision of ``migrations``
+        (:mod:`llmmesh.core.migrations`): SQLite and PostgreSQL are upgraded
+        in one transaction; CockroachDB, which the operator upgrades, is only
+        checked: StoreNotMigrated when it is not at the head."""
+        if self.engine.dialect.name == "cockroachdb":
+            with self.engine.connect() as conn:
+                current = revision(conn, migrations)
+            head = migrations.head()
+            if current != head:
+                raise StoreNotMigrated(
+                    f"the {migrations.name} store at {self.engine.url!r} is at revision {current or 'none'}; "
+                    f"this release needs {head}: run `llmmesh db upgrade` (the chart's migration Job runs it)"
+                )
+            return
+        with self._exclusive(), self.engine.begin() as conn:
+            upgrade(conn, migrations)
 
     def create_tables(self, metadata: sa.MetaData) -> None:
         """Create the tables of ``metadata`` that are missing; existing ones are left as they are."""
@@ -254,17 +341,27 @@ class SqlStore:
             metadata.create_all(self.engine)
 
     def dispose(self) -> None:
-        """Close pooled connections, after any operation still running.
+        """Close pooled connections, after any transaction still running
+        (for up to ``DISPOSE_WAIT_S``).
 
-        Taking the serial lock matters for in-memory SQLite: its one shared
-        connection closed under a running statement crashes the process.
+        A transaction whose caller went away (a cancelled RPC) goes on in its
+        worker thread; disposing under it would leave its connection to a
+        pool nobody closes, open until it is collected. Taking the serial
+        lock matters for in-memory SQLite too: its one shared connection
+        closed under a running statement crashes the process.
         """
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._running == 0, timeout=DISPOSE_WAIT_S):
+                log.warning("disposing the store with %d transactions still running", self._running)
         with self._exclusive():
             self.engine.dispose()
 
     def _exclusive(self) -> contextlib.AbstractContextManager[Any]:
         return self._serial if self._serial is not None else contextlib.nullcontext()
 
+
+DISPOSE_WAIT_S = 10.0
+"""How long :meth:`SqlStore.dispose` waits for running transactions."""
 
 GROUP_LIMIT = 8
 """The most members of a group of work that is not urgent."""

@@ -4,7 +4,7 @@ back into whole calls.
 
 The rules live here once; each plane reports a broken one in its own
 convention (the edge as an OpenAI 400 naming ``param``, the region and the
-engine as a :class:`llmmesh.errors.MeshError` with a Reason), so the
+engine as a :class:`llmmesh.core.errors.MeshError` with a Reason), so the
 functions below return the problem as text, or ``None``, and raise nothing.
 
 Parts stream as the contract says (``ToolCallDelta``): a call's first part

@@ -14,11 +14,19 @@ sampled flag of the W3C ``traceparent`` it is handed (parent-based), so a
 trace is kept whole or not at all.
 
 Context crosses planes as W3C trace context: in gRPC call metadata
-(:mod:`llmmesh.grpc_tracing`) for ordinary calls, and in a
+(:mod:`llmmesh.core.grpc_tracing`) for ordinary calls, and in a
 ``TraceContext`` message for each request of a session stream, which
 carries many requests on one call. This module is the only one that talks
 to the OpenTelemetry SDK; planes use :func:`span`, :func:`start_span` and
 the propagation helpers.
+
+A span's resource names the process that made it: ``service.name``
+(``llmmesh-edge``, ``llmmesh-region``...) and, for a zone-bound plane (a
+region, a pod), ``llmmesh.zone`` and ``llmmesh.region``, which it takes
+from OpenTelemetry's ``OTEL_RESOURCE_ATTRIBUTES`` (:func:`placement_env`).
+The edge and the global plane are in no zone and name none. Spans outside
+a zone never carry a turn's content (prompt, reply) or its raw end-user
+id: only ids, models, token counts and statuses.
 """
 
 from __future__ import annotations
@@ -71,6 +79,24 @@ class _State:
     recent: ClassVar[OrderedDict[str, trace.SpanContext]] = OrderedDict()
 
 
+ZONE_ATTRIBUTE = "llmmesh.zone"
+"""Resource attribute: the zone of the plane that made the span (zone-bound planes only)."""
+
+REGION_ATTRIBUTE = "llmmesh.region"
+"""Resource attribute: the region of the plane that made the span (zone-bound planes only)."""
+
+_RESOURCE_ENV = "OTEL_RESOURCE_ATTRIBUTES"
+
+
+def placement_env(zone: str, region: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment that puts ``zone`` and ``region`` on the resource of
+    a zone-bound plane's spans, after any resource attributes ``environ``
+    already sets (OpenTelemetry's later pairs win)."""
+    own = f"{ZONE_ATTRIBUTE}={zone},{REGION_ATTRIBUTE}={region}"
+    inherited = environ.get(_RESOURCE_ENV, "")
+    return {_RESOURCE_ENV: f"{inherited},{own}" if inherited else own}
+
+
 RECENT_SPANS = 4096
 """How many requests' spans :func:`remember` keeps for :func:`links_to_requests`."""
 
@@ -103,7 +129,9 @@ def tracer() -> trace.Tracer:
 def configure_tracing(service: str, settings: TracingSettings) -> bool:
     """Export this process's spans over OTLP when a collector is
     configured; return whether it traces. ``service`` is the resource's
-    ``service.name`` (``llmmesh-edge``, ``llmmesh-region``...)."""
+    ``service.name`` (``llmmesh-edge``, ``llmmesh-region``...), beside
+    whatever ``OTEL_RESOURCE_ATTRIBUTES`` sets (a zone-bound plane's zone
+    and region, :func:`placement_env`)."""
     endpoint = settings.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
     if not endpoint:
         return False

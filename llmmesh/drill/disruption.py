@@ -19,6 +19,14 @@ anything else.
   partition period: packets to and from the host are dropped, connections
   stay open, as when a cable is pulled. Whatever happens to the drill, the
   link is brought back up before it exits.
+- ``partition`` of kind ``partition-global`` (``llmmesh up --netns``): the
+  region's host and the global plane's each get a blackhole route to the
+  other's address, then lose it after the partition period: every packet
+  between the two is dropped by its sender's routing table, in both
+  directions (the region's heartbeats and usage reports, anything the
+  global plane sends it), while both still reach every other host (the
+  edge, the pods, the drill). Whatever happens to the drill, the routes
+  are removed before it exits.
 
 A deployed mesh is disrupted by the operator's commands (``sh -c``):
 ``--disrupt-command`` (kubectl, iptables…) and ``--restore-command``.
@@ -146,7 +154,7 @@ def mesh_host(mesh_file: Path, plane: str) -> NetHost:
     netns = data.get("netns") if isinstance(data, dict) else None
     if not isinstance(netns, dict):
         raise DisruptionError(
-            "this mesh runs on one host: take a link down in a mesh of `llmmesh up --netns`"
+            "this mesh runs on one host: cutting a host's network needs a mesh of `llmmesh up --netns`"
         )
     try:
         host = netns["hosts"][plane]
@@ -180,6 +188,58 @@ class LinkDisruption(Disruption):
         except NetnsError as err:
             raise DisruptionError(str(err)) from None
         self._down = not up
+
+
+class RouteDisruption(Disruption):
+    """Cuts two hosts of the mesh off from each other alone (see the module docstring)."""
+
+    def __init__(self, mesh_file: Path, plane: str, peer: str) -> None:
+        self.hosts = (mesh_host(mesh_file, plane), mesh_host(mesh_file, peer))
+        self._routes: list[tuple[NetHost, str]] = []
+        here, there = self.hosts
+        self.description = (
+            f"{plane} from {peer} (hosts {here.address} and {there.address} "
+            "drop every packet between them; every other path stays)"
+        )
+
+    async def disrupt(self) -> None:
+        here, there = self.hosts
+        for host, address in ((here, there.address), (there, here.address)):
+            await _blackhole(host, address, present=True)
+            self._routes.append((host, address))
+
+    async def restore(self, timeout_s: float) -> float | None:
+        await self.release()
+        return time.monotonic()
+
+    async def release(self) -> None:
+        while self._routes:
+            host, address = self._routes.pop()
+            await _blackhole(host, address, present=False)
+
+
+async def _blackhole(host: NetHost, address: str, *, present: bool) -> None:
+    """Add (``present``) or remove the blackhole route to ``address`` in ``host``'s namespace."""
+    command = ["ip", "-n", host.netns, "route", "add" if present else "del", "blackhole", f"{address}/32"]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+    except OSError as err:
+        raise DisruptionError(f"`{' '.join(command)}` failed: {err}") from None
+    try:
+        async with asyncio.timeout(COMMAND_TIMEOUT_S):
+            _, stderr = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise DisruptionError(
+            f"`{' '.join(command)}` did not finish within {COMMAND_TIMEOUT_S:.0f} s"
+        ) from None
+    if process.returncode != 0:
+        raise DisruptionError(
+            f"`{' '.join(command)}` exited with status {process.returncode}: {stderr.decode().strip()}"
+        )
 
 
 class CommandDisruption(Disruption):

@@ -1,7 +1,8 @@
 """The figures of a drill, from the turn records, geo-routing's answers and billing.
 
 Times are seconds; ``D`` is the moment of the disruption, ``R`` the
-restore (the SIGCONT of a partition, the link back up of a link-down; for a kill, the moment ``mesh.json``
+restore (the SIGCONT of a partition, the link back up of a link-down, the
+routes removed of a partition-global; for a kill, the moment ``mesh.json``
 names the restarted process, which serves by then; for a certificate
 rotation, the end of its last round), ``W`` the end of the failover
 window: ``R``, or the end of the traffic when there was no restore.
@@ -12,9 +13,10 @@ window: ``R``, or the end of the traffic when there was no restore.
   ``turns_lost`` with neither (a stream that broke off, hung past the turn
   timeout, or a refusal without an error object). ``errors`` counts the
   error codes of the clear failures and the causes of the lost turns.
-- A turn is *affected* when the disruption reached it: for kinds ``region``
-  and ``engine-pod``, a turn in flight at ``D`` that had started on the
-  region (its ``x-llmmesh-region``); for the other kinds, a turn in
+- A turn is *affected* when the disruption reached it: for the kinds that
+  name a region (``region``, ``pod``, ``partition-global``), a turn in
+  flight at ``D`` that had started on the region (its
+  ``x-llmmesh-region``); for the other kinds, a turn in
   flight at any moment of ``[D, W]``. ``streams_affected``
   counts the streams with an affected turn.
 - ``tokens_lost`` and ``tokens_duplicated``: every turn asks for
@@ -32,20 +34,33 @@ window: ``R``, or the end of the traffic when there was no restore.
   the gaps that end at or after ``D``; percentiles by nearest rank over
   the affected turns; null when none was affected.
 - ``time_to_exclude_s``: from ``D`` until geo-routing's ``Route`` for the
-  drill's tenant first left the region out (kinds region and engine-pod);
+  drill's tenant first left the region out (the kinds that name a region);
   null when it never did (a pod whose region kept serving, a restart
   quicker than the heartbeat timeout).
+- ``partition-global`` only: ``excluded_s``, how long geo-routing left the
+  region out (from its first answer without it after ``D`` to its first
+  with it again, or the end of the traffic; null when it never left it
+  out), and ``turns_on_region_while_excluded``, the turns sent in the
+  second half of that time that started on the region before it ended:
+  by then no route the edge remembered from before the exclusion sends a
+  turn anywhere, so each is the edge's own check keeping a region that
+  serves against the global plane's stale DOWN (null when never left out).
 - ``time_to_return_s``: from ``R`` until the region was routed to again
   and, when it served turns before ``D``, a turn sent after ``R`` started
   on it; for ``global-plane``, until geo-routing answered again and a
-  turn sent after ``R`` was accepted; for ``redis`` and ``cert-rotation``,
+  turn sent after ``R`` was accepted; for ``redis`` and the rotations,
   until a turn sent after ``R`` was accepted. Null when that did not happen
   before the drill ended.
 - ``residency``: every turn's region (``x-llmmesh-region``) must be in
   its tenant's zone; a region outside the directory counts as a violation.
 - ``usage``: the output tokens billed during the drill against the tokens
   the clients received (every turn, finished or not), once billing caught
-  up (:mod:`llmmesh.drill.usage`). ``usage_records_lost``: turns that
+  up (:mod:`llmmesh.drill.usage`). The drill's turns are never cancelled,
+  so a turn the mesh failed must be billed exactly what its client
+  received, and the two totals must be equal: ``usage.exact`` is whether
+  they are (null when billing could not be read, or when the received
+  tokens of a turn that failed mid-stream could not be counted, the
+  ``usage`` count source knowing only finished turns'). ``usage_records_lost``: turns that
   ended with ``[DONE]`` within ``[D, W]`` and were not affected, whose
   request id billing still did not know after the wait.
 - ``token_count_source``: ``tokenizer`` or ``usage``
@@ -58,12 +73,26 @@ window: ``R``, or the end of the traffic when there was no restore.
   ``servers_presenting_new_cert`` (those that presented the round's new
   certificate every time) and ``servers_not_presenting_new_cert`` (the
   others, with why).
+- ``ca-rotation`` only (:mod:`llmmesh.drill.ca_rotation`): the figures of
+  ``cert-rotation`` for its one re-issue (each server checked after it and
+  again after the retirement), ``old_ca_retired``, and
+  ``servers_refusing_old_ca`` (servers that refused the old CA's admin
+  certificate on a new connection after the retirement) with
+  ``servers_accepting_old_ca`` (the others, with why).
 - ``passed``: tokens were counted, none was lost or duplicated, no turn
-  was lost, residency held and no usage record was lost; for
+  was lost, residency held, no usage record was lost and billing was not
+  found inexact (``usage.exact`` is not false); for
   ``global-plane`` also no turn failed (regions serve through its outage
   on cached policy, so a failure there is not a clear error but a miss);
-  for ``cert-rotation`` also no turn failed, every round ran and every
-  server presented the new certificates (a rotation should be invisible).
+  for ``redis`` too (the edge streams on without its stream log, regions
+  count rate limits in their own process); for ``partition-global``
+  also no turn failed and, when geo-routing left the region out,
+  ``turns_on_region_while_excluded`` is not 0 (the region kept serving
+  its zone); for ``cert-rotation`` also no turn failed,
+  every round ran and every server presented the new certificates (a
+  rotation should be invisible); for ``ca-rotation`` also no turn failed,
+  every step ran, every server presented the new CA's certificate and
+  refused the old CA's once it was retired.
 """
 
 from __future__ import annotations
@@ -75,7 +104,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.plan import ROTATION_KINDS, DrillPlan
 from llmmesh.drill.rotation import RotationTally
 from llmmesh.drill.routing_watch import RoutingWatch
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
@@ -190,6 +219,17 @@ def tally_tokens(records: Sequence[TurnRecord], expected: int) -> TokenTally:
     return TokenTally(lost, duplicated, received, gaps, repeats, filtered, uncounted)
 
 
+def billing_exact(records: Sequence[TurnRecord], usage: UsageCheck) -> bool | None:
+    """Whether billing took exactly the output tokens the clients received;
+    None when either side is unknown (see the module docstring)."""
+    uncounted = any(
+        r.outcome is not Outcome.DONE and r.content_ids and r.received_tokens is None for r in records
+    )
+    if usage.billed_output_tokens is None or uncounted:
+        return None
+    return usage.billed_output_tokens == usage.received_output_tokens
+
+
 def residency(records: Sequence[TurnRecord], region_zones: Mapping[str, str]) -> dict[str, object]:
     """Whether every turn ran in its tenant's zone."""
     violations = [
@@ -246,14 +286,46 @@ def return_time(
     return _since(restored, serving, routed)
 
 
-def _rotation_held(plan: DrillPlan, rotation: RotationTally | None) -> bool:
-    """Every round ran, and every server checked presented the new certificates."""
-    return (
-        rotation is not None
-        and rotation.rounds == plan.rotations
-        and bool(rotation.servers)
-        and not rotation.stale
+def excluded_window(region: str, timeline: Timeline, routing: RoutingWatch) -> tuple[float, float] | None:
+    """From when geo-routing first left ``region`` out after ``D`` until it
+    listed it again (or the traffic ended); None when it never left it out."""
+    left_out = routing.first_after(timeline.disrupted, listing=region, listed=False)
+    if left_out is None:
+        return None
+    listed = routing.first_after(left_out, listing=region, listed=True)
+    return left_out, listed if listed is not None else timeline.traffic_ended
+
+
+def turns_while_excluded(region: str, window: tuple[float, float], records: Sequence[TurnRecord]) -> int:
+    """``turns_on_region_while_excluded`` over the ``window`` of :func:`excluded_window`."""
+    start, end = window
+    half = start + (end - start) / 2
+    return sum(
+        1
+        for r in records
+        if r.region == region
+        and r.accepted
+        and r.sent_at >= half
+        and r.headers_at is not None
+        and r.headers_at <= end
     )
+
+
+def _exclusion_figures(
+    region: str, timeline: Timeline, records: Sequence[TurnRecord], routing: RoutingWatch
+) -> dict[str, object]:
+    window = excluded_window(region, timeline, routing)
+    if window is None:
+        return {"excluded_s": None, "turns_on_region_while_excluded": None}
+    return {
+        "excluded_s": round(window[1] - window[0], 3),
+        "turns_on_region_while_excluded": turns_while_excluded(region, window, records),
+    }
+
+
+def _rotation_held(plan: DrillPlan, rotation: RotationTally | None) -> bool:
+    """Every round (or step) ran, and every server checked presented the new certificates."""
+    return rotation is not None and rotation.held(plan.rotations)
 
 
 def _round(value: float | None) -> float | None:
@@ -287,6 +359,10 @@ def build_report(
         else None
     )
     counted = tokens.uncounted == 0 and token_source != "none"
+    exact = billing_exact(records, usage)
+    excluded = (
+        _exclusion_figures(region, timeline, records, routing) if plan.kind == "partition-global" else {}
+    )
     passed = (
         counted
         and tokens.lost == 0
@@ -294,10 +370,15 @@ def build_report(
         and outcomes[Outcome.LOST] == 0
         and bool(held["held"])
         and usage.records_missing in (0, None)
-        and (plan.kind not in ("global-plane", "cert-rotation") or outcomes[Outcome.FAILED_CLEARLY] == 0)
-        and (plan.kind != "cert-rotation" or _rotation_held(plan, rotation))
+        and exact is not False
+        and (
+            plan.kind not in ("global-plane", "redis", *ROTATION_KINDS, "partition-global")
+            or outcomes[Outcome.FAILED_CLEARLY] == 0
+        )
+        and excluded.get("turns_on_region_while_excluded") != 0
+        and (plan.kind not in ROTATION_KINDS or _rotation_held(plan, rotation))
     )
-    rotated = rotation.figures() if rotation is not None and plan.kind == "cert-rotation" else {}
+    rotated = rotation.figures() if rotation is not None and plan.kind in ROTATION_KINDS else {}
     return {
         "drill": "failover",
         "kind": plan.kind,
@@ -324,6 +405,7 @@ def build_report(
         "stall_p99_s": _round(percentile(stalls, 99)),
         "stall_max_s": _round(max(stalls, default=None)),
         "time_to_exclude_s": exclude,
+        **excluded,
         "time_to_return_s": return_time(plan, region, timeline, records, routing),
         "restored": timeline.restored is not None,
         "outage_s": _since(timeline.disrupted, timeline.restored),
@@ -336,6 +418,7 @@ def build_report(
                 if usage.billed_output_tokens is None
                 else usage.billed_output_tokens - usage.received_output_tokens
             ),
+            "exact": exact,
             "caught_up": usage.caught_up,
             "waited_s": round(usage.waited_s, 3),
         },

@@ -33,9 +33,9 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from llmmesh.certs import CertFiles, identity_of_pem, stem_of
-from llmmesh.drill.disruption import Disruption
+from llmmesh.core.certs import CertFiles, identity_of_pem, stem_of
 from llmmesh.core.identity import PlaneIdentity
+from llmmesh.drill.disruption import Disruption
 
 CHECK_TIMEOUT_S = 5.0
 """Longest one TLS handshake of a check may take."""
@@ -55,7 +55,7 @@ class TlsServer:
     """What the report calls it: ``global``, ``region us-east``, ``pod us-east-pod-0``."""
     address: str
     server_name: str
-    """The DNS name it must answer to (:func:`llmmesh.identity.role_name`)."""
+    """The DNS name it must answer to (:func:`llmmesh.core.identity.role_name`)."""
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -118,6 +118,10 @@ class RotationTally:
             "servers_not_presenting_new_cert": shown,
         }
 
+    def held(self, rounds: int) -> bool:
+        """Every one of ``rounds`` ran, and every server checked presented the new certificates."""
+        return self.rounds == rounds and bool(self.servers) and not self.stale
+
 
 class CertRotation(Disruption):
     """Rotates every certificate of ``certs_dir`` with ``rotate``, ``rounds``
@@ -141,6 +145,8 @@ class CertRotation(Disruption):
         self._every_s = every_s
         self._admin = admin
         self._task: asyncio.Task[None] | None = None
+        self._issued: dict[PlaneIdentity, bytes] = {}
+        """The leaf certificate (DER) of each identity the last round re-issued."""
         self.tally = RotationTally(servers=tuple(s.name for s in servers))
         self.description = f"every certificate in {certs_dir}, {rounds} times {every_s:g} s apart"
 
@@ -172,7 +178,7 @@ class CertRotation(Disruption):
     async def _round(self) -> None:
         # Key generation and file writes off the event loop: the traffic's streams run on it.
         rotated = await asyncio.to_thread(self._rotate, self._dir)
-        issued = await asyncio.to_thread(self._leaves, rotated)
+        issued = self._issued = await asyncio.to_thread(self._leaves, rotated)
         self.tally.rounds += 1
         self.tally.certificates_rotated += len(rotated)
         context = await asyncio.to_thread(client_context, self._admin)

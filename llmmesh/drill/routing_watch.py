@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from llmmesh.drill.target import Dial
 from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.drill.target import Dial
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 

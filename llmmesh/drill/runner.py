@@ -10,7 +10,8 @@
    process, at most ``restore_timeout_s``); a partition is restored by the
    drill after ``restore_after_s`` (``outage_s`` for the global plane); a
    certificate rotation runs its rounds, ``rotate_every_s`` apart, and is
-   over after the last (:mod:`llmmesh.drill.rotation`).
+   over after the last (:mod:`llmmesh.drill.rotation`); a CA rotation
+   likewise its three steps (:mod:`llmmesh.drill.ca_rotation`).
 4. Run ``duration_s`` more, and on (at most ``restore_timeout_s``) until
    the target is back as :func:`llmmesh.drill.report.return_time` defines
    it; stop the streams, each finishing its turn.
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
+from llmmesh.drill.ca_rotation import CaSteps
 from llmmesh.drill.disruption import Disruption
 from llmmesh.drill.plan import DrillPlan
 from llmmesh.drill.report import Timeline, billing_checked_turns, build_report, return_time, tally_tokens
@@ -62,6 +64,7 @@ class DrillRunner:
         self._fleet: StreamFleet | None = None
         self._disruption: Disruption | None = None
         self._region = setup.region
+        self._pod = setup.plan.pod
         self._watch = RoutingWatch(
             setup.target.global_channel, setup.watched.tenant_id, setup.plan.poll_interval_s
         )
@@ -102,7 +105,13 @@ class DrillRunner:
         )
         await self._phase("steady", plan.disrupt_after_s)
         self._region = await setup.choose_region(fleet.in_flight.values())
-        disruption = self._disruption = setup.disruption_for(self._region)
+        if self._region and not any(r.region == self._region for r in fleet.in_flight.values()):
+            self.progress(
+                f"no turn in flight runs on {self._region} now: the drill measures no stall there "
+                "(leave out --region to disrupt the region the turns run on)"
+            )
+        self._pod = await setup.choose_pod(self._region)
+        disruption = self._disruption = setup.disruption_for(self._region, self._pod)
         what = disruption.description if plan.mode == "rotate" else f"{plan.kind} {disruption.description}"
         self.progress(f"{_DOING[plan.mode]} {what}")
         await disruption.disrupt()
@@ -190,7 +199,7 @@ class DrillRunner:
 
     async def _count_tokens(self, records: Sequence[TurnRecord]) -> str:
         """Fill every record's received tokens; the source used."""
-        async with TokenCounter(self.setup.tokenizer_pods(self._region)) as counter:
+        async with TokenCounter(self.setup.tokenizer_pods(self._region, self._pod)) as counter:
             for record in records:
                 record.received_tokens = await counter.count(record.text)
                 if record.received_tokens is None:
@@ -211,9 +220,11 @@ async def run_drill(
     disrupt_command: str = "",
     restore_command: str = "",
     rotate: Rotate | None = None,
+    ca_steps: CaSteps | None = None,
 ) -> dict[str, object]:
     """Prepare and run a drill; its report. DrillInputError, TargetError or
     DisruptionError when it cannot run. ``rotate`` re-issues the
-    certificates of a directory (kind cert-rotation)."""
-    setup = await prepare(plan, target, disrupt_command, restore_command, rotate)
+    certificates of a directory (kind cert-rotation), ``ca_steps`` rotate
+    its CA (kind ca-rotation)."""
+    setup = await prepare(plan, target, disrupt_command, restore_command, rotate, ca_steps)
     return await DrillRunner(setup, progress).run()

@@ -2,19 +2,28 @@
 region directory, the region to disrupt (or how to choose it) and how to
 disrupt it.
 
-For kinds ``region`` and ``engine-pod`` without ``--region``, the region is
-chosen at the moment of the disruption: the region of the traffic's zone
-running most of the turns then in flight (geo-routing orders a zone's
-regions by load, so the busy one changes as the drill runs), else the one
-geo-routing puts first. The traffic uses the key of that zone (the region's
-zone when one is named; the primary key's otherwise). For the other kinds
-it uses every zone's key in turn.
+For the kinds that name a region (``region``, ``pod``, ``partition-global``)
+without ``--region``, the region is chosen at the moment of the disruption:
+the region of the traffic's zone running most of the turns then in flight
+(geo-routing orders a zone's regions by load, so the busy one changes as
+the drill runs), else the one geo-routing puts first. Kind ``pod``
+without ``--pod`` disrupts the region's pod running most generations then
+(:meth:`DrillSetup.choose_pod`). The traffic uses the
+key of that zone (the region's zone when one is named; the primary key's
+otherwise). For the other kinds it uses every zone's key in turn.
+
+Kind ``partition-global`` cuts the region's host off from the global
+plane's (:class:`~llmmesh.drill.disruption.RouteDisruption`): a mesh of
+``llmmesh up --netns``, or a deployed one through ``--disrupt-command``.
 
 Kind ``cert-rotation`` rotates the certificates of the directory the drill
 takes its own from (:mod:`llmmesh.drill.rotation`), which for a mesh
 ``llmmesh up`` runs is where its planes' are, and checks every gRPC server
 it knows: the global plane, each region of the directory and each pod of
-the mesh file.
+the mesh file. Kind ``ca-rotation`` rotates the CA of that directory the
+same way (:mod:`llmmesh.drill.ca_rotation`); both need the CA's key, kept
+in its own directory (``ca`` beside the certificates unless the command
+line names another).
 """
 
 from __future__ import annotations
@@ -23,14 +32,20 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import grpc.aio
+
+from llmmesh.core.certs import CA_CERT, CA_KEY, default_ca_dir
+from llmmesh.core.identity import Role, role_name
+from llmmesh.drill.ca_rotation import CaRotation, CaSteps
 from llmmesh.drill.disruption import (
     CommandDisruption,
     Disruption,
     DisruptionError,
     LinkDisruption,
     ProcessDisruption,
+    RouteDisruption,
 )
-from llmmesh.drill.plan import DrillPlan
+from llmmesh.drill.plan import ROTATION_KINDS, DrillPlan
 from llmmesh.drill.rotation import CertRotation, Rotate, TlsServer
 from llmmesh.drill.sse_turn import TurnRecord
 from llmmesh.drill.target import (
@@ -42,7 +57,7 @@ from llmmesh.drill.target import (
     region_directory,
     tenant_of,
 )
-from llmmesh.core.identity import Role, role_name
+from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 
 
 class DrillInputError(Exception):
@@ -58,13 +73,15 @@ class DrillSetup:
     keys: tuple[TenantKey, ...]
     region_zones: Mapping[str, str]
     region: str = ""
-    """The region asked for; empty to choose it at the disruption (kinds region, engine-pod)."""
+    """The region asked for; empty to choose it at the disruption (the kinds that name one)."""
     disrupt_command: str = ""
     restore_command: str = ""
     tls_servers: tuple[TlsServer, ...] = ()
     """The servers whose certificates a cert-rotation drill checks."""
     rotate: Rotate | None = None
     """How a cert-rotation drill re-issues the certificates of a directory."""
+    ca_steps: CaSteps | None = None
+    """How a ca-rotation drill rotates the CA (and where the CA is kept, for both rotations)."""
 
     @property
     def watched(self) -> TenantKey:
@@ -85,22 +102,48 @@ class DrillSetup:
             return busy[0][0]
         return await first_region(self.target, self.watched.tenant_id)
 
-    def plane_of(self, region: str) -> str:
-        """The name ``mesh.json``'s pids give the process to disrupt."""
+    async def choose_pod(self, region: str) -> str:
+        """For kind ``pod``, the pod of ``region`` to disrupt now: ``--pod``,
+        else the one running (and queueing) most generations, by each pod's
+        own ``GetLoad`` (the first when none answers or all are idle), so the
+        disruption reaches turns in flight; empty for the other kinds."""
+        if self.plan.kind != "pod" or self.plan.pod:
+            return self.plan.pod
+        refs = self.target.pods.get(region, ())
+        busiest, most = "", -1
+        for ref in refs:
+            try:
+                async with self.target.pod_dial(
+                    ref.address, self.region_zones.get(region, ""), region
+                )() as ch:
+                    load = await engine_service_pb2_grpc.EngineServiceStub(ch).GetLoad(
+                        engine_service_pb2.GetLoadRequest(), timeout=2.0
+                    )
+            except grpc.aio.AioRpcError:
+                continue
+            busy = load.report.running + load.report.waiting
+            if busy > most:
+                busiest, most = ref.pod_id, busy
+        return busiest or (refs[0].pod_id if refs else "")
+
+    def plane_of(self, region: str, pod: str = "") -> str:
+        """The name ``mesh.json``'s pids give the process to disrupt (``pod``: the pod chosen, kind pod)."""
         plan, pods = self.plan, [p.pod_id for p in self.target.pods.get(region, ())]
-        if plan.kind == "region":
+        if plan.kind in ("region", "partition-global"):
             return region
-        if plan.kind == "engine-pod":
-            if plan.pod and pods and plan.pod not in pods:
-                raise DrillInputError(f"region {region} has no pod {plan.pod!r} (pods: {', '.join(pods)})")
-            if not plan.pod and not pods:
+        if plan.kind == "pod":
+            chosen = pod or plan.pod
+            if chosen and pods and chosen not in pods:
+                raise DrillInputError(f"region {region} has no pod {chosen!r} (pods: {', '.join(pods)})")
+            if not chosen and not pods:
                 raise DrillInputError(f"no pod of region {region} is known: name one with --pod")
-            return plan.pod or pods[0]
+            return chosen or pods[0]
         return "global" if plan.kind == "global-plane" else "redis"
 
-    def disruption_for(self, region: str) -> Disruption:
-        """How to disrupt the kind's part (of ``region``); DrillInputError when it cannot be."""
-        if self.plan.kind == "cert-rotation":
+    def disruption_for(self, region: str, pod: str = "") -> Disruption:
+        """How to disrupt the kind's part (of ``region``; ``pod``, the pod
+        chosen for kind pod); DrillInputError when it cannot be."""
+        if self.plan.kind in ROTATION_KINDS:
             return self._rotation()
         if self.disrupt_command:
             return CommandDisruption(self.disrupt_command, self.restore_command)
@@ -108,9 +151,11 @@ class DrillSetup:
             raise DrillInputError("a deployed mesh is disrupted by --disrupt-command (and --restore-command)")
         try:
             if self.plan.mode == "link-down":
-                return LinkDisruption(self.target.mesh_file, self.plane_of(region))
+                return LinkDisruption(self.target.mesh_file, self.plane_of(region, pod))
+            if self.plan.kind == "partition-global":
+                return RouteDisruption(self.target.mesh_file, self.plane_of(region), "global")
             return ProcessDisruption(
-                self.target.mesh_file, self.plane_of(region), self.plan.mode, self.plan.poll_interval_s
+                self.target.mesh_file, self.plane_of(region, pod), self.plan.mode, self.plan.poll_interval_s
             )
         except DisruptionError as err:
             if self.plan.kind == "redis":
@@ -121,18 +166,25 @@ class DrillSetup:
 
     def _rotation(self) -> CertRotation:
         directory, files = self.target.tls.directory, self.target.security.files
+        kind = self.plan.kind
         if directory is None or files is None:
             raise DrillInputError("this mesh runs plaintext (--insecure): it has no certificates to rotate")
         if self.disrupt_command:
-            raise DrillInputError("--kind cert-rotation rotates certificates itself: drop --disrupt-command")
-        if not ((directory / "ca.key").is_file() and (directory / "ca-cert.pem").is_file()):
+            raise DrillInputError(f"--kind {kind} rotates certificates itself: drop --disrupt-command")
+        keys = self.ca_steps.ca_dir if self.ca_steps is not None else default_ca_dir(directory)
+        if not ((keys / CA_KEY).is_file() and (keys / CA_CERT).is_file()):
             raise DrillInputError(
-                f"{directory} holds no mesh CA (ca.key, ca-cert.pem): rotate where the certificates are "
-                "issued, and name that directory with --certs-dir"
+                f"{directory} holds no mesh CA ({keys} has no {CA_KEY}, {CA_CERT}): rotate where the "
+                "certificates are issued, and name that directory with --certs-dir (the CA's with --ca-dir)"
             )
+        plan = self.plan
+        if kind == "ca-rotation":
+            if self.ca_steps is None:
+                raise DrillInputError("this drill was given no way to rotate the CA")
+            every_s = plan.rotate_every_s
+            return CaRotation(self.ca_steps, directory, self.tls_servers, every_s=every_s, admin=files)
         if self.rotate is None:
             raise DrillInputError("this drill was given no way to rotate certificates")
-        plan = self.plan
         return CertRotation(
             self.rotate,
             directory,
@@ -142,9 +194,9 @@ class DrillSetup:
             admin=files,
         )
 
-    def tokenizer_pods(self, region: str) -> list[Dial]:
+    def tokenizer_pods(self, region: str, pod: str = "") -> list[Dial]:
         """Pods to tokenize on: those the disruption left alone first."""
-        plane = self.plane_of(region) if self.plan.names_region else ""
+        plane = self.plane_of(region, pod) if self.plan.names_region else ""
         pods = [(r, p) for r, found in self.target.pods.items() for p in found]
         spared = [(r, p) for r, p in pods if r != region and p.pod_id != plane]
         ordered = spared + [(r, p) for r, p in pods if (r, p) not in spared]
@@ -172,17 +224,19 @@ async def prepare(
     disrupt_command: str = "",
     restore_command: str = "",
     rotate: Rotate | None = None,
+    ca_steps: CaSteps | None = None,
 ) -> DrillSetup:
     """Resolve the plan against the mesh, checking that the disruption can
     be made; DrillInputError or TargetError when the drill cannot run.
-    ``rotate`` re-issues a directory's certificates (kind cert-rotation)."""
+    ``rotate`` re-issues a directory's certificates (kind cert-rotation),
+    ``ca_steps`` rotate its CA (kind ca-rotation)."""
     primary = await tenant_of(target, target.primary_secret)
     directory = await region_directory(target)
     zones = {**target.region_zones, **{region: listed.zone for region, listed in directory.items()}}
     if not plan.names_region:
         others = [s for s in target.secrets.values() if s != primary.secret]
         keys = (primary, *[await tenant_of(target, s) for s in others])
-        servers = tls_servers(target, directory) if plan.kind == "cert-rotation" else ()
+        servers = tls_servers(target, directory) if plan.kind in ROTATION_KINDS else ()
         setup = DrillSetup(
             plan,
             target,
@@ -192,6 +246,7 @@ async def prepare(
             restore_command=restore_command,
             tls_servers=servers,
             rotate=rotate,
+            ca_steps=ca_steps,
         )
         setup.disruption_for("")
         return setup

@@ -108,7 +108,8 @@ async def stream_turn(
 
 
 async def _run(http: httpx.AsyncClient, record: TurnRecord, secret: str, body: dict[str, object]) -> None:
-    headers = {"authorization": f"Bearer {secret}"}
+    # Event ids number the content events, which is how gaps and repeats are found.
+    headers = {"authorization": f"Bearer {secret}", "x-llmmesh-event-ids": "true"}
     async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
         record.status = resp.status_code
         record.headers_at = time.monotonic()

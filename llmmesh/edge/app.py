@@ -14,30 +14,38 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
+from llmmesh.core.errors import MeshError
+from llmmesh.core.usage_purpose import purpose_name
 from llmmesh.edge import metrics
 from llmmesh.edge.body_limit import BodyLimitMiddleware
-from llmmesh.edge.completions import CompletionsHandler, authenticate
+from llmmesh.edge.caller import authenticate
+from llmmesh.edge.completions import CompletionsHandler
 from llmmesh.edge.conversations import ConversationsHandler
-from llmmesh.edge.openapi.docs_page import docs_page
 from llmmesh.edge.embeddings import EmbeddingsHandler
 from llmmesh.edge.errors import OpenAIError, from_mesh_error
+from llmmesh.edge.file_batches import FileBatchRoutes
 from llmmesh.edge.files import FileRoutes
 from llmmesh.edge.health import path_health
 from llmmesh.edge.memories import MemoryRoutes
 from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.edge.model_routes import ModelRoutes
 from llmmesh.edge.moderations import ModerationsHandler
+from llmmesh.edge.openapi.docs_page import DOCS_POLICY, docs_page
 from llmmesh.edge.openapi.document import openapi_document
 from llmmesh.edge.ops import PERIOD, OpsRoutes
+from llmmesh.edge.readiness import edge_readiness
 from llmmesh.edge.request_span import RequestSpanMiddleware
+from llmmesh.edge.response_start import Headers, ResponseStartMiddleware
+from llmmesh.edge.responses import ResponsesHandler
 from llmmesh.edge.retrieval_calls import RetrievalCalls
+from llmmesh.edge.security_headers import SecurityHeadersMiddleware
 from llmmesh.edge.settings import EdgeSettings
 from llmmesh.edge.streams.routes import StreamRoutes
+from llmmesh.edge.text_completions import TextCompletionsHandler
 from llmmesh.edge.vector_stores import VectorStoreRoutes
 from llmmesh.edge.web_routes import web_routes
-from llmmesh.core.errors import MeshError
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +54,11 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     """The edge application over a mesh client."""
     completions = CompletionsHandler(settings, mesh)
     conversations = ConversationsHandler(settings, mesh, completions)
+    text_completions = TextCompletionsHandler(settings, mesh, completions)
     streams = StreamRoutes(mesh, completions.streams)
     retrieval = RetrievalCalls(mesh)
+    readiness = edge_readiness(settings, mesh, completions.streams.logs)
+    ops = OpsRoutes(settings, mesh)
 
     async def usage(request: Request) -> Response:
         principal = await authenticate(request, mesh)
@@ -64,6 +75,18 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
                 # A decimal string: exact, as billing computes it.
                 "cost_usd": totals.cost_usd,
                 "requests": totals.requests,
+                # By model and purpose: background work (summaries, memory) is a line of its own.
+                "lines": [
+                    {
+                        "model": line.model,
+                        "purpose": purpose_name(line.purpose),
+                        "input_tokens": line.input_tokens,
+                        "output_tokens": line.output_tokens,
+                        "cost_usd": line.cost_usd,
+                        "requests": line.requests,
+                    }
+                    for line in totals.models
+                ],
             }
         )
 
@@ -72,14 +95,15 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
         return JSONResponse(detail, status_code=200 if ok else 503)
 
     async def readyz(request: Request) -> Response:
-        ok = await mesh.global_serving()
-        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+        # Dependencies only: a region outage is failed over, not a reason to stop taking requests.
+        report = await readiness.fresh()
+        return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document())
 
     async def docs(request: Request) -> Response:
-        return HTMLResponse(docs_page())
+        return HTMLResponse(docs_page(), headers={"content-security-policy": DOCS_POLICY})
 
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -107,13 +131,19 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await completions.streams.start()
+        readiness.start()
+        ops.start()
         yield
+        await ops.close()
+        await readiness.close()
         await completions.streams.close()
         await mesh.close()
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", completions.handle, methods=["POST"]),
+            Route("/v1/completions", text_completions.handle, methods=["POST"]),
+            *ResponsesHandler(settings, mesh, completions).routes(),
             Route("/v1/streams/{stream_id}", streams.resume, methods=["GET"]),
             Route("/v1/streams/{stream_id}/cancel", streams.cancel, methods=["POST"]),
             *ModelRoutes(mesh).routes(),
@@ -128,9 +158,10 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             *conversations.routes(),
             *FileRoutes(settings, retrieval).routes(),
             *VectorStoreRoutes(settings, retrieval).routes(),
+            *FileBatchRoutes(settings, retrieval).routes(),
             *MemoryRoutes(mesh).routes(),
             *web_routes(),
-            *OpsRoutes(settings, mesh).routes(),
+            *ops.routes(),
         ],
         exception_handlers={
             OpenAIError: on_openai_error,
@@ -139,6 +170,7 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
             Exception: on_unexpected,
         },
         middleware=[
+            Middleware(SecurityHeadersMiddleware),
             Middleware(RequestSpanMiddleware),
             Middleware(BodyLimitMiddleware, limit=settings.max_body_bytes),
         ],
@@ -148,23 +180,9 @@ def build_app(settings: EdgeSettings, mesh: MeshClient) -> Starlette:
     return app
 
 
-class RequestCounter:
-    """Pure ASGI middleware counting answered requests by route and status
-    (no response wrapping, so streams and disconnects pass through as is)."""
+class RequestCounter(ResponseStartMiddleware):
+    """Counts answered requests by route and status."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self._app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                route = scope.get("route")
-                path = getattr(route, "path", "other")
-                metrics.REQUESTS.labels(route=path, status=str(message["status"])).inc()
-            await send(message)
-
-        await self._app(scope, receive, counting_send)
+    def on_start(self, scope: Scope, status: int, headers: Headers) -> None:
+        route = scope.get("route")
+        metrics.REQUESTS.labels(route=getattr(route, "path", "other"), status=str(status)).inc()

@@ -108,6 +108,11 @@ class Message(Strict):
     refusal: StrictStr | None = Field(default=None, description="Assistant messages only.")
     function_call: AnyJson = Field(default=None, description="Refused (legacy): use tool_calls.")
     audio: AnyJson = Field(default=None, description="Refused: audio is not supported.")
+    annotations: AnyJson = Field(
+        default=None,
+        description="Assistant messages only, as a reply carried them (a client echoing a reply back): "
+        "null or empty; the mesh's replies carry none, so others are refused.",
+    )
 
     def text(self, param: str = "content") -> str:
         """The content's text (a 400 naming ``param`` for parts the mesh refuses)."""
@@ -131,6 +136,16 @@ class Message(Strict):
                     "not supported" + ("; use tool_calls" if field == "function_call" else ""),
                 )
         assistant = self.role == "assistant"
+        # A reply echoed back (messages.append(msg.model_dump())) carries annotations: null.
+        if self.annotations not in (None, []):
+            if not assistant:
+                raise OpenAIError(
+                    400,
+                    f"{self.role} messages have no 'annotations'",
+                    param=f"{param}.annotations",
+                    code="unknown_parameter",
+                )
+            raise refused(f"{param}.annotations", "url citations are not sent to the model; drop them")
         for field, value, allowed in (
             ("tool_calls", self.tool_calls, assistant),
             ("refusal", self.refusal, assistant),

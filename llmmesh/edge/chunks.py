@@ -1,10 +1,15 @@
 """OpenAI ``chat.completion.chunk`` and ``chat.completion`` objects, and
 their SSE framing.
 
-Every SSE event of a stream carries ``id: N``, its position, so a client can
-resume after it: the role chunk is 0, a content chunk has its delta's
-sequence number, then come the finish chunk and, with ``include_usage``, the
-usage chunk. ``data: [DONE]`` has no id: it is the end marker, not an event.
+Every event of a stream has a position, its id: the role chunk is 0, a
+content chunk has its delta's sequence number (1, 2, ... in order), then
+come the finish chunk and, with ``include_usage``, the usage chunk; so the
+events are numbered 0, 1, 2, ... and a client that counted N of them has
+read up to id N - 1. ``data: [DONE]`` has no id: it is the end marker, not
+an event. The frames built here are ``data:`` lines only, byte-compatible
+with OpenAI's; a stream whose client opted into event ids
+(:mod:`edge.streams.framing`) gets each frame behind its ``id: N`` line
+(:func:`with_id`) as it is sent.
 
 A reply the region's output filter blocked ends as OpenAI ends one: a finish
 chunk with ``finish_reason: "content_filter"``, then ``[DONE]``; a whole
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from llmmesh.edge.reply_parts import ReplyCollector, logprobs_object, tool_call_fragment
 from llmmesh.v1 import chat_service_pb2, common_pb2
@@ -64,30 +69,114 @@ def blocked_categories(safety: chat_service_pb2.SafetyVerdict | None) -> list[st
     return list(safety.categories)
 
 
-def _add_filter_results(choice: dict[str, object], categories: Sequence[str]) -> None:
+def add_filter_results(choice: dict[str, object], categories: Sequence[str]) -> None:
+    """Name on ``choice`` the categories for which a filter blocked it, as Azure OpenAI does."""
     if categories:
         choice["content_filter_results"] = {c: {"filtered": True} for c in categories}
 
 
-def sse_event(event_id: int, payload: dict[str, object]) -> bytes:
-    return f"id: {event_id}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
 def sse_data(payload: dict[str, object]) -> bytes:
-    """An event without ``id:``: a client's Last-Event-ID stays where it was."""
+    """An event's frame: one ``data:`` line, as OpenAI frames every event."""
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+def with_id(event_id: int, frame: bytes) -> bytes:
+    """``frame`` behind its ``id: N`` line, for a client that opted into event ids."""
+    return b"id: %d\n%s" % (event_id, frame)
+
+
 class SseEvent(NamedTuple):
-    """One framed SSE event and its id."""
+    """One framed SSE event (``data:`` only) and its id."""
 
     event_id: int
     frame: bytes
 
 
+def stream_chunk(kind: str, frames: StreamFrames, choices: list[dict[str, object]]) -> dict[str, object]:
+    """A streamed chunk of object ``kind`` of the stream ``frames`` builds:
+    its constant fields and ``choices``, and a null usage with ``include_usage``."""
+    chunk: dict[str, object] = {
+        "id": frames.completion_id,
+        "object": kind,
+        "created": frames.created,
+        "model": frames.model,
+        "system_fingerprint": None,
+        "choices": choices,
+    }
+    if frames.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+Events = SseEvent | list[SseEvent]
+"""What a stream's builder makes of one step: one event, or several in order
+(a Responses stream opens an output item before its first delta)."""
+
+
+class StreamFrames(Protocol):
+    """What the stream hub needs of a streamed reply's events: chat chunks
+    (:class:`ChunkStream`), text completion chunks (:mod:`edge.text_chunks`)
+    or Responses events (:mod:`edge.response_events`). Event ids increase
+    by one from 0; ``end_frame`` closes a stream that finished (``data:
+    [DONE]``, or nothing)."""
+
+    completion_id: str
+    created: int
+    model: str
+    include_usage: bool
+    final_fields: dict[str, object]
+    end_frame: bytes
+
+    def opening(self) -> Events | None:
+        """The events before any delta, if the reply's shape has them."""
+
+    def delta(self, delta: chat_service_pb2.ChatDelta) -> Events:
+        """The events of one delta."""
+
+    def finish(
+        self,
+        reason: common_pb2.FinishReason.ValueType,
+        filtered_categories: Sequence[str] = (),
+        usage: common_pb2.TokenUsage | None = None,
+    ) -> Events:
+        """The events with the finish reason."""
+
+    def usage(self, usage: common_pb2.TokenUsage) -> SseEvent:
+        """The usage event of ``include_usage``."""
+
+    def error(self, body: dict[str, object]) -> Events:
+        """An error object as the stream's last event(s)."""
+
+
+def each_event(events: Events) -> list[SseEvent]:
+    """``events`` as a list."""
+    return [events] if isinstance(events, SseEvent) else events
+
+
+class ReplyFormat(Protocol):
+    """The shape a turn's answer takes: its stream's events, or one whole object."""
+
+    def frames(self, completion_id: str, created: int, model: str, include_usage: bool) -> StreamFrames:
+        """The builder of the streamed answer's events."""
+
+    def whole(
+        self,
+        completion_id: str,
+        created: int,
+        model: str,
+        reply: ReplyCollector,
+        reason: common_pb2.FinishReason.ValueType,
+        usage: common_pb2.TokenUsage,
+        filtered_categories: Sequence[str],
+    ) -> dict[str, object]:
+        """The whole answer."""
+
+
 class ChunkStream:
-    """Builds the events of one streamed completion: constant id and created,
-    strictly increasing event ids."""
+    """Builds the events of one streamed chat completion: constant id and
+    created, strictly increasing event ids."""
+
+    end_frame = DONE
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
         self.completion_id = completion_id
@@ -107,17 +196,7 @@ class ChunkStream:
         self._content_head, self._content_tail = template.rsplit(json.dumps(marker), 1)
 
     def _chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
-        chunk: dict[str, object] = {
-            "id": self.completion_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
+        return stream_chunk("chat.completion.chunk", self, choices)
 
     def role(self) -> SseEvent:
         """The first chunk (id 0): the assistant role and empty content."""
@@ -135,9 +214,12 @@ class ChunkStream:
             ),
         )
 
+    def opening(self) -> SseEvent:
+        return self.role()
+
     def _event(self, event_id: int, payload: dict[str, object]) -> SseEvent:
         self.last_id = event_id
-        return SseEvent(event_id, sse_event(event_id, payload))
+        return SseEvent(event_id, sse_data(payload))
 
     def content(self, sequence: int, text: str) -> SseEvent:
         """A content chunk; its id is the delta's sequence number (kept
@@ -145,7 +227,7 @@ class ChunkStream:
         event_id = max(sequence, self.last_id + 1)
         self.last_id = event_id
         data = f"{self._content_head}{json.dumps(text)}{self._content_tail}"
-        return SseEvent(event_id, f"id: {event_id}\ndata: {data}\n\n".encode())
+        return SseEvent(event_id, f"data: {data}\n\n".encode())
 
     def delta(self, delta: chat_service_pb2.ChatDelta) -> SseEvent:
         """The chunk of one delta: a plain content chunk when it is only
@@ -182,7 +264,7 @@ class ChunkStream:
             "logprobs": None,
             "finish_reason": FINISH_REASONS.get(reason, "stop"),
         }
-        _add_filter_results(choice, filtered_categories)
+        add_filter_results(choice, filtered_categories)
         chunk = self._chunk([choice])
         chunk.update(self.final_fields)
         if reason == common_pb2.FINISH_REASON_CANCELLED and usage is not None and not self.include_usage:
@@ -221,7 +303,7 @@ def completion_object(
         "logprobs": logprobs_object(reply.logprobs) if logprobs else None,
         "finish_reason": FINISH_REASONS.get(reason, "stop"),
     }
-    _add_filter_results(choice, filtered_categories)
+    add_filter_results(choice, filtered_categories)
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -231,3 +313,28 @@ def completion_object(
         "choices": [choice],
         "usage": usage_object(usage),
     }
+
+
+class ChatFormat:
+    """A chat turn's answer: ``chat.completion.chunk`` events or one
+    ``chat.completion`` (with its tokens' log probabilities when ``logprobs``)."""
+
+    def __init__(self, *, logprobs: bool) -> None:
+        self._logprobs = logprobs
+
+    def frames(self, completion_id: str, created: int, model: str, include_usage: bool) -> ChunkStream:
+        return ChunkStream(completion_id, created, model, include_usage)
+
+    def whole(
+        self,
+        completion_id: str,
+        created: int,
+        model: str,
+        reply: ReplyCollector,
+        reason: common_pb2.FinishReason.ValueType,
+        usage: common_pb2.TokenUsage,
+        filtered_categories: Sequence[str],
+    ) -> dict[str, object]:
+        return completion_object(
+            completion_id, created, model, reply, reason, usage, filtered_categories, logprobs=self._logprobs
+        )

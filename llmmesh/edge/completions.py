@@ -2,13 +2,16 @@
 turn on the tenant's region, and its events become SSE chunks or one
 ``chat.completion``.
 
-A streamed turn goes through the stream log (:mod:`edge.streams`): the
+A streamed turn goes through the stream log (:mod:`edge.streams.hub`): the
 response follows it, and the client can resume it by its id. A client that
 disconnects cancels its turn, streamed or not, unless it asked for a
-resumable stream (``x-llmmesh-resumable: true``). Streamed or not, a turn
-whose region fails mid-generation goes on in another region of the zone
+resumable stream (``x-llmmesh-resumable: true``). Its events are framed
+as OpenAI's unless the client opts into event ids
+(:mod:`edge.streams.framing`). Streamed or not, a turn whose region fails
+mid-generation goes on in another region of the zone
 (:mod:`edge.failover`); ``x-llmmesh-region`` names the region that accepted
-it (of a whole completion, the one that finished it)."""
+it (of a whole completion, the one that finished it). :meth:`serve_turn`
+also serves legacy text completions (:mod:`edge.text_completions`)."""
 
 from __future__ import annotations
 
@@ -19,9 +22,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmmesh.edge.chunks import ChunkStream, blocked_categories, completion_object
+from llmmesh.core.errors import MeshError
+from llmmesh.core.hop_timing import HopStamps
+from llmmesh.core.json_logs import bind_request_id
+from llmmesh.core.tasks import cancel_and_wait
+from llmmesh.edge.caller import authenticate
+from llmmesh.edge.chunks import ChatFormat, ReplyFormat, blocked_categories
 from llmmesh.edge.conversation_objects import turn_context_headers
-from llmmesh.edge.errors import OpenAIError
 from llmmesh.edge.failover import FailoverPolicy, FailoverTurn
 from llmmesh.edge.json_body import read_json
 from llmmesh.edge.mesh_client import MeshClient, Principal
@@ -31,29 +38,13 @@ from llmmesh.edge.retrieval_options import retrieval_fields
 from llmmesh.edge.route_headers import AUTO_MODELS, route_headers
 from llmmesh.edge.schemas import parse_chat_request
 from llmmesh.edge.settings import EdgeSettings
+from llmmesh.edge.streams.framing import NOT_RESUMABLE, RESUMABLE_HEADER, header_set, wants_event_ids
+from llmmesh.edge.streams.hub import StreamHub
 from llmmesh.edge.streams.log import StreamInfo
-from llmmesh.edge.streams import StreamHub, build_stream_log
+from llmmesh.edge.streams.zones import build_zone_logs
 from llmmesh.edge.turn_spans import TurnSpans
 from llmmesh.edge.turns import open_turn
-from llmmesh.core import apikeys
-from llmmesh.core.json_logs import bind_request_id
-from llmmesh.core.tasks import cancel_and_wait
 from llmmesh.v1 import chat_service_pb2
-
-
-async def authenticate(request: Request, mesh: MeshClient) -> Principal:
-    """The caller behind the request's bearer key, or a 401."""
-    secret = apikeys.bearer_secret(request.headers.get("authorization"))
-    if secret is None:
-        raise OpenAIError(
-            401,
-            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
-            code="missing_api_key",
-        )
-    return await mesh.authenticate(secret)
-
-
-RESUMABLE_HEADER = "x-llmmesh-resumable"
 
 
 async def disconnected(request: Request) -> None:
@@ -68,14 +59,17 @@ class CompletionsHandler:
     def __init__(self, settings: EdgeSettings, mesh: MeshClient, streams: StreamHub | None = None) -> None:
         self._settings = settings
         self._mesh = mesh
-        self.streams = streams if streams is not None else StreamHub(settings, build_stream_log(settings))
+        self.streams = streams if streams is not None else StreamHub(settings, build_zone_logs(settings))
         self._failover = FailoverPolicy(
             first_event_timeout_s=settings.first_event_timeout_ms / 1000,
             stall_timeout_s=settings.stall_timeout_ms / 1000,
             deadline_s=settings.failover_deadline_ms / 1000,
         )
+        # Settlements of whole completions the mesh failed, running after their error answers.
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request) -> Response:
+        arrived = time.monotonic()
         principal = await authenticate(request, self._mesh)
         req = parse_chat_request(await read_json(request, self._settings.max_body_bytes))
         # Refusals and the messages' checks come before any call to the mesh.
@@ -99,6 +93,7 @@ class CompletionsHandler:
             "" if auto else model.name,
             stream=req.streaming(),
             include_usage=req.include_usage(),
+            arrived=arrived,
         )
 
     async def serve_turn(
@@ -111,14 +106,18 @@ class CompletionsHandler:
         stream: bool,
         include_usage: bool,
         prefer_region: str = "",
+        reply_format: ReplyFormat | None = None,
+        arrived: float | None = None,
     ) -> Response:
         """Open ``start`` on the tenant's regions (``prefer_region`` first) and
-        answer it: an SSE stream of ``chat.completion.chunk`` events, or one
-        ``chat.completion``. The completion id is ``start.request_id`` (one
-        is chosen when it is empty); it is also the stream id for resuming.
+        answer it in ``reply_format`` (by default a chat one: an SSE stream
+        of ``chat.completion.chunk`` events, or one ``chat.completion``). The
+        completion id is ``start.request_id`` (one is chosen when it is
+        empty); it is also the stream id for resuming. ``arrived`` is when
+        the request arrived (``time.monotonic()``; None: now).
         Errors before the region accepts the turn raise (OpenAIError or
         MeshError); later ones end the stream with an error event."""
-        arrived = time.monotonic()
+        arrived = time.monotonic() if arrived is None else arrived
         if not start.request_id:
             start.request_id = "chatcmpl-" + secrets.token_hex(12)
         completion_id = start.request_id
@@ -141,33 +140,45 @@ class CompletionsHandler:
         if opened.started.model:
             # The model the region chose; a continuation elsewhere goes on with it.
             model = start.model = opened.started.model
-        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover, spans)
+        turn = FailoverTurn(self._mesh, principal, start, model, opened, self._failover, spans, arrived)
         headers = {"x-request-id": completion_id, "x-llmmesh-region": turn.started.region}
         headers.update(ratelimit_headers(turn.started))
         headers.update(turn_context_headers(turn.started))
         headers.update(route_headers(turn.started))
         created = int(time.time())
+        shape = reply_format if reply_format is not None else ChatFormat(logprobs=start.sampling.logprobs)
         if not stream:
-            return await self._complete(
-                request, turn, completion_id, created, model, headers, logprobs=start.sampling.logprobs
-            )
-        detached = request.headers.get(RESUMABLE_HEADER, "").strip().lower() in ("true", "1")
+            return await self._complete(request, turn, shape, completion_id, created, model, headers)
+        detached = header_set(request, RESUMABLE_HEADER)
         info = StreamInfo(principal.key_id, principal.tenant.id, turn.started.region)
-        chunks = ChunkStream(completion_id, created, model, include_usage)
+        chunks = shape.frames(completion_id, created, model, include_usage)
         chunks.final_fields = retrieval_fields(turn.started)
-        await self.streams.begin(turn, chunks, info, detached=detached, arrived=arrived)
-        return self.streams.response(completion_id, -1, headers, cancel_on_drop=not detached)
+        hops = HopStamps(arrived)
+        hops.stamp("edge_in", opened.sent_s)
+        zone = principal.tenant.zone
+        resumable = await self.streams.begin(
+            turn, chunks, info, zone=zone, detached=detached, arrived=arrived, hops=hops
+        )
+        if not resumable:
+            headers.update(NOT_RESUMABLE)
+        return self.streams.response(
+            completion_id,
+            -1,
+            headers,
+            zone=zone,
+            cancel_on_drop=not (detached and resumable),
+            event_ids=wants_event_ids(request),
+        )
 
     async def _complete(
         self,
         request: Request,
         turn: FailoverTurn,
+        shape: ReplyFormat,
         completion_id: str,
         created: int,
         model: str,
         headers: dict[str, str],
-        *,
-        logprobs: bool,
     ) -> Response:
         """The whole completion; a client that leaves first cancels the turn
         (the region still reports, and bills, what it produced)."""
@@ -188,19 +199,19 @@ class CompletionsHandler:
                 if not collecting.done():
                     turn.close()
             await collecting
+        except MeshError:
+            if turn.lost_by_mesh:
+                # The client gets an error and none of the reply: no output is billed.
+                settling = asyncio.create_task(turn.settle(0), name=f"settle-{completion_id}")
+                self._settling.add(settling)
+                settling.add_done_callback(self._settling.discard)
+            raise
         finally:
             await cancel_and_wait(gone)
             await cancel_and_wait(collecting)
             turn.close()
-        body = completion_object(
-            completion_id,
-            created,
-            model,
-            reply,
-            turn.reason,
-            turn.usage,
-            blocked_categories(turn.safety),
-            logprobs=logprobs,
+        body = shape.whole(
+            completion_id, created, model, reply, turn.reason, turn.usage, blocked_categories(turn.safety)
         )
         body.update(retrieval_fields(turn.started))
         return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llmmesh.edge.chunks import DONE, FINISH_REASONS, ChunkStream, usage_object
+from llmmesh.edge.chunks import DONE, FINISH_REASONS, ChunkStream, SseEvent, usage_object, with_id
 from llmmesh.edge.errors import OpenAIError
 from llmmesh.edge.reply_parts import tool_call_objects
 from llmmesh.v1 import chat_service_pb2, common_pb2
@@ -72,10 +72,12 @@ def replay(
     stream: bool,
     include_usage: bool,
     headers: dict[str, str],
+    event_ids: bool = False,
 ) -> Response:
     """The answer of an ended turn again, from what it stored; a 409 while
     it has stored no reply yet, and a 422 when the retry asks something else
-    (``asked``, its user text) than the turn stored under the key."""
+    (``asked``, its user text) than the turn stored under the key. A stream
+    has ``id:`` lines with ``event_ids`` (:mod:`edge.streams.framing`)."""
     question = next((m for m in stored if m.role == common_pb2.CHAT_ROLE_USER), None)
     if question is not None and asked is not None and question.content != asked:
         raise OpenAIError(
@@ -92,17 +94,18 @@ def replay(
     created = reply.create_time.seconds
     if stream:
         chunks = ChunkStream(request_id, created, reply.model, include_usage)
-        frames = [chunks.role().frame]
+        events: list[SseEvent] = [chunks.role()]
         parts = [
             common_pb2.ToolCallDelta(index=i, id=c.id, name=c.name, arguments=c.arguments)
             for i, c in enumerate(reply.tool_calls)
         ]
         if reply.content or parts:
             delta = chat_service_pb2.ChatDelta(sequence=1, text=reply.content, tool_calls=parts)
-            frames.append(chunks.delta(delta).frame)
-        frames.append(chunks.finish(reply.finish_reason).frame)
+            events.append(chunks.delta(delta))
+        events.append(chunks.finish(reply.finish_reason))
         if include_usage:
-            frames.append(chunks.usage(usage).frame)
+            events.append(chunks.usage(usage))
+        frames = [with_id(e.event_id, e.frame) if event_ids else e.frame for e in events]
         frames.append(DONE)
 
         async def body() -> AsyncIterator[bytes]:

@@ -32,7 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llmmesh.edge.completions import CompletionsHandler, authenticate
+from llmmesh.core.errors import MeshError, NotFound, Reason
+from llmmesh.core.ids import ConversationId
+from llmmesh.edge.caller import authenticate
+from llmmesh.edge.completions import CompletionsHandler
 from llmmesh.edge.conversation_objects import (
     BranchObject,
     ConversationMessageRequest,
@@ -51,8 +54,7 @@ from llmmesh.edge.mesh_client import MeshClient, Principal
 from llmmesh.edge.route_headers import AUTO_MODELS
 from llmmesh.edge.schemas import parse_body
 from llmmesh.edge.settings import EdgeSettings
-from llmmesh.core.errors import MeshError, NotFound, Reason
-from llmmesh.core.ids import ConversationId
+from llmmesh.edge.streams.framing import wants_event_ids
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 DEFAULT_LIMIT = 20
@@ -272,6 +274,7 @@ class ConversationsHandler:
             stream=body.streaming(),
             include_usage=body.include_usage(),
             headers={},
+            event_ids=wants_event_ids(request),
         )
 
     async def _conversation(self, principal: Principal, text: str) -> chat_service_pb2.Conversation:

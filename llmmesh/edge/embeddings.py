@@ -10,7 +10,11 @@ ids, or an array of token-id arrays; none empty; at most 2048 items),
 little-endian float32 bytes, as OpenAI encodes them and the ``openai`` SDK
 asks by default), ``dimensions`` (the vector is cut to that many leading
 components and normalised again; more than the model has is a 400) and
-``user`` (logged by the region). Any other field is a 400.
+``user`` (logged by the region). Any other field is a 400. Token ids are
+embedded only with the ``x-llmmesh-token-ids`` header naming the model
+(:mod:`core.embedding_tokens`): without it they are a 400 naming
+``input``, so tiktoken ids (LangChain's default) never embed as the
+model's own tokens.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmmesh.edge.completions import authenticate
+from llmmesh.core.embedding_tokens import TOKEN_IDS_HEADER, token_ids_refusal
+from llmmesh.core.errors import MeshError
+from llmmesh.edge.caller import authenticate
 from llmmesh.edge.json_body import read_json
 from llmmesh.edge.mesh_client import MeshClient, Metadata
 from llmmesh.edge.settings import EdgeSettings
 from llmmesh.edge.unary_requests import answer_headers, bad_request, object_of_fields
 from llmmesh.edge.zone_calls import call_in_zone
-from llmmesh.core.errors import MeshError
 from llmmesh.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 
 MAX_INPUTS = 2048
@@ -140,6 +145,11 @@ class EmbeddingsHandler:
             # The registry's refusal is about the request's model field.
             err.metadata.setdefault("param", "model")
             raise
+        declared = request.headers.get(TOKEN_IDS_HEADER)
+        has_token_ids = any(not isinstance(item, str) for item in body.inputs)
+        refusal = token_ids_refusal((body.model, model.name), declared, has_token_ids)
+        if refusal is not None:
+            raise bad_request(refusal, "input" if declared is None else TOKEN_IDS_HEADER)
         message = embedding_service_pb2.CreateEmbeddingsRequest(
             request_id="emb-" + secrets.token_hex(12), model=model.name, user=body.user
         )
@@ -151,12 +161,14 @@ class EmbeddingsHandler:
         if body.dimensions is not None:
             message.dimensions = body.dimensions
 
+        declaration: Metadata = ((TOKEN_IDS_HEADER, declared),) if declared is not None else ()
+
         async def create(
             channel: object, metadata: Metadata
         ) -> embedding_service_pb2.CreateEmbeddingsResponse:
             stub = embedding_service_pb2_grpc.RegionEmbeddingServiceStub(channel)
             response: embedding_service_pb2.CreateEmbeddingsResponse = await stub.CreateEmbeddings(
-                message, metadata=metadata, timeout=_TIMEOUT_S
+                message, metadata=metadata + declaration, timeout=_TIMEOUT_S
             )
             return response
 

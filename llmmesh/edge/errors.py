@@ -7,13 +7,15 @@ Mesh errors are mapped here once, from their gRPC code and ErrorInfo reason.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping
 
 import grpc
 from starlette.responses import JSONResponse
 
-from llmmesh.edge.ratelimit_headers import refusal_ratelimit_headers
 from llmmesh.core.errors import MeshError, Reason
+from llmmesh.edge.ratelimit_headers import refusal_ratelimit_headers
+from llmmesh.edge.traffic_series import TRAFFIC
 
 
 class OpenAIError(Exception):
@@ -44,18 +46,29 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        """``retry-after`` (whole seconds, at least 1) when a retry helps, and
-        the ``x-ratelimit-*`` headers of a rate-limit refusal."""
+        """``retry-after`` (whole seconds, at least 1) when a retry helps, with
+        ``retry-after-ms``: the same wait plus up to a quarter more, at
+        random, which the OpenAI SDKs read first, so clients refused
+        together do not come back together. And the ``x-ratelimit-*``
+        headers of a rate-limit refusal."""
         headers = dict(self.ratelimit)
         if self.retry_after_s is not None:
             headers["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+            wait_ms = max(1.0, self.retry_after_s * 1000)
+            headers["retry-after-ms"] = str(round(wait_ms * (1 + _JITTER.uniform(0, RETRY_JITTER))))
         return headers
 
     def response(self, extra_headers: dict[str, str] | None = None) -> JSONResponse:
+        """The error as the HTTP answer; counted for the operator page (:mod:`edge.traffic_series`)."""
+        TRAFFIC.error_answered(self.code or self.type)
         return JSONResponse(
             self.body(), status_code=self.status, headers={**self.headers(), **(extra_headers or {})}
         )
 
+
+RETRY_JITTER = 0.25
+"""The most ``retry-after-ms`` adds to a refusal's wait, as a share of it."""
+_JITTER = random.Random()
 
 _STATUS: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),

@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import grpc.aio
 
-from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.core.errors import MeshError
+from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.v1 import chat_service_pb2, common_pb2, geo_routing_service_pb2
 
 _LIVE = (common_pb2.HEALTH_STATE_SERVING, common_pb2.HEALTH_STATE_DEGRADED)

@@ -1,10 +1,11 @@
 """``/v1/memories`` (llmmesh's extension): the facts the mesh keeps about a
 tenant's end user (OpenAI's ``user``), learned from their turns when the
-tenant's policy enables memory (:mod:`region.memory`), listed and deleted
+tenant's policy enables memory (:mod:`region.knowledge.memory`), listed and deleted
 in the tenant's zone.
 
 ``GET /v1/memories?user=U`` lists them newest first (``limit``, ``after``);
-``DELETE /v1/memories/{memory_id}`` deletes one; ``DELETE
+``DELETE /v1/memories/{memory_id}`` deletes one (with ``?user=U``, only
+if it is about ``U``); ``DELETE
 /v1/memories?user=U`` deletes every fact about ``U``. Listing and deleting
 work whatever the policy says, so what was kept can always be removed.
 """
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llmmesh.edge.completions import authenticate
+from llmmesh.edge.caller import authenticate
 from llmmesh.edge.mesh_client import MeshClient, Metadata
 from llmmesh.edge.retrieval_calls import list_page, list_query
 from llmmesh.edge.unary_requests import bad_request
@@ -90,6 +91,12 @@ class MemoryRoutes:
 
     async def delete(self, request: Request) -> Response:
         memory_id = request.path_params["memory_id"]
-        answer = await self._call(request, "DeleteMemories", pb.DeleteMemoriesRequest(memory_id=memory_id))
+        for key in request.query_params:
+            if key != "user":
+                raise bad_request(f"query parameter {key!r} is not supported", key, "unsupported_parameter")
+        # With ?user=U, only U's fact of that id: a 404 when it is about someone else.
+        user = request.query_params.get("user", "")
+        message = pb.DeleteMemoriesRequest(memory_id=memory_id, user=user)
+        answer = await self._call(request, "DeleteMemories", message)
         assert isinstance(answer, pb.DeleteMemoriesResponse)
         return JSONResponse({"id": memory_id, "object": "llmmesh.memory.deleted", "deleted": answer.deleted})

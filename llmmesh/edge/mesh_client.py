@@ -12,7 +12,7 @@ Keys and routes are remembered: a key for ``auth_cache_s``, a tenant's route
 for ``route_cache_s`` and used while refreshed until ``route_stale_s``
 (:class:`edge.route_cache.RouteCache`), so a turn does not ask the global
 plane twice. Both are refreshed in the background once
-past half their time (:mod:`llmmesh.refresh`): steady traffic never waits on
+past half their time (:mod:`llmmesh.core.refresh`): steady traffic never waits on
 the global plane, and requests that find one unknown or expired together
 (the first burst after an idle spell) wait for one call, not one each.
 While the global plane is unreachable, the last answers younger than
@@ -20,6 +20,12 @@ While the global plane is unreachable, the last answers younger than
 on their cached policy snapshot): the mesh
 keeps serving known keys through a global-plane outage, and a key revoked
 during one stays usable at the edge for at most that long.
+
+A region that geo-routing stops listing (it missed its heartbeats) while
+this edge still finds it serving stays in the routes that listed it
+(:mod:`edge.region_checks`): a region cut off from the global plane alone
+keeps serving its zone through this edge. A turn that fails on a region
+(:meth:`MeshClient.forget_region`) is the edge's own word against it.
 """
 
 from __future__ import annotations
@@ -34,8 +40,6 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmmesh.edge.region_session import RegionSession, region_session
-from llmmesh.edge.route_cache import RouteCache
 from llmmesh.core.errors import MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.core.grpc_tracing import client_interceptors
 from llmmesh.core.grpcserver import CHANNEL_OPTIONS, open_channel
@@ -45,9 +49,13 @@ from llmmesh.core.mtls import MeshSecurity, open_secure_channel
 from llmmesh.core.outage import PROBE_TIMEOUT_S, OutageGate
 from llmmesh.core.pages import collect_pages
 from llmmesh.core.refresh import SingleFlight, refresh_due
+from llmmesh.edge.region_checks import RegionChecks
+from llmmesh.edge.region_session import RegionSession, region_session
+from llmmesh.edge.route_cache import RouteCache
 from llmmesh.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
+    chat_service_pb2,
     chat_service_pb2_grpc,
     geo_routing_service_pb2,
     geo_routing_service_pb2_grpc,
@@ -87,12 +95,26 @@ def region_channel_options(keepalive_ms: int) -> list[tuple[str, int]]:
 _Regions: TypeAlias = list[geo_routing_service_pb2.RegionStatus]
 
 
-def _global_error(err: grpc.aio.AioRpcError) -> MeshError:
+def global_error(err: grpc.aio.AioRpcError) -> MeshError:
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unavailable(
             Reason.GLOBAL_PLANE_UNAVAILABLE, "the global control plane is unreachable", retry_after_s=1.0
         )
     return from_rpc_error(err)
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """How the edge asks geo-routing for a tenant's regions: how long an
+    answer is reused (``cache_s``), how long an older one still serves while
+    a fresh one is fetched behind it (``stale_s``), and where this edge's
+    clients are (``location``: a region name or "lat,lon", sent as the
+    client location hint, so the zone's regions come nearest first; empty
+    for no preference)."""
+
+    cache_s: float = 1.0
+    stale_s: float = 30.0
+    location: str = ""
 
 
 class MeshClient:
@@ -105,16 +127,25 @@ class MeshClient:
         clock: Callable[[], float] = time.monotonic,
         *,
         region_keepalive_ms: int = 1_000,
-        route_cache_s: float = 1.0,
-        route_stale_s: float = 30.0,
+        routes: RouteOptions = RouteOptions(),
         outage_grace_s: float = 300.0,
         security: MeshSecurity | None = None,
+        admin_security: MeshSecurity | None = None,
     ) -> None:
         # mTLS with the edge's certificate, expecting the global plane's and
         # regions' identities, unless ``security`` is None or insecure.
         self._security = security
         self._global = open_channel(global_address, security, role_name(Role.GLOBAL))
         self.policy = policy_service_pb2_grpc.PolicyServiceStub(self._global)
+        # The operator API's admin identity, when the operator gave the edge one.
+        self._admin = (
+            None
+            if admin_security is None
+            else open_channel(global_address, admin_security, role_name(Role.GLOBAL))
+        )
+        self.admin_policy = (
+            None if self._admin is None else policy_service_pb2_grpc.PolicyServiceStub(self._admin)
+        )
         self.geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(self._global)
         self.registry = model_registry_service_pb2_grpc.ModelRegistryServiceStub(self._global)
         self.billing = billing_service_pb2_grpc.BillingServiceStub(self._global)
@@ -128,12 +159,14 @@ class MeshClient:
         self._auth_cache_s = auth_cache_s
         self._clock = clock
         self._region_options = region_channel_options(region_keepalive_ms)
-        self._routes = RouteCache(ttl_s=route_cache_s, clock=clock, stale_s=route_stale_s)
+        self._routes = RouteCache(ttl_s=routes.cache_s, clock=clock, stale_s=routes.stale_s)
+        self._location = routes.location
         self._outage_grace_s = outage_grace_s
         # The last answer of each route call, kept for global-plane outages.
         self._last_routes: dict[tuple[str, str, str], tuple[float, _Regions]] = {}
         self.outage = OutageGate(clock=clock)
         self._refresh: SingleFlight[Principal] = SingleFlight("edge keys")
+        self.region_checks = RegionChecks(self._region_info, clock)
 
     async def authenticate(self, secret: str) -> Principal:
         """The tenant behind ``secret``; raises MeshError (UNAUTHENTICATED…)."""
@@ -177,39 +210,66 @@ class MeshClient:
         async def fetch() -> list[geo_routing_service_pb2.RegionStatus]:
             return await self._ask_route(
                 (tenant_id, model, ""),
-                geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, model=model),
+                geo_routing_service_pb2.RouteRequest(
+                    tenant_id=tenant_id, model=model, client_location_hint=self._location
+                ),
             )
 
         return list(await self._routes.route(tenant_id, model, fetch))
 
     def forget_region(self, region: str) -> None:
         """A region refused or dropped a turn: ask geo-routing afresh for the
-        routes through it."""
+        routes through it, and keep it in none against geo-routing for a while."""
+        self.region_checks.failed(region)
         self._routes.invalidate_region(region)
 
     async def _ask_route(
         self, key: tuple[str, str, str], request: geo_routing_service_pb2.RouteRequest
     ) -> list[geo_routing_service_pb2.RegionStatus]:
-        """``Route``; while the global plane is unreachable, the last answer to
-        the same question if it is younger than the outage grace."""
+        """``Route``, with the regions of the last answer to the same question
+        that it leaves out and this edge finds serving (:mod:`edge.region_checks`);
+        while the global plane is unreachable, the last answer if it is
+        younger than the outage grace."""
         last = self._last_routes.get(key)
         stale = last is not None and self._clock() - last[0] < self._outage_grace_s
         if last is not None and stale and self.outage.skip():
             return last[1]
+        previous = last[1] if last is not None else []
         try:
             resp = await self.geo.Route(request, timeout=PROBE_TIMEOUT_S if stale else 5.0)
         except grpc.aio.AioRpcError as err:
             error = self._global_failure(err)
             if last is not None and self._usable_in_outage(error, last[0]):
                 return last[1]
-            raise error from err
-        self.outage.answered()
-        regions = list(resp.regions)
+            # Geo-routing lists none of the zone's regions; those this edge still finds serving do.
+            kept = (
+                await self.region_checks.route([], previous, self._running, request.model)
+                if error.reason == Reason.NO_REGION_IN_ZONE
+                else []
+            )
+            if not kept:
+                raise error from err
+            regions = kept
+        else:
+            self.outage.answered()
+            regions = await self.region_checks.route(resp.regions, previous, self._running, request.model)
         self._last_routes[key] = (self._clock(), regions)
         return regions
 
+    def _running(self, status: geo_routing_service_pb2.RegionStatus) -> int:
+        """Turns this edge runs on the region now."""
+        session = self._sessions.get(status.report.chat_address)
+        return session.running if session is not None else 0
+
+    async def _region_info(self, address: str) -> chat_service_pb2.GetRegionInfoResponse:
+        """The region at ``address`` says what it is; AioRpcError when it does not answer in time."""
+        info: chat_service_pb2.GetRegionInfoResponse = await self.chat(address).GetRegionInfo(
+            chat_service_pb2.GetRegionInfoRequest(), timeout=PROBE_TIMEOUT_S
+        )
+        return info
+
     def _global_failure(self, err: grpc.aio.AioRpcError) -> MeshError:
-        error = _global_error(err)
+        error = global_error(err)
         if error.reason == Reason.GLOBAL_PLANE_UNAVAILABLE:
             self.outage.failed()
         return error
@@ -229,7 +289,7 @@ class MeshClient:
         try:
             return await collect_pages(fetch)
         except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
+            raise global_error(err) from err
 
     async def list_regions(self) -> list[geo_routing_service_pb2.RegionStatus]:
         try:
@@ -237,7 +297,7 @@ class MeshClient:
                 geo_routing_service_pb2.ListRegionsRequest(page_size=500), timeout=5.0
             )
         except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
+            raise global_error(err) from err
         return list(resp.regions)
 
     async def usage(self, tenant_id: str, period: str) -> billing_service_pb2.GetUsageResponse:
@@ -247,7 +307,7 @@ class MeshClient:
                 billing_service_pb2.GetUsageRequest(tenant_id=tenant_id, period=period), timeout=5.0
             )
         except grpc.aio.AioRpcError as err:
-            raise _global_error(err) from err
+            raise global_error(err) from err
         return resp
 
     async def global_serving(self) -> bool:
@@ -264,7 +324,9 @@ class MeshClient:
         ``preferred_region`` (a conversation's home) first while it serves."""
         return await self._ask_route(
             (tenant_id, "", preferred_region),
-            geo_routing_service_pb2.RouteRequest(tenant_id=tenant_id, preferred_region=preferred_region),
+            geo_routing_service_pb2.RouteRequest(
+                tenant_id=tenant_id, preferred_region=preferred_region, client_location_hint=self._location
+            ),
         )
 
     async def in_zone(
@@ -325,7 +387,10 @@ class MeshClient:
             await session.close()
         await self._refresh.close()
         await self._routes.close()
+        await self.region_checks.close()
         await self.models.close()
         for channel in self._regions.values():
             await channel.close()
         await self._global.close()
+        if self._admin is not None:
+            await self._admin.close()

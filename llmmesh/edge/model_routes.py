@@ -1,12 +1,4 @@
-"""``GET /v1/models`` and ``GET /v1/models/{model}``, and the OpenAI
-endpoints the mesh does not serve.
-
-``/v1/completions`` (legacy prompt completions) and the Responses API
-(``/v1/responses`` and everything under it) answer 404 with an OpenAI error
-object, ``code: "unsupported_endpoint"``, saying to use chat completions:
-a client learns at once that the endpoint is missing rather than meeting a
-generic 404.
-"""
+"""``GET /v1/models`` and ``GET /v1/models/{model}``."""
 
 from __future__ import annotations
 
@@ -14,15 +6,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llmmesh.edge.completions import authenticate
+from llmmesh.edge.caller import authenticate
 from llmmesh.edge.errors import OpenAIError
 from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.v1 import common_pb2, model_registry_service_pb2
-
-_UNSUPPORTED: dict[str, str] = {
-    "/v1/completions": "legacy prompt completions are not supported; use POST /v1/chat/completions",
-    "/v1/responses": "the Responses API is not supported; use POST /v1/chat/completions",
-}
 
 
 def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
@@ -45,15 +32,25 @@ def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
     }
 
 
-def unsupported_endpoint(path: str) -> OpenAIError:
-    """The 404 of an OpenAI endpoint the mesh does not serve."""
-    prefix = "/v1/responses" if path.startswith("/v1/responses") else path
-    message = _UNSUPPORTED.get(prefix, "this endpoint is not supported")
-    return OpenAIError(404, f"{path}: {message}", code="unsupported_endpoint")
+async def zone_models(mesh: MeshClient, zone: str) -> list[model_registry_service_pb2.Model]:
+    """The registry's models that a routable region of ``zone`` reports
+    serving, their deployments cut to that zone's. A retired model is kept
+    in the registry (its prices explain old bills) but served no more; a
+    model only other zones serve is not the caller's to use."""
+    regions = {s.report.region for s in await mesh.list_regions() if s.report.zone == zone}
+    served = []
+    for model in await mesh.list_models():
+        here = [d for d in model.deployments if d.region in regions]
+        if model.retired or not here:
+            continue
+        del model.deployments[:]
+        model.deployments.extend(here)
+        served.append(model)
+    return served
 
 
 class ModelRoutes:
-    """The model list, one model, and the unsupported endpoints."""
+    """The model list and one model."""
 
     def __init__(self, mesh: MeshClient) -> None:
         self._mesh = mesh
@@ -62,26 +59,24 @@ class ModelRoutes:
         return [
             Route("/v1/models", self.list, methods=["GET"]),
             Route("/v1/models/{model:path}", self.get, methods=["GET"]),
-            Route("/v1/completions", self.unsupported, methods=["POST"]),
-            Route("/v1/responses", self.unsupported, methods=["POST"]),
-            Route("/v1/responses/{rest:path}", self.unsupported, methods=["GET", "POST", "DELETE"]),
         ]
 
     async def list(self, request: Request) -> Response:
-        await authenticate(request, self._mesh)
-        models = await self._mesh.list_models()
-        # A retired model is kept in the registry (its prices explain old bills) but served no more.
-        return JSONResponse({"object": "list", "data": [model_object(m) for m in models if not m.retired]})
+        """The models the caller's zone serves now, with the zone's regions serving each."""
+        caller = await authenticate(request, self._mesh)
+        models = await zone_models(self._mesh, caller.tenant.zone)
+        return JSONResponse({"object": "list", "data": [model_object(m) for m in models]})
 
     async def get(self, request: Request) -> Response:
-        """One model by name; a 404 ``model_not_found`` when there is none."""
-        await authenticate(request, self._mesh)
+        """One model the caller's zone serves, by name; a 404 ``model_not_found`` otherwise."""
+        caller = await authenticate(request, self._mesh)
         name = request.path_params["model"]
-        for model in await self._mesh.list_models():
-            if model.name == name and not model.retired:
+        for model in await zone_models(self._mesh, caller.tenant.zone):
+            if model.name == name:
                 return JSONResponse(model_object(model))
-        raise OpenAIError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
-
-    async def unsupported(self, request: Request) -> Response:
-        await authenticate(request, self._mesh)
-        raise unsupported_endpoint(request.url.path)
+        raise OpenAIError(
+            404,
+            f"The model '{name}' does not exist or is not served in your zone ({caller.tenant.zone}).",
+            param="model",
+            code="model_not_found",
+        )

@@ -6,9 +6,12 @@ says how), and its results an OpenAI ``moderation`` object.
 ``input`` is a string, an array of strings, or an array of OpenAI's
 multimodal parts of which only ``{"type": "text", "text": ...}`` is served
 (an image part is a 400: no backend here reads images). ``model`` may be
-left out or name the region's model (``llmmesh-moderation``); OpenAI's own
-model names are refused with a 404 rather than answered by another
-classifier under their name. Any other field is a 400.
+left out, name the region's model (``llmmesh-moderation``), or be one of
+OpenAI's "current model" aliases (``omni-moderation-latest``,
+``text-moderation-latest``, ``text-moderation-stable``), which the region's
+backends answer under their own name; a dated OpenAI model is refused with
+a 404 rather than answered by another classifier under its name. Any other
+field is a 400.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import grpc.aio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmmesh.edge.completions import authenticate
+from llmmesh.edge.caller import authenticate
 from llmmesh.edge.json_body import read_json
 from llmmesh.edge.mesh_client import MeshClient, Metadata
 from llmmesh.edge.settings import EdgeSettings

@@ -1,6 +1,6 @@
 """The edge's side of a region's ``ChatSession``: one long-lived stream per
 region that every turn the edge opens there shares (see
-:mod:`llmmesh.session_client`). A start carries its caller's API key;
+:mod:`llmmesh.core.session_client`). A start carries its caller's API key;
 when the stream breaks, every turn on it raises :class:`SessionLost`."""
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from llmmesh.core.ids import new_id
+from llmmesh.edge.response_start import Headers, ResponseStartMiddleware
 
 HEADER = "x-request-id"
 _HEADER_BYTES = HEADER.encode()
@@ -43,24 +44,10 @@ def _sent_request_id(scope: Scope) -> str | None:
     return None
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(ResponseStartMiddleware):
     """Adds ``x-request-id`` to every HTTP answer that has none."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self._app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                if not any(name.lower() == _HEADER_BYTES for name, _ in headers):
-                    chosen = answer_request_id(_sent_request_id(scope))
-                    headers.append((_HEADER_BYTES, chosen.encode("latin-1")))
-                    message = {**message, "headers": headers}
-            await send(message)
-
-        await self._app(scope, receive, send_with_id)
+    def on_start(self, scope: Scope, status: int, headers: Headers) -> None:
+        if not any(name.lower() == _HEADER_BYTES for name, _ in headers):
+            chosen = answer_request_id(_sent_request_id(scope))
+            headers.append((_HEADER_BYTES, chosen.encode("latin-1")))

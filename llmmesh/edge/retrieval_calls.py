@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc.aio
 from starlette.requests import Request
 
-from llmmesh.edge.completions import authenticate
+from llmmesh.edge.caller import authenticate
 from llmmesh.edge.mesh_client import MeshClient, Metadata, Principal
 from llmmesh.edge.unary_requests import bad_request
 from llmmesh.edge.zone_calls import call_in_zone

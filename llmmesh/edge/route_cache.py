@@ -9,7 +9,7 @@ good as a fresh one. :class:`RouteCache` keeps each (tenant, model) route for
 failed (:meth:`RouteCache.invalidate_region`), or a tenant's routes
 (:meth:`RouteCache.invalidate_tenant`). Concurrent misses of one key share one
 ``Route`` call. A turn that finds its route past half its TTL uses it and
-asks for a fresh one in the background (:mod:`llmmesh.refresh`), so steady
+asks for a fresh one in the background (:mod:`llmmesh.core.refresh`), so steady
 traffic never waits on geo-routing.
 
 A route past its TTL but younger than ``stale_s`` is still used, while a

@@ -14,10 +14,11 @@ refused as ``unknown_parameter``. Honoured: ``model``, ``messages``
 ``store`` false, ``service_tier`` "auto" or "default" (the tenant's tier
 decides), ``reasoning_effort`` "none" (the mesh's models do not reason),
 ``user`` and ``safety_identifier`` (the end-user id the region is given),
-and vLLM's extension ``ignore_eos``. Everything else the reference lists is
+``verbosity`` (an instruction to the model, :mod:`edge.verbosity`; a
+conversation message refuses it) and vLLM's extension ``ignore_eos``. Everything else the reference lists is
 refused when set: ``n`` > 1, ``audio``, audio ``modalities``,
 ``prediction``, ``web_search_options``, other ``reasoning_effort`` values,
-``verbosity``, the legacy ``functions`` and ``function_call`` (use
+the legacy ``functions`` and ``function_call`` (use
 ``tools``), ``store`` true, ``metadata``, other service tiers, the
 ``prompt_cache_*`` parameters (prefix caching is automatic),
 ``moderation`` (the region's safety filters always run), and
@@ -26,7 +27,7 @@ refused when set: ``n`` > 1, ``audio``, audio ``modalities``,
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
@@ -42,6 +43,7 @@ from llmmesh.edge.tool_params import (
     apply_tool_choice,
     tool_definitions,
 )
+from llmmesh.edge.verbosity import Verbosity, with_verbosity
 from llmmesh.v1 import common_pb2
 
 __all__ = [
@@ -140,14 +142,22 @@ class TurnOptions(Strict):
     audio: AnyJson = _refusal("audio output is not supported.")
     prediction: AnyJson = _refusal("predicted outputs are not supported.")
     web_search_options: AnyJson = _refusal("web search is not supported.")
-    verbosity: AnyJson = _refusal("verbosity is not supported.")
+    verbosity: Verbosity | None = Field(
+        default=None,
+        description="low, medium or high: an instruction to answer briefly or thoroughly "
+        "(chat completions; refused on conversation messages).",
+    )
     functions: AnyJson = _refusal("legacy; use tools.")
     function_call: AnyJson = _refusal("legacy; use tool_choice.")
-    metadata: AnyJson = _refusal("completions are not stored.")
+    metadata: AnyJson = Field(
+        default=None, description="Refused unless empty ({}): completions are not stored."
+    )
     prompt_cache_key: AnyJson = _refusal("prefix caching is automatic.")
     prompt_cache_retention: AnyJson = _refusal("prefix caching is automatic.")
     prompt_cache_options: AnyJson = _refusal("prefix caching is automatic.")
     moderation: AnyJson = _refusal("the region's safety filters always run.")
+    # Whether the request's messages take the verbosity instruction (edge.verbosity).
+    honours_verbosity: ClassVar[bool] = False
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -168,7 +178,7 @@ class TurnOptions(Strict):
             ("audio", "audio output is not supported"),
             ("prediction", "predicted outputs are not supported"),
             ("web_search_options", "web search is not supported"),
-            ("verbosity", "verbosity control is not supported"),
+            ("verbosity", "verbosity is honoured on chat completions, not on conversation messages"),
             ("functions", "the legacy functions are not supported; use tools"),
             ("function_call", "the legacy function_call is not supported; use tool_choice"),
             ("metadata", "completions are not stored, so they carry no metadata"),
@@ -177,7 +187,11 @@ class TurnOptions(Strict):
             ("prompt_cache_options", "prefix caching is automatic (KV-affinity routing)"),
             ("moderation", "the region's safety filters always run; they cannot be configured per request"),
         ):
-            if getattr(self, name) is not None:
+            value = getattr(self, name)
+            # An empty metadata object asks nothing (clients send {} by default).
+            if name == "verbosity" and self.honours_verbosity:
+                continue
+            if value is not None and not (name == "metadata" and value == {}):
                 raise refused(name, why)
         if self.n is not None and self.n != 1:
             if self.n < 1:
@@ -263,8 +277,11 @@ class ChatCompletionRequest(TurnOptions):
         default=None, description="llmmesh's extension: put chunks of these vector stores in the context."
     )
 
+    honours_verbosity: ClassVar[bool] = True
+
     def to_messages(self) -> list[common_pb2.ChatMessage]:
-        return chat_messages(self.messages)
+        """The messages, with the ``verbosity`` instruction when one was asked."""
+        return with_verbosity(chat_messages(self.messages), self.verbosity)
 
 
 # pydantic names union branches in an error's location; they are not fields.

@@ -9,17 +9,20 @@ import logging
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
-from llmmesh.edge.app import RequestCounter, build_app
-from llmmesh.edge.http_protocol import http_protocol
-from llmmesh.edge.mesh_client import MeshClient
-from llmmesh.edge.request_id import RequestIdMiddleware
-from llmmesh.edge.settings import EdgeSettings
 from llmmesh.core import lifecycle
 from llmmesh.core.addresses import advertised_address, check_advertisable, join_host_port, split_host_port
+from llmmesh.core.certs import CertFiles
 from llmmesh.core.identity import Role
+from llmmesh.core.mtls import MeshSecurity, TlsSetupError
+from llmmesh.edge.app import RequestCounter, build_app
+from llmmesh.edge.http_protocol import http_protocol
+from llmmesh.edge.mesh_client import MeshClient, RouteOptions
+from llmmesh.edge.request_id import RequestIdMiddleware
+from llmmesh.edge.settings import EdgeSettings
 
 log = logging.getLogger(__name__)
 
@@ -72,22 +75,45 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def ops_admin_security(settings: EdgeSettings, security: MeshSecurity) -> MeshSecurity | None:
+    """The admin identity the operator API manages API keys with, when the
+    operator gave the edge one (``ops_admin_cert_file``), checked against the
+    mesh CA of the edge's own certificate; TlsSetupError unless it is an admin
+    identity."""
+    if not settings.ops_admin_cert_file:
+        return None
+    assert security.files is not None
+    files = CertFiles(
+        Path(settings.ops_admin_cert_file), Path(settings.ops_admin_key_file), security.files.ca
+    )
+    admin = MeshSecurity.mtls(files)
+    if admin.identity is None or admin.identity.role is not Role.ADMIN:
+        raise TlsSetupError(
+            f"ops_admin_cert_file {files.cert} names {admin.identity}, not an admin identity: "
+            "issue one with `llmmesh certs issue admin` (`llmmesh up` keeps one as certs/admin.pem)"
+        )
+    return admin
+
+
 async def start_edge(settings: EdgeSettings) -> EdgeServer:
     """Start an edge in this process and return it serving."""
     check_advertisable(settings.host, settings.advertise_address, "the edge")
     split_host_port(settings.global_address, "global_address")
     security = settings.mesh_security("edge")
     security.expect_role(Role.EDGE)
+    admin = ops_admin_security(settings, security)
     sock = listening_socket(settings.host, settings.port)
     port = sock.getsockname()[1]
     mesh = MeshClient(
         settings.global_address,
         auth_cache_s=settings.auth_cache_ms / 1000,
         region_keepalive_ms=settings.region_keepalive_ms,
-        route_cache_s=settings.route_cache_ms / 1000,
-        route_stale_s=settings.route_stale_ms / 1000,
+        routes=RouteOptions(
+            settings.route_cache_ms / 1000, settings.route_stale_ms / 1000, settings.location
+        ),
         outage_grace_s=settings.global_outage_grace_s,
         security=security,
+        admin_security=admin,
     )
     app = RequestCounter(RequestIdMiddleware(build_app(settings, mesh)))
     config = uvicorn.Config(

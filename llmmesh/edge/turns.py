@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 
 import grpc
 
+from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.edge.mesh_client import MeshClient, Principal
 from llmmesh.edge.region_session import SessionLost, SessionTurn, start_message
-from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.v1 import chat_service_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,21 @@ _FAILED_REASONS = frozenset({Reason.REGION_UNAVAILABLE, Reason.ENGINE_FAILED, Re
 
 class RegionLost(Unavailable):
     """The region's stream broke after it accepted the turn; the turn may
-    go on in another region of the zone from what was delivered."""
+    go on in another region of the zone from what was delivered.
+    ``stalled``: the stream is open but sent nothing for the stall timeout
+    (the region, or its pod, froze); the region may still serve a
+    continuation on another of its pods."""
 
-    def __init__(self, region: str, message: str, cause: MeshError | None = None) -> None:
+    def __init__(
+        self, region: str, message: str, cause: MeshError | None = None, *, stalled: bool = False
+    ) -> None:
         super().__init__(
             cause.reason if cause is not None else Reason.REGION_UNAVAILABLE,
             f"region {region}: {message}",
             retry_after_s=1.0,
         )
         self.region = region
+        self.stalled = stalled
 
 
 @dataclass
@@ -59,6 +66,8 @@ class OpenTurn:
     safety: chat_service_pb2.SafetyVerdict | None = None
     first_delta_timeout_s: float | None = None
     stall_timeout_s: float | None = None
+    # When the turn's start was sent to the region (time.monotonic()).
+    sent_s: float = 0.0
 
     @property
     def region(self) -> str:
@@ -74,7 +83,9 @@ class OpenTurn:
                 async with asyncio.timeout(timeout_s):
                     event = await self.call.read()
             except TimeoutError:
-                raise RegionLost(self.region, f"no event for {timeout_s:g} s while generating") from None
+                raise RegionLost(
+                    self.region, f"no event for {timeout_s:g} s while generating", stalled=True
+                ) from None
             except SessionLost as err:
                 raise RegionLost(self.region, err.message) from err
             if event is None:
@@ -116,6 +127,7 @@ async def open_turn(
     *,
     exclude: Collection[str] = (),
     tried: set[str] | None = None,
+    next_request_id: Callable[[], str] | None = None,
 ) -> OpenTurn:
     """Start the turn on the first region of the tenant's zone that accepts it.
 
@@ -123,18 +135,24 @@ async def open_turn(
     (a conversation's follow-up goes to its home region); the others keep
     their order behind it. Regions in ``exclude`` are left out; each region
     tried is added to ``tried``. ``start.request_id`` must be set: it names
-    the turn on the region's session stream.
+    the turn on the region's session stream. ``next_request_id``, when
+    given, names the turn anew for each region after the first (a
+    continuation's attempts: a region that accepted one and then failed may
+    have started it, and its id is then taken).
     """
     regions = [r for r in await mesh.route(principal.tenant.id, model) if r.report.region not in exclude]
     if prefer_region:
         regions.sort(key=lambda r: r.report.region != prefer_region)
     last_error: MeshError | None = None
-    for region in regions:
+    for n, region in enumerate(regions):
         name = region.report.region
+        if n and next_request_id is not None:
+            start.request_id = next_request_id()
         if tried is not None:
             tried.add(name)
         session = mesh.session(region.report.chat_address)
         call = await session.start(start.request_id, start_message(start, principal.secret))
+        sent_s = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
                 first = await call.read()
@@ -163,5 +181,5 @@ async def open_turn(
         if kind != "started" or first is None:
             call.abandon("the turn opened without a started event")
             raise Unavailable(Reason.REGION_UNAVAILABLE, f"the region opened the stream with {kind!r}")
-        return OpenTurn(call=call, started=first.started)
+        return OpenTurn(call=call, started=first.started, sent_s=sent_s)
     raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region can serve this request")

@@ -1,5 +1,7 @@
 """The web pages the edge serves: the chat page (``/chat``) and the operator
-page (``/ops``), static files shipped in ``edge/web`` with no build step.
+page (``/ops``), built from the TypeScript app in the repository's ``web/``
+(``npm ci && npm run build``, which ``scripts/setup.sh`` and the Dockerfile
+run) into ``edge/web``, and shipped in the package from there.
 
 The pages talk only to this edge's own API (``connect-src 'self'``): the
 chat page with the user's API key (kept in the tab's sessionStorage), the
@@ -14,7 +16,7 @@ from functools import cache
 from importlib import resources
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from llmmesh.edge.errors import OpenAIError
@@ -31,7 +33,8 @@ ASSETS: dict[str, str] = {
     "ops.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
-"""The files under ``/web/``, with their content types; nothing else is served."""
+"""The files under ``/web/``, with their content types; nothing else is served.
+The build names its output so (``web/vite.config.ts``)."""
 
 PAGES: dict[str, str] = {"/chat": "chat.html", "/ops": "ops.html"}
 """Each page's path and its file."""
@@ -48,11 +51,21 @@ _HEADERS = {
 
 @cache
 def _read(name: str) -> bytes:
-    return resources.files("edge").joinpath("web", name).read_bytes()
+    return resources.files("llmmesh.edge").joinpath("web", name).read_bytes()
 
 
 def _file(name: str, media_type: str) -> Response:
-    return Response(_read(name), media_type=media_type, headers=_HEADERS)
+    try:
+        body = _read(name)
+    except FileNotFoundError:
+        raise OpenAIError(
+            503,
+            f"the web pages are not built ({name} is missing): run `npm ci && npm run build` in web/"
+            " (scripts/setup.sh does)",
+            type="server_error",
+            code="web_pages_not_built",
+        ) from None
+    return Response(body, media_type=media_type, headers=_HEADERS)
 
 
 async def _page(request: Request) -> Response:
@@ -67,9 +80,15 @@ async def _asset(request: Request) -> Response:
     return _file(name, media_type)
 
 
+async def _home(request: Request) -> Response:
+    # A person who opens the edge's address finds the chat page, not a JSON 404.
+    return RedirectResponse("/chat", status_code=307)
+
+
 def web_routes() -> list[Route]:
-    """The pages and their assets."""
+    """The pages, their assets, and ``/``, which leads to the chat page."""
     return [
+        Route("/", _home, methods=["GET"]),
         *(Route(path, _page, methods=["GET"]) for path in PAGES),
         Route("/web/{asset}", _asset, methods=["GET"]),
     ]

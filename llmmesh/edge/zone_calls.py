@@ -12,8 +12,8 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from llmmesh.edge.mesh_client import MeshClient, Metadata, Principal
 from llmmesh.core.errors import MeshError, Reason, Unavailable, from_rpc_error
+from llmmesh.edge.mesh_client import MeshClient, Metadata, Principal
 from llmmesh.v1 import geo_routing_service_pb2
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 simulator): :class:`EngineBackend` and the plain dataclasses it speaks.
 
 The servicer knows this module and nothing below it; backends know nothing of
-protobuf or gRPC. Errors cross the boundary as :class:`llmmesh.errors.MeshError`.
+protobuf or gRPC. Errors cross the boundary as :class:`llmmesh.core.errors.MeshError`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry
 
+from llmmesh.core.chat_tokenizer import TokenizerSpec
 from llmmesh.engine.gpu import GpuTelemetry
 from llmmesh.engine.kv_events import KvEventBatch
-from llmmesh.core.chat_tokenizer import TokenizerSpec
 
 
 class FinishReason(StrEnum):

@@ -8,7 +8,7 @@ input's token ids (the same ids give the same vector on any pod of the
 same model), L2-normalised. ``dimensions`` keeps a vector's leading
 components and normalises them again (as OpenAI's ``text-embedding-3``
 models do); asking for more than the model has is refused, never padded.
-Errors are :class:`llmmesh.errors.MeshError`, ``param`` naming the field
+Errors are :class:`llmmesh.core.errors.MeshError`, ``param`` naming the field
 (``model``, ``input``, ``dimensions``) as the edge reports it.
 """
 

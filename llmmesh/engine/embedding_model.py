@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmmesh.engine.tiny_model import TinyModelSpec, build_hf_tokenizer, llama_config
 from llmmesh.core.home import mesh_home
+from llmmesh.engine.tiny_model import TinyModelSpec, build_hf_tokenizer, llama_config, readable_by_all
 
 EMBED_MODEL_NAME = "llmmesh-tiny-embed"
 EMBED_SEED = 20261124
@@ -44,6 +44,7 @@ def build_tiny_embedding_model(out_dir: Path, spec: TinyModelSpec = EMBED_SPEC) 
     hf_tokenizer.save_pretrained(out_dir)
     marker = {"name": EMBED_MODEL_NAME, "seed": EMBED_SEED, "spec": spec.__dict__, "pooling": "mean"}
     (out_dir / EMBED_MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    readable_by_all(out_dir)
     return out_dir
 
 

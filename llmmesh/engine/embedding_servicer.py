@@ -9,8 +9,8 @@ from typing import TypeAlias
 
 import grpc.aio
 
-from llmmesh.engine.embedding import Embedder, TextOrTokens
 from llmmesh.core.errors import InvalidArgument, MeshError, Reason
+from llmmesh.engine.embedding import Embedder, TextOrTokens
 from llmmesh.v1 import embedding_service_pb2 as pb
 from llmmesh.v1 import embedding_service_pb2_grpc as pb_grpc
 

@@ -24,9 +24,9 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from llmmesh.core.errors import Reason, Unavailable
 from llmmesh.engine.embedding import EmbeddingBackend, EmbeddingModelInfo, EmbeddingSettings
 from llmmesh.engine.embedding_model import resolve_embedding_model_dir
-from llmmesh.core.errors import Reason, Unavailable
 
 
 class VllmEmbeddingBackend(EmbeddingBackend):

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 
 from google.protobuf import timestamp_pb2
 
+from llmmesh.core.chat_tokenizer import chat_role_name
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.engine.backend import (
     ChatTurn,
     EngineInfo,
@@ -28,8 +30,6 @@ from llmmesh.engine.backend import (
     ToolSpec,
 )
 from llmmesh.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from llmmesh.core.chat_tokenizer import chat_role_name
-from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 

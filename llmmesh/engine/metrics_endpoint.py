@@ -1,6 +1,6 @@
 """The pod's ``/metrics`` endpoint: its backend's Prometheus registry (vLLM's
 metric names) over HTTP, in the text format, on a thread of its own; the
-mesh's one endpoint (:mod:`llmmesh.metrics_http`)."""
+mesh's one endpoint (:mod:`llmmesh.core.metrics_http`)."""
 
 from __future__ import annotations
 

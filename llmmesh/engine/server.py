@@ -8,45 +8,48 @@ from collections.abc import Callable
 
 import grpc.aio
 
+from llmmesh.core import lifecycle
+from llmmesh.core.access import AccessPolicy
+from llmmesh.core.addresses import advertised_address, advertised_url, check_advertisable
+from llmmesh.core.grpcserver import GrpcServer
+from llmmesh.core.identity import Role
 from llmmesh.engine.backend import EngineBackend
 from llmmesh.engine.embedding import Embedder
 from llmmesh.engine.embedding_pod import add_embedding_service, start_embedder
 from llmmesh.engine.embedding_servicer import EMBEDDING_SERVICE_NAME
+from llmmesh.engine.hop_metrics import EngineHopMetrics, pod_registry
 from llmmesh.engine.metrics_endpoint import MetricsEndpoint
 from llmmesh.engine.servicer import SERVICE_NAME, EngineServicer
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.engine.sim.faults import exit_process
 from llmmesh.engine.tiny_model import resolve_model_dir
-from llmmesh.core import lifecycle
-from llmmesh.core.access import AccessPolicy
-from llmmesh.core.addresses import advertised_address, advertised_url, check_advertisable
-from llmmesh.core.grpcserver import GrpcServer
-from llmmesh.core.identity import Role
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 
 # Only the region that owns a pod (its certificate names the pod's zone and
-# region) drives it; an operator's admin certificate may look at it.
-_PODS_REGION = (Role.REGION, Role.ADMIN)
-ENGINE_ACCESS = dict.fromkeys(
-    (
-        "Generate",
-        "GenerateSession",
-        "CancelGeneration",
-        "Tokenize",
-        "GetTokenizer",
-        "GetEngineInfo",
-        "GetLoad",
-        "WatchLoad",
-        "StreamKvEvents",
-        "Embed",
-        "GetEmbeddingInfo",
+# region) drives it: generation and embedding run only for a region, which
+# meters, queues and bills them. An operator's admin certificate may look
+# at a pod (its description, load, KV events, tokenizer), never make it work.
+_PODS_REGION = (Role.REGION,)
+_LOOKS = (Role.REGION, Role.ADMIN)
+ENGINE_ACCESS = {
+    **dict.fromkeys(("Generate", "GenerateSession", "CancelGeneration", "Embed"), _PODS_REGION),
+    **dict.fromkeys(
+        (
+            "Tokenize",
+            "GetTokenizer",
+            "GetEngineInfo",
+            "GetLoad",
+            "WatchLoad",
+            "StreamKvEvents",
+            "GetEmbeddingInfo",
+        ),
+        _LOOKS,
     ),
-    _PODS_REGION,
-)
+}
 
 
 class BackendNotAvailable(ValueError):
@@ -121,7 +124,8 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     access = AccessPolicy(ENGINE_ACCESS, zone=own.zone, region=own.region) if own else None
     backend = create_backend(settings, on_crash)
     await backend.start()
-    servicer = EngineServicer(backend, settings.load_interval_ms)
+    hop_metrics = EngineHopMetrics()
+    servicer = EngineServicer(backend, settings.load_interval_ms, hop_metrics)
     try:
         embedder = await start_embedder(settings, settings.backend)
     except BaseException:
@@ -141,7 +145,8 @@ async def start_engine(settings: EngineSettings, on_crash: Callable[[], None] | 
     services = [SERVICE_NAME, *([EMBEDDING_SERVICE_NAME] if embedder is not None else [])]
     server = GrpcServer(register, services, settings.host, settings.port, security=security, access=access)
     try:
-        metrics = MetricsEndpoint(backend.prometheus_registry(), settings.host, settings.metrics_port)
+        registry = pod_registry(backend.prometheus_registry(), hop_metrics.registry)
+        metrics = MetricsEndpoint(registry, settings.host, settings.metrics_port)
     except BaseException:
         await close_backends()
         raise

@@ -22,13 +22,14 @@ from typing import TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
-from llmmesh.engine import messages
-from llmmesh.engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
-from llmmesh.engine.session import GenerationSession
-from llmmesh.engine.validation import validate_generation, validate_roles
 from llmmesh.core.chat_tokenizer import tokenizer_response
 from llmmesh.core.errors import InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.core.tasks import cancel_and_wait, wait_event
+from llmmesh.engine import messages
+from llmmesh.engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
+from llmmesh.engine.hop_metrics import EngineHopMetrics
+from llmmesh.engine.session import GenerationSession
+from llmmesh.engine.validation import validate_generation, validate_roles
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -45,11 +46,15 @@ CHAT_ROLES = frozenset(common_pb2.ChatRole.values()) - {common_pb2.CHAT_ROLE_UNS
 
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
-    """Serves one backend. ``load_interval_ms`` is WatchLoad's default interval."""
+    """Serves one backend. ``load_interval_ms`` is WatchLoad's default interval;
+    ``hop_metrics`` gets the session generations' way to their first token."""
 
-    def __init__(self, backend: EngineBackend, load_interval_ms: int) -> None:
+    def __init__(
+        self, backend: EngineBackend, load_interval_ms: int, hop_metrics: EngineHopMetrics | None = None
+    ) -> None:
         self._backend = backend
         self._load_interval_ms = load_interval_ms
+        self._hops = hop_metrics.hops if hop_metrics is not None else None
         self._draining = asyncio.Event()
 
     def drain(self) -> None:
@@ -103,7 +108,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     async def GenerateSession(
         self, request_iterator: AsyncIterator[pb.GenerateSessionRequest], context: Context
     ) -> AsyncIterator[pb.GenerateSessionResponse]:
-        session = GenerationSession(self._backend, self._generation_request, self._backend.info().pod_id)
+        session = GenerationSession(
+            self._backend, self._generation_request, self._backend.info().pod_id, self._hops
+        )
         async with contextlib.aclosing(session.serve(request_iterator)) as responses:
             async for response in responses:
                 yield response
@@ -282,7 +289,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
 def _refuse_tool_parts(chat: Sequence[common_pb2.ChatMessage]) -> None:
     """Raise ``InvalidArgument`` for messages with tool calls or tool results:
     the chat template renders (role, content) only, and the region renders
-    tool parts into content itself (``region.prompt_render``), so here they
+    tool parts into content itself (``region.turn.prompt_render``), so here they
     would be dropped unseen."""
     if any(message.tool_calls or message.tool_call_id for message in chat):
         raise InvalidArgument(

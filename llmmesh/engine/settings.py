@@ -54,9 +54,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from llmmesh.engine.embedding import EmbeddingSettings
 from llmmesh.core.config import setting
 from llmmesh.core.mtls import MeshTlsSettings
+from llmmesh.engine.embedding import EmbeddingSettings
 
 SUPPORTED_BACKENDS = ("sim", "vllm")
 SPECULATIVE_METHODS = ("", "ngram", "draft_model")
@@ -89,7 +89,9 @@ class EngineSettings(EmbeddingSettings, MeshTlsSettings):
     kv_event_retention: int = setting(10000, "KV-cache events kept for replay to reconnecting routers")
     metrics_port: int = setting(0, "port of the HTTP /metrics endpoint (vLLM's metric names); 0 picks one")
     model_path: str = setting(
-        "", "vllm backend: Hugging Face model directory; empty builds llmmesh-tiny in $LLMMESH_HOME/models"
+        "",
+        "Hugging Face model directory: vllm serves it (empty builds llmmesh-tiny in $LLMMESH_HOME/models); "
+        "sim tokenizes prompts with its tokenizer (empty: the simulator's word pieces)",
     )
     vllm_kv_cache_gib: int = setting(1, "vllm backend on CPU: KV-cache memory in whole GiB")
     vllm_dtype: str = setting(

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmmesh.engine.sim.vocabulary import PUNCTUATION, WORDS
 from llmmesh.core.home import mesh_home
 from llmmesh.core.model_family import family_model
+from llmmesh.engine.sim.vocabulary import PUNCTUATION, WORDS
 
 MODEL_NAME = "llmmesh-tiny"
 SEED = 20261121
@@ -134,7 +134,7 @@ def llama_config(spec: TinyModelSpec, hf_tokenizer: Any, *, tie_word_embeddings:
 
 
 def family_spec(name: str) -> TinyModelSpec:
-    """The shape of the family member ``name`` (:mod:`llmmesh.model_family`):
+    """The shape of the family member ``name`` (:mod:`llmmesh.core.model_family`):
     its layers and width, over the tokenizer every member shares (the
     tokenizer depends only on the vocabulary size and corpus, which stay
     the defaults). ValueError for a name outside the family."""
@@ -168,7 +168,22 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, name: str
     hf_tokenizer.save_pretrained(out_dir)
     marker = {"name": name, "seed": SEED, "spec": spec.__dict__}
     (out_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    readable_by_all(out_dir)
     return out_dir
+
+
+def readable_by_all(model_dir: Path) -> None:
+    """Make every file of a built model readable by every user (0644), and its folder enterable.
+    safetensors writes the weights 0600, so an engine that runs as another
+    user than the build (the image builds as root and runs as uid 10001)
+    could not open them, and vLLM reports that as a missing file. The
+    weights of a model the project builds are no secret. The folder itself
+    becomes 0755: a build under a strict umask (077) makes it 0700, which no
+    other user can enter, whatever its files' modes."""
+    model_dir.chmod(0o755)
+    for path in model_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o644)
 
 
 def is_tiny_model(path: Path) -> bool:

@@ -11,6 +11,14 @@ import json
 import math
 from collections.abc import Collection, Sequence
 
+from llmmesh.core.errors import InvalidArgument, Reason
+from llmmesh.core.tool_calls import (
+    FUNCTION_NAME_RULE,
+    ChoiceMode,
+    is_function_name,
+    tool_choice_problem,
+    tool_names_problem,
+)
 from llmmesh.engine.backend import (
     EngineInfo,
     GenerationRequest,
@@ -21,14 +29,6 @@ from llmmesh.engine.backend import (
     ToolChoiceMode,
     ToolChoiceSpec,
     ToolSpec,
-)
-from llmmesh.core.errors import InvalidArgument, Reason
-from llmmesh.core.tool_calls import (
-    FUNCTION_NAME_RULE,
-    ChoiceMode,
-    is_function_name,
-    tool_choice_problem,
-    tool_names_problem,
 )
 
 PENALTY_RANGE = (-2.0, 2.0)

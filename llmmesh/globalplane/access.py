@@ -1,4 +1,4 @@
-"""Who may call which global-plane RPC (see :mod:`llmmesh.access`).
+"""Who may call which global-plane RPC (see :mod:`llmmesh.core.access`).
 
 Changes to tenants, keys and models are an operator's (an admin
 certificate); regions report heartbeats and usage for themselves only
@@ -19,6 +19,7 @@ GLOBAL_ACCESS = {
     "GetTenant": _ADMIN,
     "ListTenants": _ADMIN,
     "UpdateTenant": _ADMIN,
+    "DeleteTenant": _ADMIN,
     "CreateApiKey": _ADMIN,
     "RevokeApiKey": _ADMIN,
     "ListApiKeys": _ADMIN,

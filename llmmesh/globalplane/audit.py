@@ -14,10 +14,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from sqlalchemy.engine import Connection
 
+from llmmesh.core.access import current_caller
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.clock import Clock, utc_now
 from llmmesh.globalplane.store import GlobalStore
-from llmmesh.core.access import current_caller
 
 log = logging.getLogger(__name__)
 

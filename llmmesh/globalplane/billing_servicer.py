@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llmmesh.core.access import current_caller, require_caller
+from llmmesh.core.errors import PermissionDenied, Reason
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.pricing import format_usd
+from llmmesh.core.usage_purpose import purpose_name, purpose_proto
 from llmmesh.globalplane import metrics as global_metrics
 from llmmesh.globalplane.clock import utc_now
 from llmmesh.globalplane.protoconv import datetime_of
 from llmmesh.globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.core.access import current_caller, require_caller
-from llmmesh.core.errors import PermissionDenied, Reason
-from llmmesh.core.identity import PlaneIdentity, Role
-from llmmesh.core.pricing import format_usd
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import billing_service_pb2_grpc
 
@@ -32,6 +33,7 @@ def usage_record_from_proto(record: bpb.UsageRecord) -> UsageRecord:
         end_time=datetime_of(record.end_time) if record.HasField("end_time") else None,
         continues_request_id=record.continues_request_id,
         end_user=record.end_user,
+        purpose=purpose_name(record.purpose),
     )
 
 
@@ -102,8 +104,9 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
                         input_tokens=t.input_tokens,
                         output_tokens=t.output_tokens,
                         cost_usd=format_usd(t.cost_usd),
+                        purpose=purpose_proto(purpose),
                     )
-                    for name, t in by_model.items()
+                    for (name, purpose), t in by_model.items()
                 ],
             )
 

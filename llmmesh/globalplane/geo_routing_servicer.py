@@ -1,8 +1,9 @@
 """``GeoRoutingService``: a thin gRPC face on :class:`RegionDirectory`.
 
 Heartbeats are also kept in the global store (when a :class:`RegionReportBook`
-is given) so that a restarted global plane routes at once; removing a
-region is an operator's call, audited.
+is given) so that a restarted global plane routes at once and, with a
+:class:`DirectorySync`, every replica routes on the heartbeats any replica
+received; removing a region is an operator's call, audited.
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ from collections.abc import Awaitable, Callable
 
 import sqlalchemy as sa
 
+from llmmesh.core.access import require_caller
+from llmmesh.core.identity import Role
 from llmmesh.globalplane import metrics as global_metrics
 from llmmesh.globalplane.audit import AuditLog
+from llmmesh.globalplane.directory_sync import DirectorySync
 from llmmesh.globalplane.protoconv import health_from_proto, health_to_proto, timestamp
-from llmmesh.globalplane.region_directory import GeoPoint, ModelPodCount, RegionDirectory, RegionReport, RegionStatus
+from llmmesh.globalplane.region_directory import (
+    GeoPoint,
+    ModelPodCount,
+    RegionDirectory,
+    RegionReport,
+    RegionStatus,
+)
 from llmmesh.globalplane.region_reports import RegionReportBook
 from llmmesh.globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from llmmesh.globalplane.tenant_book import TenantBook
-from llmmesh.core.access import require_caller
-from llmmesh.core.identity import Role
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 
@@ -89,6 +97,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         reports: RegionReportBook | None = None,
         audit: AuditLog | None = None,
         catalog_version: Callable[[], Awaitable[str]] | None = None,
+        sync: DirectorySync | None = None,
     ) -> None:
         self._directory = directory
         self._tenants = tenants
@@ -96,10 +105,14 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         self._audit = audit
         # The model catalog's fingerprint, sent with every heartbeat answer.
         self._catalog_version = catalog_version
+        # Brings in the heartbeats other replicas received, once an interval.
+        self._sync = sync
 
     async def Route(self, request: gpb.RouteRequest, context: ServicerContext) -> gpb.RouteResponse:
         async with abort_on_mesh_error(context), global_metrics.routing_refusals():
-            # From memory, never the database: the edge asks before every turn.
+            # From memory, never the database: the edge asks before every turn
+            # (the directory reads the store once an interval, not per call).
+            await self._refresh()
             zone = await self._tenants.zone_of(request.tenant_id)
             regions = self._directory.route(
                 zone,
@@ -122,6 +135,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
                 region=report.region,
             )
             heard = report_from_proto(report)
+            await self._refresh()
             self._directory.heartbeat(heard)
             await self._keep(heard)
             return gpb.HeartbeatResponse(
@@ -134,6 +148,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         self, request: gpb.ListRegionsRequest, context: ServicerContext
     ) -> gpb.ListRegionsResponse:
         async with abort_on_mesh_error(context):
+            await self._refresh()
             page = self._directory.list_regions(request.zone, request.page_size, request.page_token)
             return gpb.ListRegionsResponse(
                 regions=[status_to_proto(s) for s in page.items], next_page_token=page.next_page_token
@@ -143,6 +158,7 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
         self, request: gpb.RemoveRegionRequest, context: ServicerContext
     ) -> gpb.RemoveRegionResponse:
         async with abort_on_mesh_error(context):
+            await self._refresh()
             removed = self._directory.remove(request.region)
             if self._reports is not None:
                 await self._reports.delete(request.region)
@@ -150,8 +166,16 @@ class GeoRoutingServicer(geo_routing_service_pb2_grpc.GeoRoutingServiceServicer)
                 await self._audit.record("RemoveRegion", request.region, request)
             return gpb.RemoveRegionResponse(region=status_to_proto(removed))
 
+    async def _refresh(self) -> None:
+        if self._sync is not None:
+            await self._sync.refresh_if_due()
+
     async def _keep(self, report: RegionReport) -> None:
-        """Write the heartbeat to the store; a failed write costs only a restart's head start."""
+        """Write the heartbeat to the store (one row per region, updated in place).
+
+        A failed write is logged, not refused: this replica holds the
+        heartbeat; its peers and a restart see the next one that is kept.
+        """
         status = self._directory.status(report.region)
         if self._reports is None or status is None:
             return

@@ -13,6 +13,8 @@ regions, methods, reasons).
 - ``llmmesh_global_routing_refusals_total{reason}``: Route calls refused (e.g. ``NO_REGION_IN_ZONE``).
 - ``llmmesh_global_regions{zone,health}``: regions in the directory by zone and health.
 - ``llmmesh_global_region_heartbeat_age_seconds{zone,region}``: seconds since the region's last heartbeat.
+
+With them ``llmmesh_store_errors_total{store="global"}`` (:mod:`llmmesh.core.dependency_metrics`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from llmmesh.globalplane.region_directory import RegionDirectory, RegionHealth, RegionStatus
+from llmmesh.core import dependency_metrics
 from llmmesh.core.errors import MeshError, Reason
+from llmmesh.globalplane.region_directory import RegionDirectory, RegionHealth, RegionStatus
 from llmmesh.v1 import billing_service_pb2
 
 REGISTRY = CollectorRegistry()
+dependency_metrics.register(REGISTRY, readiness=False)
 LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 7200.0)
 _READ_TRIES = 5
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.clock import Clock, utc_now
 from llmmesh.globalplane.model_fleet_rules import require_consistent, require_fleet_fields
@@ -29,7 +30,6 @@ from llmmesh.globalplane.paging import Page, page_of, page_window
 from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Reason
 
 R = TypeVar("R")
 

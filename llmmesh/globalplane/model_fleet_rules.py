@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.globalplane import schema
 from llmmesh.core.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.globalplane import schema
 
 if TYPE_CHECKING:
     from llmmesh.globalplane.model_catalog import Model

@@ -29,6 +29,18 @@ class Tenant:
     """Days its deleted conversations are kept before their purge; 0 means the region's default."""
     memory_enabled: bool = False
     """Whether facts about its end users are learned from their turns and put in their context."""
+    max_files: int = 0
+    """Most files it keeps in its zone; 0 means the region's default."""
+    max_vector_stores: int = 0
+    """Most vector stores it keeps in its zone; 0 means the region's default."""
+    max_memories_per_user: int = 0
+    """Most facts kept about one of its end users (the oldest go first); 0 means the region's default."""
+    background_tokens_per_day: int = 0
+    """Most tokens a day (UTC) spent on background work for it (summaries,
+    memory extraction); 0 means the region's default."""
+    delete_time: datetime | None = None
+    """When it was deleted; None while it exists. A deleted tenant keeps its
+    row (its usage stays billable) but no key, no snapshot entry, no change."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,10 @@ class TenantUpdate:
     allowed_models: tuple[str, ...] | None = None
     conversation_retention_days: int | None = None
     memory_enabled: bool | None = None
+    max_files: int | None = None
+    max_vector_stores: int | None = None
+    max_memories_per_user: int | None = None
+    background_tokens_per_day: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,3 +92,5 @@ class PolicySnapshot:
     tenants: tuple[Tenant, ...]
     keys: tuple[ApiKey, ...]
     create_time: datetime
+    deleted_tenant_ids: tuple[str, ...] = ()
+    """The zone's deleted tenants, whose zone-bound data its regions purge."""

@@ -7,10 +7,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from llmmesh.core.errors import NotFound, Reason
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.policy_records import ApiKey, Tenant
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import NotFound, Reason
 
 
 def tenant_of(row: sa.Row[Any]) -> Tenant:
@@ -27,6 +27,11 @@ def tenant_of(row: sa.Row[Any]) -> Tenant:
         allowed_models=tuple(row.allowed_models),
         conversation_retention_days=row.conversation_retention_days,
         memory_enabled=bool(row.memory_enabled),
+        max_files=row.max_files,
+        max_vector_stores=row.max_vector_stores,
+        max_memories_per_user=row.max_memories_per_user,
+        background_tokens_per_day=row.background_tokens_per_day,
+        delete_time=row.delete_time,
     )
 
 
@@ -73,6 +78,11 @@ def tenant_row(tenant: Tenant) -> dict[str, object]:
         "create_time": tenant.create_time,
         "conversation_retention_days": tenant.conversation_retention_days,
         "memory_enabled": tenant.memory_enabled,
+        "max_files": tenant.max_files,
+        "max_vector_stores": tenant.max_vector_stores,
+        "max_memories_per_user": tenant.max_memories_per_user,
+        "background_tokens_per_day": tenant.background_tokens_per_day,
+        "delete_time": tenant.delete_time,
     }
 
 

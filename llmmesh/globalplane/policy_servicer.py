@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 
+from llmmesh.core.access import require_caller
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.core.identity import Role
 from llmmesh.globalplane import metrics as global_metrics
 from llmmesh.globalplane.audit import AuditLog
 from llmmesh.globalplane.paging import page_of, page_window
 from llmmesh.globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, TenantUpdate
-from llmmesh.globalplane.protoconv import datetime_of, required_tier, tier_from_proto, tier_to_proto, timestamp
+from llmmesh.globalplane.protoconv import (
+    datetime_of,
+    required_tier,
+    tier_from_proto,
+    tier_to_proto,
+    timestamp,
+)
 from llmmesh.globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from llmmesh.globalplane.tenant_book import TenantBook
-from llmmesh.core.access import require_caller
-from llmmesh.core.errors import InvalidArgument, Reason
-from llmmesh.core.identity import Role
+from llmmesh.globalplane.tiers import require_zone
 from llmmesh.v1 import policy_service_pb2 as ppb
 from llmmesh.v1 import policy_service_pb2_grpc
 
 SERVICE_NAME = "llmmesh.v1.PolicyService"
+
+ZoneCheck = Callable[[], Collection[str]]
+"""The zones a tenant may be created in without ``allow_empty_zone``."""
 _UPDATABLE = frozenset(
     {
         "name",
@@ -29,12 +40,16 @@ _UPDATABLE = frozenset(
         "allowed_models",
         "conversation_retention_days",
         "memory_enabled",
+        "max_files",
+        "max_vector_stores",
+        "max_memories_per_user",
+        "background_tokens_per_day",
     }
 )
 
 
 def tenant_to_proto(tenant: Tenant) -> ppb.Tenant:
-    return ppb.Tenant(
+    proto = ppb.Tenant(
         id=tenant.id,
         name=tenant.name,
         zone=tenant.zone,
@@ -46,7 +61,14 @@ def tenant_to_proto(tenant: Tenant) -> ppb.Tenant:
         create_time=timestamp(tenant.create_time),
         conversation_retention_days=tenant.conversation_retention_days,
         memory_enabled=tenant.memory_enabled,
+        max_files=tenant.max_files,
+        max_vector_stores=tenant.max_vector_stores,
+        max_memories_per_user=tenant.max_memories_per_user,
+        background_tokens_per_day=tenant.background_tokens_per_day,
     )
+    if tenant.delete_time is not None:
+        proto.delete_time.CopyFrom(timestamp(tenant.delete_time))
+    return proto
 
 
 def api_key_to_proto(key: ApiKey) -> ppb.ApiKey:
@@ -82,6 +104,7 @@ def snapshot_to_proto(snapshot: PolicySnapshot) -> ppb.PolicySnapshot:
         tenants=[tenant_to_proto(t) for t in snapshot.tenants],
         keys=[key_record_to_proto(k) for k in snapshot.keys],
         create_time=timestamp(snapshot.create_time),
+        deleted_tenant_ids=snapshot.deleted_tenant_ids,
     )
 
 
@@ -107,6 +130,12 @@ def tenant_update_from_proto(tenant: ppb.Tenant, fields: list[str]) -> TenantUpd
             tenant.conversation_retention_days if "conversation_retention_days" in named else None
         ),
         memory_enabled=tenant.memory_enabled if "memory_enabled" in named else None,
+        max_files=tenant.max_files if "max_files" in named else None,
+        max_vector_stores=tenant.max_vector_stores if "max_vector_stores" in named else None,
+        max_memories_per_user=tenant.max_memories_per_user if "max_memories_per_user" in named else None,
+        background_tokens_per_day=(
+            tenant.background_tokens_per_day if "background_tokens_per_day" in named else None
+        ),
     )
 
 
@@ -114,9 +143,30 @@ def tenant_update_from_proto(tenant: ppb.Tenant, fields: list[str]) -> TenantUpd
 class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     """Tenants, API keys and zone policy snapshots."""
 
-    def __init__(self, book: TenantBook, audit: AuditLog) -> None:
+    def __init__(self, book: TenantBook, audit: AuditLog, zones: ZoneCheck | None = None) -> None:
+        """``zones``, when given, names the zones a tenant may be created in
+        (unless its request allows an empty zone); None accepts any zone."""
         self._book = book
         self._audit = audit
+        self._zones = zones
+
+    def _require_known_zone(self, request: ppb.CreateTenantRequest) -> None:
+        """FAILED_PRECONDITION ``ZONE_UNKNOWN`` for a zone no region serves
+        and the topology does not name: its tenant's turns could never run."""
+        zone = request.tenant.zone
+        if self._zones is None or request.allow_empty_zone:
+            return
+        require_zone(zone)
+        known = sorted(self._zones())
+        if zone in known:
+            return
+        raise FailedPrecondition(
+            Reason.ZONE_UNKNOWN,
+            f"zone {zone!r} has no regions: the mesh's zones are {', '.join(known) or 'none'}; "
+            "create the tenant in one of them, or allow an empty zone (allow_empty_zone, "
+            "llmmesh admin tenant create --allow-empty-zone) when its regions come later",
+            metadata={"param": "zone", "zone": zone, "zones": ",".join(known)},
+        )
 
     async def ListAuditEvents(
         self, request: ppb.ListAuditEventsRequest, context: ServicerContext
@@ -149,6 +199,7 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
     ) -> ppb.CreateTenantResponse:
         async with abort_on_mesh_error(context):
             spec = request.tenant
+            self._require_known_zone(request)
             tenant = await self._book.create_tenant(
                 spec.name,
                 spec.zone,
@@ -159,6 +210,10 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
                 allowed_models=tuple(spec.allowed_models),
                 conversation_retention_days=spec.conversation_retention_days,
                 memory_enabled=spec.memory_enabled,
+                max_files=spec.max_files,
+                max_vector_stores=spec.max_vector_stores,
+                max_memories_per_user=spec.max_memories_per_user,
+                background_tokens_per_day=spec.background_tokens_per_day,
             )
             await self._audit.record("CreateTenant", tenant.id, request)
             return ppb.CreateTenantResponse(tenant=tenant_to_proto(tenant))
@@ -187,6 +242,14 @@ class PolicyServicer(policy_service_pb2_grpc.PolicyServiceServicer):
             tenant = await self._book.update_tenant(request.tenant.id, update)
             await self._audit.record("UpdateTenant", tenant.id, request)
             return ppb.UpdateTenantResponse(tenant=tenant_to_proto(tenant))
+
+    async def DeleteTenant(
+        self, request: ppb.DeleteTenantRequest, context: ServicerContext
+    ) -> ppb.DeleteTenantResponse:
+        async with abort_on_mesh_error(context):
+            tenant, revoked = await self._book.delete_tenant(request.tenant)
+            await self._audit.record("DeleteTenant", tenant.id, request)
+            return ppb.DeleteTenantResponse(tenant=tenant_to_proto(tenant), revoked_keys=revoked)
 
     async def CreateApiKey(
         self, request: ppb.CreateApiKeyRequest, context: ServicerContext

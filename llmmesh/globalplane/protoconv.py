@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 from google.protobuf import timestamp_pb2
 
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.globalplane.region_directory import RegionHealth
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.v1 import common_pb2
 
 _TIER_TO_PROTO: dict[TenantTier, common_pb2.Tier.ValueType] = {

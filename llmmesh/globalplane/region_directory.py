@@ -1,9 +1,12 @@
 """The region directory: regions report in; requests are routed inside their zone only.
 
 Soft state rebuilt by heartbeats, so it answers from memory even in
-production; the global plane also keeps each region's last heartbeat in
-its store (:mod:`globalplane.region_reports`) and a restarted one starts
-from those (:meth:`RegionDirectory.restore`).
+production. The global plane also keeps each region's last heartbeat in
+its store (:mod:`globalplane.region_reports`): a restarted replica starts
+from those (:meth:`RegionDirectory.restore`), and every replica takes in
+the ones its peers received (:meth:`RegionDirectory.merge`,
+:mod:`globalplane.directory_sync`), so each routes on every region's
+heartbeats whichever replica a region's connection reaches.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import IntEnum
 
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
+from llmmesh.core.ids import is_valid_name
 from llmmesh.globalplane.clock import Clock, utc_now
 from llmmesh.globalplane.paging import Page, paginate
 from llmmesh.globalplane.tiers import require_zone
-from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
-from llmmesh.core.ids import is_valid_name
 
 _EARTH_RADIUS_KM = 6371.0088
 
@@ -75,8 +78,7 @@ class RegionReport:
     engine_pods: int = 0
     healthy_engine_pods: int = 0
     model_pods: tuple[ModelPodCount, ...] = ()
-    """Pods per model; empty from a region that does not say (then every model counts all its pods).
-    Not kept in the store: a restored report counts all pods until the region's next heartbeat."""
+    """Pods per model; empty from a region that does not say (then every model counts all its pods)."""
 
     @property
     def load(self) -> float:
@@ -187,6 +189,8 @@ class RegionDirectory:
         # directory began hearing again after a silence of every region.
         self._last_heard: datetime | None = None
         self._resumed: datetime | None = None
+        # When the store's heartbeats were last merged in (:meth:`merge`).
+        self._merged: datetime | None = None
 
     @property
     def down_after(self) -> timedelta:
@@ -232,6 +236,40 @@ class RegionDirectory:
             self._last_heard = newest
         self._resumed = self._clock()
 
+    def merge(self, heartbeats: Iterable[tuple[RegionReport, datetime]], read_time: datetime) -> None:
+        """Take in the heartbeats every replica keeps in the store, as read at ``read_time``.
+
+        A stored heartbeat newer than the one the directory holds replaces
+        it; each counts as hearing from the mesh, so a replica that no
+        region dials is not deaf while its peers hear regions. A silence of
+        the whole mesh that the previous read already showed ends at the
+        first heartbeat any replica received after it; a gap between reads
+        (the directory did not look) is no silence. A region missing from
+        the store was removed (by any replica) and is forgotten, unless this
+        replica heard it within an interval of ``read_time`` (a heartbeat
+        still on its way into the store).
+        """
+        checked, self._merged = self._merged, read_time
+        stored = {report.region: (report, seen) for report, seen in heartbeats}
+        recent = read_time - timedelta(milliseconds=self.interval_ms)
+        for name, (_, seen) in list(self._regions.items()):
+            if name not in stored and seen < recent:
+                del self._regions[name]
+        for report, seen in sorted(stored.values(), key=lambda kept: kept[1]):
+            known = self._regions.get(report.region)
+            if known is not None and known[1] >= seen:
+                continue
+            if (
+                checked is not None
+                and self._last_heard is not None
+                and checked - self._last_heard >= self.down_after
+                and seen > checked
+            ):
+                self._resumed = seen
+            self._regions[report.region] = (report, seen)
+            if self._last_heard is None or seen > self._last_heard:
+                self._last_heard = seen
+
     def remove(self, region: str) -> RegionStatus:
         """Forget ``region`` (a region taken out of service for good); its last status.
 
@@ -274,6 +312,25 @@ class RegionDirectory:
         statuses = [s for s in self._statuses() if not zone or s.report.zone == zone]
         return paginate(statuses, lambda s: s.report.region, page_size, page_token, default_size=100)
 
+    def zones(self) -> frozenset[str]:
+        """The zones of every region the directory knows, whatever its health."""
+        return frozenset(report.zone for report, _ in self._regions.values())
+
+    def _require_served_in_zone(self, zone: str, model: str) -> None:
+        """NOT_FOUND ``UNKNOWN_MODEL`` (param ``model``) when regions of
+        ``zone`` have reported and none of them, in any health, serves
+        ``model``: the zone does not deploy it, which no wait would change."""
+        reports = [s.report for s in self._statuses() if s.report.zone == zone]
+        if not reports or any(model in r.models for r in reports):
+            return
+        served = sorted({m for r in reports for m in r.models})
+        raise NotFound(
+            Reason.UNKNOWN_MODEL,
+            f"model {model!r} is not served in zone {zone!r}; its regions serve "
+            f"{', '.join(served) or 'no model'}",
+            metadata={"param": "model", "zone": zone, "model": model},
+        )
+
     def serving(self, model: str) -> list[RegionStatus]:
         """Routable regions (any zone) that report serving ``model``, by name."""
         return sorted(
@@ -300,6 +357,8 @@ class RegionDirectory:
             and s.effective_health in _ROUTABLE
             and (not model or model in s.report.models)
         ]
+        if not eligible and model:
+            self._require_served_in_zone(zone, model)
         if not eligible:
             wanted = f" serving model {model!r}" if model else ""
             raise FailedPrecondition(

@@ -1,8 +1,11 @@
 """Regions' last heartbeats in the global store.
 
-The region directory answers from memory; every heartbeat is also written
-here, so a global plane that was killed and restarted rebuilds its
-directory from the store (:meth:`RegionDirectory.restore`) and routes at
+The region directory answers from memory; every replica of the global
+plane also writes each heartbeat it receives here (one row per region,
+updated in place). Every replica reads them back each heartbeat interval
+(:mod:`globalplane.directory_sync`), so it routes on the regions that
+report to its peers, and a replica that was killed and restarted rebuilds
+its directory from them (:meth:`RegionDirectory.restore`) and routes at
 once, instead of answering ``NO_REGION_IN_ZONE`` until every region has
 reported again. The heartbeat times come back with the reports: staleness
 is still judged by heartbeat age.
@@ -16,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from llmmesh.globalplane import schema
-from llmmesh.globalplane.region_directory import LocationHint, RegionHealth, RegionReport
+from llmmesh.globalplane.region_directory import LocationHint, ModelPodCount, RegionHealth, RegionReport
 from llmmesh.globalplane.store import GlobalStore
 
 
@@ -33,6 +36,7 @@ def _row(report: RegionReport, heartbeat_time: datetime) -> dict[str, object]:
         "location": f"{location.latitude!r},{location.longitude!r}" if location is not None else None,
         "engine_pods": report.engine_pods,
         "healthy_engine_pods": report.healthy_engine_pods,
+        "model_pods": [[m.model, m.engine_pods, m.healthy_engine_pods] for m in report.model_pods],
         "heartbeat_time": heartbeat_time,
     }
 
@@ -51,6 +55,9 @@ def _report(row: sa.Row[tuple[object, ...]]) -> tuple[RegionReport, datetime]:
         location=located,
         engine_pods=int(m["engine_pods"]),
         healthy_engine_pods=int(m["healthy_engine_pods"]),
+        model_pods=tuple(
+            ModelPodCount(str(name), int(pods), int(healthy)) for name, pods, healthy in m["model_pods"] or ()
+        ),
     )
     heartbeat_time: datetime = m["heartbeat_time"]
     return report, heartbeat_time

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.globalplane.audit import AuditLog
 from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier, parse_price
 from llmmesh.globalplane.protoconv import required_tier, tier_to_proto
 from llmmesh.globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.v1 import common_pb2, model_registry_service_pb2_grpc
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 

@@ -27,8 +27,17 @@ tenants = sa.Table(
     sa.Column("create_time", UtcDateTime, nullable=False),
     # Days its deleted conversations are kept before their purge; 0: the region's default.
     sa.Column("conversation_retention_days", sa.Integer, nullable=False, server_default="0"),
-    # Whether end users' facts are kept and used (region.memory); off unless set.
+    # Whether end users' facts are kept and used (region.knowledge.memory); off unless set.
     sa.Column("memory_enabled", sa.Boolean, nullable=False, server_default=sa.false()),
+    # Most files, vector stores and facts per end user it keeps in its zone; 0: the region's default.
+    sa.Column("max_files", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_vector_stores", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_memories_per_user", sa.Integer, nullable=False, server_default="0"),
+    # Most tokens a day the mesh spends on its background work for it; 0: the region's default.
+    sa.Column("background_tokens_per_day", sa.BigInteger, nullable=False, server_default="0"),
+    # When it was deleted (PolicyService.DeleteTenant); null while it exists. The row
+    # stays: its usage records refer to it, and its name stays taken.
+    sa.Column("delete_time", UtcDateTime, nullable=True),
 )
 
 api_keys = sa.Table(
@@ -99,6 +108,8 @@ usage_records = sa.Table(
     sa.Column("continues_request_id", sa.String(128), nullable=True),
     # The tenant's own opaque id of the end user served (OpenAI's `user`), for abuse monitoring.
     sa.Column("end_user", sa.String(256), nullable=True),
+    # What the tokens were spent on: "turn", or background work ("summary", "memory").
+    sa.Column("purpose", sa.String(16), nullable=False, server_default="turn"),
     sa.Index("ix_usage_records_tenant_period", "tenant_id", "period"),
     sa.Index("ix_usage_records_tenant_end_user", "tenant_id", "end_user", "period"),
     sa.Index("ix_usage_records_request_id", "request_id"),
@@ -135,7 +146,8 @@ region_reports = sa.Table(
     "region_reports",
     metadata,
     # Each region's last heartbeat, so a restarted global plane routes at
-    # once (globalplane.region_reports); a removed region's row is deleted.
+    # once and every replica routes on the heartbeats any replica received
+    # (globalplane.region_reports); a removed region's row is deleted.
     sa.Column("region", sa.String(64), primary_key=True),
     sa.Column("zone", sa.String(16), nullable=False),
     sa.Column("chat_address", sa.String(300), nullable=False),
@@ -147,6 +159,8 @@ region_reports = sa.Table(
     sa.Column("location", sa.String(64), nullable=True),
     sa.Column("engine_pods", sa.Integer, nullable=False),
     sa.Column("healthy_engine_pods", sa.Integer, nullable=False),
+    # [[model, engine_pods, healthy_engine_pods], ...]; null or empty: the region did not say.
+    sa.Column("model_pods", sa.JSON, nullable=True),
     sa.Column("heartbeat_time", UtcDateTime, nullable=False),
 )
 

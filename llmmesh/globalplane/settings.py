@@ -10,7 +10,7 @@ from llmmesh.core.mtls import MeshTlsSettings
 
 @dataclass(frozen=True)
 class GlobalSettings(MeshTlsSettings):
-    """Everything the global plane needs to start; see :func:`llmmesh.config.load`."""
+    """Everything the global plane needs to start; see :func:`llmmesh.core.config.load`."""
 
     host: str = setting("127.0.0.1", "Interface the gRPC server binds.")
     port: int = setting(0, "Port the gRPC server binds; 0 picks a free one.")
@@ -23,6 +23,12 @@ class GlobalSettings(MeshTlsSettings):
     ready_file: str = setting("", "Path of a JSON file written with the address once serving.")
     database_url: str = setting(
         "", "SQLAlchemy URL of the global store; empty means sqlite:///$LLMMESH_HOME/global.db."
+    )
+    zones: str = setting(
+        "",
+        "Comma-separated zones of the topology (llmmesh up passes its config's); a tenant is created "
+        "only in one of them or of a region that has reported, unless asked to allow an empty zone. "
+        "Empty: any zone name is accepted.",
     )
     dev_tenant: str = setting("dev", "Name of the development tenant created at start.")
     dev_zone: str = setting("us", "Zone the development tenant is pinned to.")

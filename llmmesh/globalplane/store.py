@@ -1,7 +1,7 @@
-"""The global store: the control plane's tables on :class:`llmmesh.sqlstore.SqlStore`.
+"""The global store: the control plane's tables on :class:`llmmesh.core.sqlstore.SqlStore`.
 
 SQLite (embedded), PostgreSQL or CockroachDB, run the way every plane's store
-is (see :mod:`llmmesh.sqlstore`: a sync engine on worker threads, whole
+is (see :mod:`llmmesh.core.sqlstore`: a sync engine on worker threads, whole
 transactions retried on serialization failures). In a multi-region
 CockroachDB the control-plane tables are ``GLOBAL``.
 """
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 
 from sqlalchemy.engine import Dialect
 
-from llmmesh.globalplane import schema
-from llmmesh.globalplane.migrations.adopt import upgrade_models, upgrade_tenants, upgrade_usage_records
 from llmmesh.core.home import mesh_home
 from llmmesh.core.sqlstore import SqlStore, create_store_engine, insert_new_rows
+from llmmesh.globalplane import schema
+from llmmesh.globalplane.migrations import MIGRATIONS
 
 __all__ = [
     "GlobalStore",
@@ -51,20 +51,15 @@ def global_locality_statements(dialect: Dialect | None = None) -> list[str]:
 class GlobalStore(SqlStore):
     """The database behind the tenant book, model catalog and usage ledger."""
 
+    store_label = "global"
+
     @classmethod
     async def open(cls, url: str) -> GlobalStore:
-        """Connect to ``url`` and create any missing table."""
+        """Connect to ``url`` and bring it to this release's schema (see :meth:`create_schema`)."""
         store = cls(create_store_engine(url))
         await asyncio.to_thread(store.create_schema)
         return store
 
     def create_schema(self) -> None:
-        """Create missing tables and the policy version row; existing ones are
-        left as they are, or upgraded (:mod:`globalplane.schema_upgrade`)."""
-        self.create_tables(schema.metadata)
-        self.run_transaction(upgrade_usage_records)
-        self.run_transaction(upgrade_models)
-        self.run_transaction(upgrade_tenants)
-        self.run_transaction(
-            lambda conn: insert_new_rows(conn, schema.policy_version, [{"id": 1, "version": 0}])
-        )
+        """Bring the database to this release's schema (:mod:`llmmesh.globalplane.migrations`)."""
+        self.migrate(MIGRATIONS)

@@ -13,6 +13,16 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from llmmesh.core import apikeys
+from llmmesh.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Reason,
+    Unauthenticated,
+)
+from llmmesh.core.ids import new_id
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.clock import Clock, utc_now
 from llmmesh.globalplane.paging import Page, page_of, page_window
@@ -20,9 +30,6 @@ from llmmesh.globalplane.policy_records import ApiKey, PolicySnapshot, Tenant, T
 from llmmesh.globalplane.policy_rows import bump_version, find_tenant, key_of, key_row, tenant_of, tenant_row
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tiers import TenantTier, require_zone
-from llmmesh.core import apikeys
-from llmmesh.core.errors import AlreadyExists, InvalidArgument, NotFound, Reason, Unauthenticated
-from llmmesh.core.ids import new_id
 
 T = TypeVar("T")
 
@@ -48,6 +55,28 @@ def _require_retention(days: int) -> None:
 
 _MAX_RETENTION_DAYS = 3650
 
+_CAP_FIELDS = ("max_files", "max_vector_stores", "max_memories_per_user")
+_MAX_CAP = 1_000_000
+_MAX_BACKGROUND_TOKENS = 10**12
+
+
+def _require_background_tokens(tokens: int) -> None:
+    if not 0 <= tokens <= _MAX_BACKGROUND_TOKENS:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"background_tokens_per_day must be 0 (the region's default) to {_MAX_BACKGROUND_TOKENS}",
+            metadata={"param": "background_tokens_per_day"},
+        )
+
+
+def _require_cap(field: str, cap: int) -> None:
+    if not 0 <= cap <= _MAX_CAP:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"{field} must be 0 (the region's default) to {_MAX_CAP}",
+            metadata={"param": field},
+        )
+
 
 def _or(new: T | None, old: T) -> T:
     return old if new is None else new
@@ -72,6 +101,17 @@ def _tenant_exists(name: str) -> AlreadyExists:
     return AlreadyExists(Reason.TENANT_EXISTS, f"tenant {name!r} already exists", metadata={"name": name})
 
 
+def _require_live(tenant: Tenant, change: str) -> Tenant:
+    """FAILED_PRECONDITION ``TENANT_DELETED`` when ``tenant`` was deleted."""
+    if tenant.delete_time is not None:
+        raise FailedPrecondition(
+            Reason.TENANT_DELETED,
+            f"tenant {tenant.name!r} was deleted at {tenant.delete_time.isoformat()}; cannot {change}",
+            metadata={"tenant": tenant.id},
+        )
+    return tenant
+
+
 class TenantBook:
     """Tenants and API keys, with a version that increases on every change."""
 
@@ -94,6 +134,10 @@ class TenantBook:
         allowed_models: tuple[str, ...] = (),
         conversation_retention_days: int = 0,
         memory_enabled: bool = False,
+        max_files: int = 0,
+        max_vector_stores: int = 0,
+        max_memories_per_user: int = 0,
+        background_tokens_per_day: int = 0,
     ) -> Tenant:
         """Create a tenant pinned to ``zone``.
 
@@ -108,6 +152,11 @@ class TenantBook:
         for field, value in zip(_LIMIT_FIELDS, (rpm_limit, tpm_limit, monthly_token_quota), strict=True):
             _require_limit(field, value)
         _require_retention(conversation_retention_days)
+        for field, cap in zip(
+            _CAP_FIELDS, (max_files, max_vector_stores, max_memories_per_user), strict=True
+        ):
+            _require_cap(field, cap)
+        _require_background_tokens(background_tokens_per_day)
         tenant = Tenant(
             id=new_id("ten"),
             name=name,
@@ -120,10 +169,23 @@ class TenantBook:
             allowed_models=tuple(allowed_models),
             conversation_retention_days=conversation_retention_days,
             memory_enabled=memory_enabled,
+            max_files=max_files,
+            max_vector_stores=max_vector_stores,
+            max_memories_per_user=max_memories_per_user,
+            background_tokens_per_day=background_tokens_per_day,
         )
 
         def create(conn: Connection) -> Tenant:
-            if _name_taken(conn, name):
+            t = schema.tenants
+            taken = conn.execute(sa.select(t.c.delete_time).where(t.c.name == name)).first()
+            if taken is not None and taken.delete_time is not None:
+                raise AlreadyExists(
+                    Reason.TENANT_EXISTS,
+                    f"tenant {name!r} was deleted, and a deleted tenant's name stays taken "
+                    "(its usage records keep it): choose another name",
+                    metadata={"name": name},
+                )
+            if taken is not None:
                 raise _tenant_exists(name)
             conn.execute(sa.insert(schema.tenants).values(tenant_row(tenant)))
             bump_version(conn)
@@ -135,8 +197,30 @@ class TenantBook:
             raise _tenant_exists(name) from None
 
     async def get_tenant(self, ref: str) -> Tenant:
-        """The tenant whose id or name is ``ref``; NOT_FOUND ``TENANT_NOT_FOUND`` otherwise."""
+        """The tenant whose id or name is ``ref``, deleted or not (its
+        ``delete_time`` says); NOT_FOUND ``TENANT_NOT_FOUND`` otherwise."""
         return await self._store.transaction(lambda conn: find_tenant(conn, ref))
+
+    async def delete_tenant(self, ref: str) -> tuple[Tenant, int]:
+        """Delete the tenant ``ref``: mark it deleted and revoke its active
+        keys, in one transaction that bumps the policy version. Returns it
+        and how many keys this revoked; deleting it again returns it
+        unchanged with 0. Its row stays (usage records refer to it) and its
+        name stays taken. NOT_FOUND ``TENANT_NOT_FOUND``."""
+        now = self._clock()
+
+        def delete(conn: Connection) -> tuple[Tenant, int]:
+            tenant = find_tenant(conn, ref)
+            if tenant.delete_time is not None:
+                return tenant, 0
+            t, k = schema.tenants, schema.api_keys
+            conn.execute(sa.update(t).where(t.c.id == tenant.id).values(delete_time=now))
+            active = sa.and_(k.c.tenant_id == tenant.id, k.c.revoke_time.is_(None))
+            revoked = conn.execute(sa.update(k).where(active).values(revoke_time=now)).rowcount
+            bump_version(conn)
+            return find_tenant(conn, tenant.id), int(revoked)
+
+        return await self._store.transaction(delete)
 
     async def zone_of(self, ref: str) -> str:
         """The zone of the tenant whose id or name is ``ref``; NOT_FOUND ``TENANT_NOT_FOUND`` otherwise.
@@ -154,12 +238,12 @@ class TenantBook:
         return zone
 
     async def list_tenants(self, page_size: int = 0, page_token: str = "", zone: str = "") -> Page[Tenant]:
-        """Tenants ordered by name, optionally only those of ``zone``."""
+        """Tenants that exist (not deleted), ordered by name, optionally only those of ``zone``."""
         if zone:
             require_zone(zone)
         after, size = page_window(page_size, page_token)
         t = schema.tenants
-        query = sa.select(t).order_by(t.c.name).limit(size + 1)
+        query = sa.select(t).where(t.c.delete_time.is_(None)).order_by(t.c.name).limit(size + 1)
         if zone:
             query = query.where(t.c.zone == zone)
         if after is not None:
@@ -179,11 +263,17 @@ class TenantBook:
                 _require_limit(field, limit)
         if update.conversation_retention_days is not None:
             _require_retention(update.conversation_retention_days)
+        for field in _CAP_FIELDS:
+            cap: int | None = getattr(update, field)
+            if cap is not None:
+                _require_cap(field, cap)
+        if update.background_tokens_per_day is not None:
+            _require_background_tokens(update.background_tokens_per_day)
         if update.name is not None:
             _require_name(update.name)
 
         def apply(conn: Connection) -> Tenant:
-            tenant = find_tenant(conn, ref)
+            tenant = _require_live(find_tenant(conn, ref), "change it")
             if update.zone is not None and update.zone != tenant.zone:
                 raise InvalidArgument(
                     Reason.WRONG_ZONE,
@@ -206,6 +296,13 @@ class TenantBook:
                     update.conversation_retention_days, tenant.conversation_retention_days
                 ),
                 memory_enabled=_or(update.memory_enabled, tenant.memory_enabled),
+                max_files=_or(update.max_files, tenant.max_files),
+                max_vector_stores=_or(update.max_vector_stores, tenant.max_vector_stores),
+                max_memories_per_user=_or(update.max_memories_per_user, tenant.max_memories_per_user),
+                background_tokens_per_day=_or(
+                    update.background_tokens_per_day, tenant.background_tokens_per_day
+                ),
+                delete_time=tenant.delete_time,
             )
             if updated == tenant:
                 return tenant
@@ -241,7 +338,7 @@ class TenantBook:
         )
 
         def create(conn: Connection) -> ApiKey:
-            tenant = find_tenant(conn, tenant_ref)
+            tenant = _require_live(find_tenant(conn, tenant_ref), "give it a key")
             k = schema.api_keys
             if conn.execute(sa.select(k.c.id).where(k.c.secret_sha256 == digest)).first() is not None:
                 raise in_use
@@ -319,7 +416,7 @@ class TenantBook:
         if found is None:
             raise Unauthenticated(Reason.API_KEY_INVALID, "invalid API key")
         key, tenant = found
-        if key.revoke_time is not None:
+        if key.revoke_time is not None or tenant.delete_time is not None:
             raise Unauthenticated(Reason.API_KEY_REVOKED, "API key revoked", metadata={"key_id": key.id})
         if key.expired_at(self._clock()):
             raise Unauthenticated(Reason.API_KEY_EXPIRED, "API key expired", metadata={"key_id": key.id})
@@ -329,6 +426,10 @@ class TenantBook:
 
     async def snapshot(self, zone: str) -> PolicySnapshot:
         """The tenants of ``zone`` and all their keys, at the current version.
+
+        A deleted tenant is left out, its keys stay in (revoked, so a region
+        answers ``API_KEY_REVOKED``), and its id is listed in
+        ``deleted_tenant_ids`` for the regions to purge its zone-bound data.
 
         The version is global: a change in another zone moves it too, which
         costs a region one needless refresh but never a stale policy. It is
@@ -348,5 +449,6 @@ class TenantBook:
             return version, tenants, [key_of(r) for r in keys]
 
         version, tenants, keys = await self._store.transaction(read)
-        ordered = tuple(sorted(tenants, key=lambda t: t.name))
-        return PolicySnapshot(version, zone, ordered, tuple(keys), self._clock())
+        ordered = tuple(sorted((t for t in tenants if t.delete_time is None), key=lambda t: t.name))
+        deleted = tuple(sorted(t.id for t in tenants if t.delete_time is not None))
+        return PolicySnapshot(version, zone, ordered, tuple(keys), self._clock(), deleted)

@@ -20,14 +20,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from llmmesh.core import pricing
+from llmmesh.core.end_user import require_end_user_pseudonym
+from llmmesh.core.errors import InvalidArgument, Reason
+from llmmesh.core.usage_purpose import PURPOSES, TURN
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.clock import Clock, utc_now
 from llmmesh.globalplane.model_catalog import Model, find_model
 from llmmesh.globalplane.policy_rows import find_tenant
 from llmmesh.globalplane.store import GlobalStore, insert_new_rows
-from llmmesh.core import pricing
-from llmmesh.end_user import require_end_user
-from llmmesh.core.errors import InvalidArgument, Reason
 
 _PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
@@ -50,7 +51,12 @@ class UsageRecord:
     continues_request_id: str = ""
     """The failed-over turn whose request this record's tokens belong to; it is not a request of its own."""
     end_user: str = ""
-    """The tenant's id of the end user the turn served (OpenAI's ``user``); empty if none was named."""
+    """The pseudonym of the end user the turn served (OpenAI's ``user``), as
+    its zone computed it (:func:`llmmesh.core.end_user.end_user_pseudonym`);
+    empty if none was named. The raw id never leaves the zone."""
+    purpose: str = TURN
+    """What its tokens were spent on, one of :data:`llmmesh.core.usage_purpose.PURPOSES`:
+    a background record adds tokens and cost, not a request."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,8 @@ class UsageLedger:
     async def record(self, records: Sequence[UsageRecord]) -> IngestOutcome:
         """Ingest ``records`` all or nothing, in one transaction.
 
-        INVALID_ARGUMENT for an empty request id or a negative count,
-        NOT_FOUND for an unknown tenant or model; then nothing is stored,
+        INVALID_ARGUMENT for an empty request id, a negative count or an
+        end user that is no pseudonym, NOT_FOUND for an unknown tenant or model; then nothing is stored,
         so the region can fix and resend the batch. Within a batch, the
         first record of a request id counts and later ones are duplicates.
         """
@@ -147,11 +153,11 @@ class UsageLedger:
 
     async def usage(self, tenant_id: str, period: str = "", end_user: str = "") -> UsageTotals:
         """A tenant's totals for ``period`` ("YYYY-MM", UTC; empty for the
-        current month); with ``end_user``, those of the turns made for that
-        end user only (INVALID_ARGUMENT if it is no valid end-user id)."""
+        current month); with ``end_user``, an end user's pseudonym, those of
+        the turns made for that end user only (INVALID_ARGUMENT
+        ``END_USER_NOT_PSEUDONYMOUS`` for anything but a pseudonym)."""
         period = require_period(period) if period else period_of(self._clock())
-        if end_user:
-            require_end_user(end_user, "end_user")
+        require_end_user_pseudonym(end_user, "end_user")
 
         def read(conn: Connection) -> UsageTotals:
             tenant = find_tenant(conn, tenant_id)
@@ -165,13 +171,12 @@ class UsageLedger:
 
     async def usage_by_model(
         self, tenant_id: str, period: str = "", end_user: str = ""
-    ) -> dict[str, UsageTotals]:
-        """:meth:`usage` split by the model that served the turns (:mod:`globalplane.usage_by_model`)."""
+    ) -> dict[tuple[str, str], UsageTotals]:
+        """:meth:`usage` split by model and purpose (:mod:`globalplane.usage_by_model`)."""
         from llmmesh.globalplane.usage_by_model import model_totals  # it builds on this module's types
 
         period = require_period(period) if period else period_of(self._clock())
-        if end_user:
-            require_end_user(end_user, "end_user")
+        require_end_user_pseudonym(end_user, "end_user")
         return await self._store.transaction(
             lambda conn: model_totals(conn, find_tenant(conn, tenant_id).id, period, end_user)
         )
@@ -209,7 +214,20 @@ def _check_shape(record: UsageRecord) -> None:
                 f"{field} must be >= 0 (request {record.request_id})",
                 metadata={"param": f"usage.{field}", "request_id": record.request_id},
             )
-    require_end_user(record.end_user, "end_user")
+    require_end_user_pseudonym(record.end_user, "end_user")
+    if record.purpose not in PURPOSES:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"purpose must be one of {', '.join(PURPOSES)}, got {record.purpose!r}"
+            f" (request {record.request_id})",
+            metadata={"param": "purpose", "request_id": record.request_id},
+        )
+
+
+def counts_request(continues_request_id: str | None, purpose: str) -> bool:
+    """Whether a record is a request of its own: neither a continuation's
+    tokens nor background work."""
+    return not continues_request_id and purpose == TURN
 
 
 def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime) -> dict[str, Any]:
@@ -227,6 +245,7 @@ def _usage_row(record: UsageRecord, tenant_id: str, model: Model, now: datetime)
         "ingest_time": now,
         "continues_request_id": record.continues_request_id or None,
         "end_user": record.end_user or None,
+        "purpose": record.purpose,
     }
 
 
@@ -236,13 +255,13 @@ def _end_user_totals(conn: Connection, tenant_id: str, period: str, end_user: st
     exactly, as SQLite cannot add decimals."""
     r = schema.usage_records
     rows = conn.execute(
-        sa.select(r.c.input_tokens, r.c.output_tokens, r.c.cost_usd, r.c.continues_request_id).where(
-            r.c.tenant_id == tenant_id, r.c.end_user == end_user, r.c.period == period
-        )
+        sa.select(
+            r.c.input_tokens, r.c.output_tokens, r.c.cost_usd, r.c.continues_request_id, r.c.purpose
+        ).where(r.c.tenant_id == tenant_id, r.c.end_user == end_user, r.c.period == period)
     )
     totals = UsageTotals(period)
     for row in rows:
-        requests = 0 if row.continues_request_id else 1
+        requests = 1 if counts_request(row.continues_request_id, row.purpose) else 0
         totals = totals.plus(UsageTotals(period, row.input_tokens, row.output_tokens, row.cost_usd, requests))
     return totals
 
@@ -261,7 +280,7 @@ def _add_to_totals(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     added: dict[tuple[str, str], UsageTotals] = {}
     for row in rows:
         key = (row["tenant_id"], row["period"])
-        requests = 0 if row["continues_request_id"] else 1
+        requests = 1 if counts_request(row["continues_request_id"], row["purpose"]) else 0
         turn = UsageTotals(
             row["period"], row["input_tokens"], row["output_tokens"], row["cost_usd"], requests
         )

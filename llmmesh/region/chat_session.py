@@ -25,10 +25,10 @@ from llmmesh.core import tracing
 from llmmesh.core.errors import Internal, MeshError, Reason, Unavailable
 from llmmesh.core.json_logs import bind_request_id
 from llmmesh.core.session_server import SessionServer
-from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region.gateway import ChatGateway
 from llmmesh.region.turn.span import turn_span
+from llmmesh.v1 import chat_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 

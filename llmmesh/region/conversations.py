@@ -21,7 +21,6 @@ from llmmesh.core.errors import InvalidArgument, NotFound, Reason
 from llmmesh.core.ids import ConversationId
 from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.core.pricing import format_usd
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.modelchoice.model_policy import require_allowed
 from llmmesh.region.policy_cache import PolicyCache
 from llmmesh.region.settings import RegionSettings
@@ -29,6 +28,7 @@ from llmmesh.region.zone_store.paging import encode_position
 from llmmesh.region.zone_store.rows import ConversationRow, MessageRow, Role
 from llmmesh.region.zone_store.store import ZoneStore, utc_now
 from llmmesh.region.zone_store.tree import BranchRow, branches, current_branch, path_to
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 AUTO_MODEL = "auto"
 """The model of a conversation created without one: each turn takes the tier's default."""
@@ -74,7 +74,7 @@ class ConversationService:
         by its canonical name; without one the conversation keeps
         :data:`AUTO_MODEL`, so it follows the tier's default.
         """
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         if len(request.system_prompt) > self._settings.max_message_chars:
             raise InvalidArgument(
                 Reason.PROMPT_TOO_LONG,
@@ -96,7 +96,7 @@ class ConversationService:
         self, request: chat_service_pb2.GetConversationRequest, secret: str | None
     ) -> chat_service_pb2.GetConversationResponse:
         """One live conversation of the caller's tenant."""
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         conversation_id = self._conversation_id(request.conversation_id)
         row = await self._store.get_conversation(caller.tenant_id, conversation_id)
         return chat_service_pb2.GetConversationResponse(conversation=conversation_proto(row))
@@ -105,7 +105,7 @@ class ConversationService:
         self, request: chat_service_pb2.ListConversationsRequest, secret: str | None
     ) -> chat_service_pb2.ListConversationsResponse:
         """A page of the caller's live conversations, newest first."""
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         size = page_size(request.page_size, CONVERSATIONS_PAGE)
         token = request.page_token
         if request.after_id:
@@ -125,7 +125,7 @@ class ConversationService:
         The returned conversation's ``delete_time`` is this region's clock at
         the deletion, to within the store's own write of it.
         """
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         conversation_id = self._conversation_id(request.conversation_id)
         row = await self._store.get_conversation(caller.tenant_id, conversation_id)
         await self._store.soft_delete_conversation(caller.tenant_id, conversation_id)
@@ -141,7 +141,7 @@ class ConversationService:
         """A page of one branch of a conversation's messages, oldest first:
         the branch ending at ``leaf_id``, or the current one; or, with
         ``request_id``, the messages that request stored."""
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         conversation_id = self._conversation_id(request.conversation_id)
         size = page_size(request.page_size, MESSAGES_PAGE)
         after = decode_message_position(request.page_token, conversation_id) if request.page_token else 0
@@ -173,7 +173,7 @@ class ConversationService:
         self, request: chat_service_pb2.ListBranchesRequest, secret: str | None
     ) -> chat_service_pb2.ListBranchesResponse:
         """A page of a conversation's branches, the newest leaf first."""
-        caller = self._policy.authenticate(secret)
+        caller = await self._policy.authenticate_fresh(secret)
         conversation_id = self._conversation_id(request.conversation_id)
         size = page_size(request.page_size, CONVERSATIONS_PAGE)
         stored = await self._store.messages(caller.tenant_id, conversation_id)

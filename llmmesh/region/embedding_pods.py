@@ -3,8 +3,10 @@
 A pod that embeds serves ``EmbeddingService`` beside ``EngineService`` on
 the same channel; one that does not answers UNIMPLEMENTED. Each healthy pod
 is asked once per instance (``GetEmbeddingInfo``, again after a restart) in
-the background after every health round of the pool, so a request never
-waits for discovery.
+the background after every health round of the pool, so a request rarely
+waits for discovery: only when no pod known to the region embeds with the
+model asked for and some healthy pod has not answered yet (its first
+answer was late), :meth:`place` asks those pods before refusing.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import grpc.aio
 
 from llmmesh.core.errors import InvalidArgument, Reason, Unavailable
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 from llmmesh.region.engine_pool import EnginePodHandle, EnginePool
+from llmmesh.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,21 @@ class EmbeddingPods:
             return
         self._known[pod.address] = (instance, EmbeddingPod(pod, stub, info, instance))
         log.info("engine pod %s embeds with %s (%s)", pod.pod_id, info.model, info.backend)
+
+    def _unasked(self) -> list[EnginePodHandle]:
+        """Healthy pods whose current instance has not told what it embeds."""
+        return [
+            p
+            for p in self._pool.healthy_pods
+            if (known := self._known.get(p.address)) is None or known[0] != p.info.instance_id
+        ]
+
+    async def place(self, model: str, exclude: frozenset[str] = frozenset()) -> EmbeddingPod:
+        """:meth:`choose`, after asking the pods not yet asked when no pod
+        known here embeds with ``model``."""
+        if not self.serves(model) and (unasked := self._unasked()):
+            await asyncio.gather(*(self._probe(p) for p in unasked))
+        return self.choose(model, exclude)
 
     def choose(self, model: str, exclude: frozenset[str] = frozenset()) -> EmbeddingPod:
         """The healthy pod embedding with ``model`` that has the fewest

@@ -13,7 +13,8 @@ unreachable), and the usage record: input tokens only, priced at the
 model's input price, written to the zone store in one transaction and
 shipped to billing as a chat turn's is. A request id the tenant used
 before is refused (ALREADY_EXISTS) before the vectors are returned, so
-an id cannot be replayed for unbilled vectors.
+an id cannot be replayed for unbilled vectors. Token-id inputs need the
+``x-llmmesh-token-ids`` metadata naming the model (:mod:`core.embedding_tokens`).
 """
 
 from __future__ import annotations
@@ -27,22 +28,23 @@ import grpc
 import grpc.aio
 from google.protobuf import timestamp_pb2
 
-from llmmesh.end_user import require_end_user
+from llmmesh.core.embedding_tokens import TOKEN_IDS_HEADER, token_ids_refusal
+from llmmesh.core.end_user import require_end_user
 from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, Reason, Unavailable, from_rpc_error
 from llmmesh.core.ids import new_id
 from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.core.pricing import format_usd
-from llmmesh.v1 import billing_service_pb2, common_pb2, embedding_service_pb2, embedding_service_pb2_grpc
 from llmmesh.region.admission.control import Admission
+from llmmesh.region.admission.rate_limit_status import rate_limit_status
 from llmmesh.region.embedding_pods import EmbeddingPod, EmbeddingPods
-from llmmesh.region.gateway import rate_limit_status
+from llmmesh.region.grpc_caller import Context, caller_secret
 from llmmesh.region.modelchoice.model_policy import require_allowed, turn_cost
 from llmmesh.region.policy_cache import Caller, PolicyCache
-from llmmesh.region.servicer import Context, caller_secret
 from llmmesh.region.settings import RegionSettings
 from llmmesh.region.usage_shipper import UsageShipper
 from llmmesh.region.zone_store.rows import AssistantMessage
 from llmmesh.region.zone_store.store import ZoneStore
+from llmmesh.v1 import billing_service_pb2, common_pb2, embedding_service_pb2, embedding_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +134,13 @@ class EmbeddingsGateway:
         request: embedding_service_pb2.CreateEmbeddingsRequest,
         secret: str | None,
         deadline_s: float | None = None,
+        token_ids_of: str | None = None,
     ) -> embedding_service_pb2.CreateEmbeddingsResponse:
         """The vectors of ``request`` for the caller behind ``secret``;
-        raises MeshError. Usage is recorded before the answer returns."""
-        caller = self._policy.authenticate(secret)
+        ``token_ids_of`` is the model the caller declared its token ids are
+        of (``x-llmmesh-token-ids``). Raises MeshError. Usage is recorded
+        before the answer returns."""
+        caller = await self._policy.authenticate_fresh(secret)
         validate_embeddings(request, self._settings.max_message_chars)
         try:
             model = await self._models.resolve(request.model, caller.tier)
@@ -144,8 +149,13 @@ class EmbeddingsGateway:
             err.metadata.setdefault("param", "model")
             raise
         require_allowed(model, list(caller.tenant.allowed_models))
+        has_token_ids = any(item.WhichOneof("input") == "tokens" for item in request.inputs)
+        refusal = token_ids_refusal((request.model, model.name), token_ids_of, has_token_ids)
+        if refusal is not None:
+            param = "input" if token_ids_of is None else TOKEN_IDS_HEADER
+            raise InvalidArgument(Reason.INVALID_REQUEST, refusal, metadata={"param": param})
         # Refused before admission when no pod here embeds with it.
-        self._pods.choose(model.name)
+        await self._pods.place(model.name)
         request_id = request.request_id or new_id("emb")
         bound = sum(token_bound(item) for item in request.inputs)
         admitted = await self._admission.admit(caller, bound, deadline_s, slot=False)
@@ -191,7 +201,7 @@ class EmbeddingsGateway:
         if request.HasField("dimensions"):
             message.dimensions = request.dimensions
         while True:
-            target = self._pods.choose(model, frozenset(tried))
+            target = await self._pods.place(model, frozenset(tried))
             try:
                 return await self._on_pod(target, message)
             except MeshError as err:
@@ -267,7 +277,17 @@ class RegionEmbeddingServicer(embedding_service_pb2_grpc.RegionEmbeddingServiceS
         try:
             # Shielded: a caller that goes away must not cancel the usage write.
             return await asyncio.shield(
-                self._gateway.create(request, caller_secret(context), context.time_remaining())
+                self._gateway.create(
+                    request, caller_secret(context), context.time_remaining(), _token_ids_of(context)
+                )
             )
         except MeshError as err:
             await err.abort(context)
+
+
+def _token_ids_of(context: Context) -> str | None:
+    """The model the caller's ``x-llmmesh-token-ids`` metadata names, if any."""
+    for key, value in context.invocation_metadata() or ():
+        if key == TOKEN_IDS_HEADER and isinstance(value, str):
+            return value
+    return None

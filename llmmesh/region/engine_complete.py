@@ -1,25 +1,42 @@
 """One-shot completions on the region's own engine pods, for the LLM-judge
 safety backend (at the engine's highest priority, so a busy region does not
-starve its own safety checks) and the region's housekeeping
-(:mod:`region.housekeeping`, at the lowest): greedy, unbilled (the region's
-own work, not a tenant's turn), optionally guided to a JSON schema."""
+starve its own safety checks; unbilled, the region's own work) and the
+region's housekeeping (:mod:`region.lifecycle.housekeeping_model`, at the
+lowest; metered with the tokens the pod counted and billed to the tenant it
+ran for): greedy, optionally guided to a JSON schema."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
 
 from llmmesh.core.errors import Reason, Unavailable, from_rpc_error
 from llmmesh.core.ids import new_id
-from llmmesh.v1 import common_pb2, engine_service_pb2
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.safety import CompleteFn
+from llmmesh.v1 import common_pb2, engine_service_pb2
 
 _ROLES = {
     "system": common_pb2.CHAT_ROLE_SYSTEM,
     "user": common_pb2.CHAT_ROLE_USER,
     "assistant": common_pb2.CHAT_ROLE_ASSISTANT,
 }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A one-shot completion's text and the tokens its pod processed for it."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+
+
+Generate = Callable[[list[tuple[str, str]], int], Awaitable[Completion]]
+"""A greedy completion of (role, text) messages with at most the given output tokens."""
 
 
 def engine_completer(
@@ -33,8 +50,24 @@ def engine_completer(
     ``model`` (any model when empty), at engine ``priority`` (0, the highest,
     by default: the region's own checks come first), its reply guided by
     ``response_format`` when given."""
+    generate = engine_generator(pool, model, timeout_s, priority, response_format)
 
     async def complete(turns: list[tuple[str, str]], max_tokens: int) -> str:
+        return (await generate(turns, max_tokens)).text
+
+    return complete
+
+
+def engine_generator(
+    pool: EnginePool,
+    model: str,
+    timeout_s: float = 30.0,
+    priority: int = 0,
+    response_format: common_pb2.ResponseFormat | None = None,
+) -> Generate:
+    """As :func:`engine_completer`, with the tokens the pod counted."""
+
+    async def complete(turns: list[tuple[str, str]], max_tokens: int) -> Completion:
         messages = []
         for role, content in turns:
             if role not in _ROLES:
@@ -63,7 +96,8 @@ def engine_completer(
                 if response.HasField("delta"):
                     parts.append(response.delta.text)
                 elif response.HasField("finished"):
-                    return "".join(parts)
+                    usage = response.finished.usage
+                    return Completion("".join(parts), usage.input_tokens, usage.output_tokens)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from err
         finally:

@@ -1,6 +1,6 @@
 """The region's engine pods: channels, health and what each one is.
 
-Placement is the KV-affinity router's (:mod:`region.router`); ``pick`` is
+Placement is the KV-affinity router's (:mod:`region.placement.router`); ``pick`` is
 the plain least-loaded choice for callers without a router (the safety
 judge's model calls).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,10 +21,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmmesh.core.errors import Reason, Unavailable
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from llmmesh.region.engine_session import EngineSession, engine_session
+from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+TIMEOUTS_UNTIL_DOWN = 2
+"""Health checks in a row that time out before a pod counts as down."""
 
 
 @dataclass
@@ -40,6 +44,11 @@ class EnginePodHandle:
     model: str = ""
     healthy: bool = False
     in_flight: int = 0
+    # Health checks in a row that timed out while the pod was up.
+    timeouts: int = 0
+    # time.monotonic() when the pod came back after being down (its health
+    # checks failed, or a turn marked it failed); 0 when it never was down.
+    returned_s: float = 0.0
     info: engine_service_pb2.GetEngineInfoResponse = field(
         default_factory=engine_service_pb2.GetEngineInfoResponse
     )
@@ -113,6 +122,17 @@ class EnginePool:
     def models(self) -> list[str]:
         return sorted({p.model for p in self._pods if p.model})
 
+    def no_pod_for(self, model: str) -> Unavailable | None:
+        """UNAVAILABLE (ENGINE_UNAVAILABLE, with RetryInfo) when no healthy
+        pod here serves ``model``; None when one does (or no model is named)."""
+        if not model or any(not p.model or p.model == model for p in self.healthy_pods):
+            return None
+        return Unavailable(
+            Reason.ENGINE_UNAVAILABLE,
+            f"no healthy engine pod serves model {model!r} in this region",
+            retry_after_s=1.0,
+        )
+
     def context_window(self, model: str) -> int:
         """The smallest context window of the known pods serving ``model``
         (0 when none is known yet)."""
@@ -139,6 +159,8 @@ class EnginePool:
             listener()
 
     async def _check_pod(self, pod: EnginePodHandle) -> None:
+        # A pod answering for the first time is starting with the region, not returning.
+        seen_before = bool(pod.pod_id)
         try:
             resp = await pod.health.Check(
                 health_pb2.HealthCheckRequest(service="llmmesh.v1.EngineService"), timeout=2.0
@@ -152,10 +174,23 @@ class EnginePool:
                     log.info("engine pod %s (%s) restarted", info.pod_id, pod.address)
                 pod.info = info
                 pod.pod_id, pod.model = info.pod_id, info.model
-        except grpc.aio.AioRpcError:
-            serving = False
+        except grpc.aio.AioRpcError as err:
+            serving, why = False, err.code().name
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and pod.healthy:
+                # A slow answer may be the region's own busy moment: down
+                # after TIMEOUTS_UNTIL_DOWN in a row. A refused connection
+                # or a pod saying it is not serving counts at once.
+                pod.timeouts += 1
+                if pod.timeouts < TIMEOUTS_UNTIL_DOWN:
+                    return
+        else:
+            why = "" if serving else "not serving"
+        pod.timeouts = 0
         if serving != pod.healthy:
-            log.info("engine pod %s (%s) is %s", pod.pod_id or "?", pod.address, "up" if serving else "down")
+            state = "up" if serving else f"down ({why})"
+            log.info("engine pod %s (%s) is %s", pod.pod_id or "?", pod.address, state)
+            if serving and seen_before:
+                pod.returned_s = time.monotonic()
         pod.healthy = serving
 
     def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> EnginePodHandle:
@@ -172,6 +207,12 @@ class EnginePool:
                 retry_after_s=1.0,
             )
         return min(candidates, key=lambda p: p.in_flight)
+
+    def serves_elsewhere(self, model: str, pod: EnginePodHandle) -> bool:
+        """Whether a healthy pod other than ``pod`` serves ``model``."""
+        return any(
+            p.healthy and p is not pod and (not model or not p.model or p.model == model) for p in self._pods
+        )
 
     def mark_failed(self, pod: EnginePodHandle) -> None:
         """Take a pod out of placement until its next good health check."""

@@ -1,6 +1,6 @@
 """The region's side of a pod's ``GenerateSession``: one long-lived stream
 per pod that every turn placed on the pod shares (see
-:mod:`llmmesh.session_client`). When it breaks, every generation on it
+:mod:`llmmesh.core.session_client`). When it breaks, every generation on it
 fails with UNAVAILABLE ``ENGINE_FAILED``."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import grpc
 
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import geo_routing_service_pb2, geo_routing_service_pb2_grpc
 from llmmesh.region.engine_pool import EnginePodHandle
+from llmmesh.v1 import geo_routing_service_pb2, geo_routing_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 

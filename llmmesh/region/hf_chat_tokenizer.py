@@ -89,7 +89,7 @@ class HfChatTokenizer:
     ) -> list[int]:
         """Token ids of chat messages as a template reads them (with
         ``tool_calls`` and ``tool_call_id`` where they have them) and the
-        ``tools`` it may offer (:mod:`region.prompt_render`); errors as
+        ``tools`` it may offer (:mod:`region.turn.prompt_render`); errors as
         :meth:`render_chat`'s. A template that ignores ``tools`` leaves
         them out of the prompt, as transformers would."""
         if not messages:

@@ -32,6 +32,9 @@ pods, the usage outbox) are in :mod:`region.metrics_gauges`.
 Hedged and disaggregated turns are counted in :mod:`region.metrics_phases`
 (``llmmesh_region_hedges_*``, ``llmmesh_region_hedge_losers_aborted_total``,
 ``llmmesh_region_disaggregated_turns_total``, ``llmmesh_region_kv_transfer_fallbacks_total``).
+The region's readiness and its stores' failures are the shared
+``llmmesh_dependency_up{plane="region"}`` and ``llmmesh_store_errors_total``
+(:mod:`llmmesh.core.dependency_metrics`).
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from llmmesh.core import dependency_metrics
 from llmmesh.core.errors import MeshError, Reason
+from llmmesh.core.hop_timing import hop_histogram
 from llmmesh.v1 import billing_service_pb2, common_pb2
 
 REGISTRY = CollectorRegistry()
+dependency_metrics.register(REGISTRY)
 
-SAFETY_STAGES = ("input", "output")
+SAFETY_STAGES = ("input", "output", "retrieval")
 ADMISSION_REFUSALS = ("rpm", "tpm", "quota", "overloaded")
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -96,13 +102,27 @@ PREFIX_HIT_TOKENS = Counter(
 )
 SAFETY_BLOCKS = Counter(
     "llmmesh_region_safety_blocks",
-    "Turns blocked by the safety filters, by stage and category",
+    "Turns blocked by the safety filters (input, output) and retrieved excerpts left out "
+    "(retrieval), by stage and category",
     ["stage", "category"],
     registry=REGISTRY,
 )
 CONTINUATIONS = Counter(
     "llmmesh_region_continuations_accepted",
     "Failed-over turns this region accepted to go on with",
+    registry=REGISTRY,
+)
+TURNS_MOVED = Counter(
+    "llmmesh_region_turns_moved",
+    "Turns another pod of the region took over after their pod failed mid-stream, by model",
+    ["model"],
+    registry=REGISTRY,
+)
+PODS_STALLED = Counter(
+    "llmmesh_region_pod_stalls",
+    "Turns whose pod sent nothing for --pod-stall-ms after their first token, or fell to its health "
+    "checks before it (another pod went on), by pod",
+    ["pod"],
     registry=REGISTRY,
 )
 TOKENS = Counter(
@@ -188,6 +208,14 @@ def continuation_accepted() -> None:
     CONTINUATIONS.inc()
 
 
+def turn_moved(model: str) -> None:
+    TURNS_MOVED.labels(model).inc()
+
+
+def pod_stalled(pod: str) -> None:
+    PODS_STALLED.labels(pod).inc()
+
+
 def turn_ended(
     pool: str,
     tenant: str,
@@ -268,3 +296,20 @@ class TurnLatency:
             for _ in range(tokens):
                 histogram.observe(gap)
         self.last_s = now
+
+
+# A turn's way to its first token through the region (llmmesh.core.hop_timing).
+REGION_HOPS = (
+    "prepare",  # arrival to the input safety check: authentication, validation, the model
+    "safety_input",  # the input safety filter (with the filters on)
+    "prompt",  # retrieval, remembered facts, the prompt fitted and tokenized
+    "admission",  # rate limits, quota, a slot of the fair queue
+    "store_accept",  # the zone store's acceptance of the request id
+    "route",  # the KV-affinity router's pod
+    "pod_send",  # the generation's start sent on the pod's session
+    "pod_first_event",  # to the pod's first event (its ``started``: the turn is scheduled)
+    "request_id_hold",  # the zone store marks the request id started
+    "pod_first_delta",  # to the pod's first delta
+    "output_filter",  # to the first delta the output filter releases, sent on to the caller
+)
+HOPS = hop_histogram("llmmesh_region_hop_seconds", "region", ", ".join(REGION_HOPS), REGISTRY)

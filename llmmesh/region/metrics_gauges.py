@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llmmesh.core.metrics_http import MetricsEndpoint
-from llmmesh.v1 import common_pb2
 from llmmesh.region import metrics as region_metrics
-from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.admission.fair_queue import FairQueue, tier_name
+from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.metrics import REGISTRY, OutboxReading
 from llmmesh.region.placement.router import LoadBoard
 from llmmesh.region.safety.verdict import ALL_CATEGORIES
+from llmmesh.v1 import common_pb2
 
 _READ_TRIES = 5
 _POOL = ["region", "pool"]

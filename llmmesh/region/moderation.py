@@ -23,21 +23,27 @@ import logging
 
 from llmmesh.core.errors import FailedPrecondition, InvalidArgument, MeshError, NotFound, Reason, Unavailable
 from llmmesh.core.ids import new_id
-from llmmesh.v1 import moderation_service_pb2 as pb
-from llmmesh.v1 import moderation_service_pb2_grpc as pb_grpc
 from llmmesh.region.admission.control import Admission
-from llmmesh.region.gateway import rate_limit_status
+from llmmesh.region.admission.rate_limit_status import rate_limit_status
+from llmmesh.region.grpc_caller import Context, caller_secret
 from llmmesh.region.policy_cache import PolicyCache
 from llmmesh.region.safety import OPENAI_CATEGORIES, SafetyFilters
-from llmmesh.region.servicer import Context, caller_secret
 from llmmesh.region.settings import RegionSettings
+from llmmesh.v1 import moderation_service_pb2 as pb
+from llmmesh.v1 import moderation_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 MODERATION_SERVICE_NAME = "llmmesh.v1.ModerationService"
 
 MODERATION_MODEL = "llmmesh-moderation"
-"""The one model name the region answers to: its own safety backends."""
+"""The model name the region answers to: its own safety backends."""
+
+LATEST_ALIASES = frozenset({"omni-moderation-latest", "text-moderation-latest", "text-moderation-stable"})
+"""OpenAI's names for "the provider's current moderation model": the region's
+backends are that here, and the answer names them (``llmmesh-moderation``).
+A dated model (``omni-moderation-2024-09-26``) is refused: it names one
+classifier that no region runs."""
 
 MAX_INPUTS = 256
 """Most texts in one request."""
@@ -62,12 +68,12 @@ class ModerationGateway:
         self, request: pb.ModerateRequest, secret: str | None, deadline_s: float | None = None
     ) -> pb.ModerateResponse:
         """One result per input, in order; raises MeshError."""
-        caller = self._policy.authenticate(secret)
-        if request.model not in ("", MODERATION_MODEL):
+        caller = await self._policy.authenticate_fresh(secret)
+        if request.model not in ("", MODERATION_MODEL, *LATEST_ALIASES):
             raise NotFound(
                 Reason.UNKNOWN_MODEL,
                 f"moderation model {request.model!r} is not served here; use {MODERATION_MODEL!r} "
-                "(the region's safety backends) or leave model out",
+                "(the region's safety backends), a '-latest' alias of it, or leave model out",
                 metadata={"param": "model"},
             )
         self._validate(request)

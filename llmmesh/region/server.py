@@ -21,12 +21,66 @@ from llmmesh.core.identity import Role, role_name
 from llmmesh.core.ids import is_valid_name
 from llmmesh.core.metrics_http import MetricsEndpoint
 from llmmesh.core.model_resolver import ModelResolver
+from llmmesh.core.readiness import ReadinessWatch
+from llmmesh.region.admission.control import Admission
+from llmmesh.region.admission.fair_queue import FairQueue
+from llmmesh.region.admission.quota import QuotaLedger
+from llmmesh.region.admission.ratelimit import LocalRateLimiter, RateLimiter
+from llmmesh.region.admission.ratelimit_redis import RedisRateLimiter
+from llmmesh.region.chat_session import ChatSessions
+from llmmesh.region.conversations import ConversationService
+from llmmesh.region.embedding_pods import EmbeddingPods
+from llmmesh.region.embeddings import EMBEDDINGS_SERVICE_NAME, EmbeddingsGateway, RegionEmbeddingServicer
+from llmmesh.region.end_user_servicer import END_USER_METHODS, END_USER_SERVICE_NAME, EndUserServicer
+from llmmesh.region.engine_complete import engine_completer
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.gateway import ChatGateway
+from llmmesh.region.heartbeat import Heartbeater, model_pods
+from llmmesh.region.knowledge.memory import UserMemory
+from llmmesh.region.knowledge.memory_servicer import MEMORY_METHODS, MEMORY_SERVICE_NAME, MemoryServicer
+from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.retrieval import RetrievalGateway
+from llmmesh.region.knowledge.retrieval_context import ChatRetrievalContext
+from llmmesh.region.knowledge.retrieval_servicer import (
+    RETRIEVAL_METHODS,
+    RETRIEVAL_SERVICE_NAME,
+    RetrievalServicer,
+)
+from llmmesh.region.knowledge.vector_store import VectorStoreDb
+from llmmesh.region.lifecycle.region_lifecycle import RegionLifecycle, build_lifecycle
+from llmmesh.region.metrics_gauges import GAUGES, RegionReadings, serve_region_metrics
+from llmmesh.region.modelchoice.difficulty_inputs import quota_budget, stored_history
+from llmmesh.region.modelchoice.difficulty_route import FleetPolicy, ModelRouter
+from llmmesh.region.modelchoice.lookup_warmer import LookupWarmer
+from llmmesh.region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
+from llmmesh.region.placement.hedging import HedgingPolicy
+from llmmesh.region.placement.kv_events_feed import KvEventFeeds
+from llmmesh.region.placement.kv_index import InMemoryPrefixIndex, PrefixIndex
+from llmmesh.region.placement.kv_index_redis import RedisPrefixIndex
+from llmmesh.region.placement.router import KvAffinityRouter, LoadBoard, RoutingPolicy
+from llmmesh.region.policy_cache import PolicyCache
+from llmmesh.region.readiness import region_readiness
+from llmmesh.region.safety import SafetyFilters, build_filters
+from llmmesh.region.servicer import ChatServicer, region_health
+from llmmesh.region.settings import RegionSettings
+from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.region.turn.admit import TurnAdmission
+from llmmesh.region.turn.knowledge import TurnKnowledge
+from llmmesh.region.turn.place import TurnPlacement
+from llmmesh.region.turn.prepare import TurnPreparation
+from llmmesh.region.turn.prompt import TurnPrompts
+from llmmesh.region.turn.record import TurnRecorder
+from llmmesh.region.turn.settle import TurnSettlement
+from llmmesh.region.turn.stream import PodStream
+from llmmesh.region.usage_shipper import UsageShipper
+from llmmesh.region.zone_store.store import ZoneStore
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
     chat_service_pb2,
     chat_service_pb2_grpc,
     common_pb2,
     embedding_service_pb2_grpc,
+    end_user_service_pb2_grpc,
     geo_routing_service_pb2,
     geo_routing_service_pb2_grpc,
     memory_service_pb2_grpc,
@@ -35,42 +89,6 @@ from llmmesh.v1 import (
     policy_service_pb2_grpc,
     retrieval_service_pb2_grpc,
 )
-from llmmesh.region.admission.control import Admission
-from llmmesh.region.chat_session import ChatSessions
-from llmmesh.region.conversations import ConversationService
-from llmmesh.region.embedding_pods import EmbeddingPods
-from llmmesh.region.embeddings import EMBEDDINGS_SERVICE_NAME, EmbeddingsGateway, RegionEmbeddingServicer
-from llmmesh.region.engine_complete import engine_completer
-from llmmesh.region.engine_pool import EnginePool
-from llmmesh.region.admission.fair_queue import FairQueue
-from llmmesh.region.gateway import ChatGateway
-from llmmesh.region.heartbeat import Heartbeater, model_pods
-from llmmesh.region.placement.hedging import HedgingPolicy
-from llmmesh.region.placement.kv_events_feed import KvEventFeeds
-from llmmesh.region.placement.kv_index import InMemoryPrefixIndex, PrefixIndex
-from llmmesh.region.placement.kv_index_redis import RedisPrefixIndex
-from llmmesh.region.lifecycle import RegionLifecycle, start_lifecycle
-from llmmesh.region.modelchoice.lookup_warmer import LookupWarmer
-from llmmesh.region.knowledge.memory import UserMemory
-from llmmesh.region.knowledge.memory_servicer import MEMORY_METHODS, MEMORY_SERVICE_NAME, MemoryServicer
-from llmmesh.region.knowledge.memory_store import MemoryStore
-from llmmesh.region.metrics_gauges import GAUGES, RegionReadings, serve_region_metrics
-from llmmesh.region.moderation import MODERATION_SERVICE_NAME, ModerationGateway, ModerationServicer
-from llmmesh.region.policy_cache import PolicyCache
-from llmmesh.region.admission.quota import QuotaLedger
-from llmmesh.region.admission.ratelimit import LocalRateLimiter, RateLimiter
-from llmmesh.region.admission.ratelimit_redis import RedisRateLimiter
-from llmmesh.region.knowledge.retrieval import RetrievalGateway
-from llmmesh.region.knowledge.retrieval_context import ChatRetrievalContext
-from llmmesh.region.knowledge.retrieval_servicer import RETRIEVAL_METHODS, RETRIEVAL_SERVICE_NAME, RetrievalServicer
-from llmmesh.region.placement.router import KvAffinityRouter, LoadBoard, RoutingPolicy
-from llmmesh.region.safety import SafetyFilters, build_filters
-from llmmesh.region.servicer import ChatServicer, region_health
-from llmmesh.region.settings import RegionSettings
-from llmmesh.region.tokenizer_client import TokenizerClient
-from llmmesh.region.usage_shipper import UsageShipper
-from llmmesh.region.knowledge.vector_store import VectorStoreDb
-from llmmesh.region.zone_store.store import ZoneStore
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +110,14 @@ REGION_ACCESS = {
     "CreateEmbeddings": _SPEAKERS,
     "Moderate": _SPEAKERS,
     "GetRegionInfo": (Role.EDGE, Role.GLOBAL, Role.REGION, Role.ADMIN),
+    # Only the edge knows what reached a client (checked again per call).
+    "SettleTurn": (Role.EDGE,),
     # Files, vector stores and search: tenant content, reached as turns are.
     **dict.fromkeys(RETRIEVAL_METHODS, _SPEAKERS),
     **dict.fromkeys(MEMORY_METHODS, _SPEAKERS),
+    # An operator's, to ask billing by an end user's pseudonym; no other
+    # plane may hold an oracle of the zone's pseudonyms.
+    **dict.fromkeys(END_USER_METHODS, (Role.ADMIN,)),
 }
 
 
@@ -110,30 +133,118 @@ def parse_location(text: str) -> common_pb2.GeoPoint:
     return common_pb2.GeoPoint(latitude=lat, longitude=lon)
 
 
+@dataclass(frozen=True)
+class RegionLinks:
+    """What a running region holds of the mesh beyond it: its channel to the
+    global plane and what it keeps from there (the policy snapshot, model
+    lookups, heartbeats), its zone's Redis, its metrics endpoint, and the
+    readiness watch over those it needs (:mod:`region.readiness`)."""
+
+    global_channel: grpc.aio.Channel
+    policy: PolicyCache
+    models: ModelResolver
+    heartbeat: Heartbeater
+    redis: redis.asyncio.Redis | None
+    metrics: MetricsEndpoint | None
+    readiness: ReadinessWatch
+
+
+@dataclass(frozen=True)
+class RegionPods:
+    """A running region's engine pods: the pool, the router and the KV-event
+    feeds it places by, the embedding pods, and the warm model lookups."""
+
+    pool: EnginePool
+    router: KvAffinityRouter
+    feeds: KvEventFeeds | None
+    embedding_pods: EmbeddingPods
+    lookups: LookupWarmer
+
+
+@dataclass(frozen=True)
+class RegionStores:
+    """What a running region keeps: the zone store, its usage shipper, the
+    retrieval store, and the housekeeping over them."""
+
+    store: ZoneStore
+    shipper: UsageShipper
+    retrieval: RetrievalGateway
+    lifecycle: RegionLifecycle
+
+
 @dataclass
 class RegionPlane:
-    """A running region: its server and the parts tests reach into."""
+    """A running region: its server, its gateway and sessions, and its
+    links, pods and stores (each part also reachable by name, as tests do)."""
 
     settings: RegionSettings
     address: str
     server: GrpcServer
-    global_channel: grpc.aio.Channel
-    pool: EnginePool
-    policy: PolicyCache
     gateway: ChatGateway
-    store: ZoneStore
-    shipper: UsageShipper
-    heartbeat: Heartbeater
-    router: KvAffinityRouter
-    feeds: KvEventFeeds | None
-    redis: redis.asyncio.Redis | None
-    models: ModelResolver
     sessions: ChatSessions
-    embedding_pods: EmbeddingPods | None = None
-    retrieval: RetrievalGateway | None = None
-    metrics: MetricsEndpoint | None = None
-    lifecycle: RegionLifecycle | None = None
-    lookups: LookupWarmer | None = None
+    links: RegionLinks
+    pods: RegionPods
+    stores: RegionStores
+
+    @property
+    def global_channel(self) -> grpc.aio.Channel:
+        return self.links.global_channel
+
+    @property
+    def policy(self) -> PolicyCache:
+        return self.links.policy
+
+    @property
+    def models(self) -> ModelResolver:
+        return self.links.models
+
+    @property
+    def heartbeat(self) -> Heartbeater:
+        return self.links.heartbeat
+
+    @property
+    def redis(self) -> redis.asyncio.Redis | None:
+        return self.links.redis
+
+    @property
+    def metrics(self) -> MetricsEndpoint | None:
+        return self.links.metrics
+
+    @property
+    def pool(self) -> EnginePool:
+        return self.pods.pool
+
+    @property
+    def router(self) -> KvAffinityRouter:
+        return self.pods.router
+
+    @property
+    def feeds(self) -> KvEventFeeds | None:
+        return self.pods.feeds
+
+    @property
+    def embedding_pods(self) -> EmbeddingPods:
+        return self.pods.embedding_pods
+
+    @property
+    def lookups(self) -> LookupWarmer:
+        return self.pods.lookups
+
+    @property
+    def store(self) -> ZoneStore:
+        return self.stores.store
+
+    @property
+    def shipper(self) -> UsageShipper:
+        return self.stores.shipper
+
+    @property
+    def retrieval(self) -> RetrievalGateway:
+        return self.stores.retrieval
+
+    @property
+    def lifecycle(self) -> RegionLifecycle:
+        return self.stores.lifecycle
 
     @property
     def metrics_url(self) -> str:
@@ -146,7 +257,7 @@ class RegionPlane:
             region=self.settings.region,
             zone=self.settings.zone,
             # Chat models and the embedding models the same pods serve.
-            models=sorted({*self.pool.models, *(self.embedding_pods.models if self.embedding_pods else ())}),
+            models=sorted({*self.pool.models, *self.embedding_pods.models}),
             engine_pods=len(self.pool.pods),
             healthy_engine_pods=healthy,
             health=region_health(healthy, len(self.pool.pods)),
@@ -172,35 +283,30 @@ class RegionPlane:
             location=parse_location(self.settings.location),
             engine_pods=info.engine_pods,
             healthy_engine_pods=info.healthy_engine_pods,
-            model_pods=model_pods(
-                self.pool.pods, self.embedding_pods.pods_by_model() if self.embedding_pods else {}
-            ),
+            model_pods=model_pods(self.pool.pods, self.embedding_pods.pods_by_model()),
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain streams, stop reporting, deliver pending usage."""
         GAUGES.remove(self.settings.region)
+        # First: a readiness change must not report the draining server SERVING.
+        await self.links.readiness.close()
         self.sessions.drain()
         await self.server.stop(grace_s)
         await self.heartbeat.close()
         await self.policy.close()
-        if self.lookups is not None:
-            await self.lookups.close()
+        await self.lookups.close()
         await self.models.close()
-        if self.lifecycle is not None:
-            await self.lifecycle.close()
+        await self.lifecycle.close()
         await self.gateway.drain()
         await self.shipper.close()
         await asyncio.to_thread(self.store.dispose)
-        if self.gateway.memory is not None:
-            await self.gateway.memory.drain()
-        if self.retrieval is not None:
-            await asyncio.to_thread(self.retrieval.db.dispose)
+        await self.gateway.drain_memory()
+        await asyncio.to_thread(self.retrieval.db.dispose)
         if self.feeds is not None:
             await self.feeds.close()
         await self.router.loads.close()
-        if self.embedding_pods is not None:
-            await self.embedding_pods.close()
+        await self.embedding_pods.close()
         await self.pool.close()
         if self.redis is not None:
             await self.redis.aclose()
@@ -253,6 +359,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     store = await ZoneStore.open(settings.zone_store_database_url(), settings.zone, settings.region)
     billing = billing_service_pb2_grpc.BillingServiceStub(global_channel)
     shipper = UsageShipper(store, billing)
+    # The zone's key, read (or made, by the zone's first region) before any turn needs it.
+    await shipper.pseudonyms.load()
     shared = _open_redis(settings.redis_url) if settings.redis_url else None
     limiter: RateLimiter = (
         RedisRateLimiter(shared, prefix=f"llmmesh:{settings.zone}:rl:") if shared else LocalRateLimiter()
@@ -263,7 +371,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         else InMemoryPrefixIndex()
     )
     tokenizer = TokenizerClient(pool)
-    loads = LoadBoard(pool)
+    loads = LoadBoard(pool, slow_start_s=settings.pod_slow_start_ms / 1000)
     hedging = HedgingPolicy(settings.hedge_ttft_ms / 1000, settings.hedge_max_priority)
     router = KvAffinityRouter(routing, pool, index, tokenizer, loads=loads, hedging=hedging)
     feeds = KvEventFeeds(index) if routing is RoutingPolicy.PRECISE else None
@@ -271,19 +379,12 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
     admission = Admission(limiter, QuotaLedger(billing, store, settings.quota_refresh_ms / 1000), queue)
     safety = _safety_filters(settings, pool)
     embedding_pods = EmbeddingPods(pool)
-    gateway = ChatGateway(
-        settings,
-        policy,
-        models,
-        pool,
-        router,
-        tokenizer,
-        admission,
-        safety,
-        store,
-        shipper,
-        embedding_models=lambda: embedding_pods.models,
-    )
+
+    def embedding_models() -> list[str]:
+        return embedding_pods.models
+
+    # Registered first: a turn queued for a slot fails at once when its model's last pod goes.
+    turn_admission = TurnAdmission(admission, store, pool)
 
     def pods_checked() -> None:
         # Paying tiers may overcommit the engines' batch slots (the engines
@@ -302,16 +403,44 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         models,
         pool,
         tiers=lambda: {tenant.tier for tenant in policy.tenants()},
-        embedding_models=lambda: embedding_pods.models,
+        embedding_models=embedding_models,
     )
     pool.on_checked(lookups.checked)
     embeddings = EmbeddingsGateway(settings, policy, models, embedding_pods, admission, store, shipper)
-    vector_db = await VectorStoreDb.open(settings.zone_store_database_url(), settings.region)
+    vector_db = await VectorStoreDb.open(
+        settings.zone_store_database_url(),
+        settings.region,
+        dimensions=settings.retrieval_embedding_dimensions,
+    )
     retrieval = RetrievalGateway(settings, settings.zone, policy, vector_db, embeddings)
-    gateway.retrieval = ChatRetrievalContext(retrieval, settings.retrieval_context_results)
     memory_store = MemoryStore(vector_db)
     await asyncio.to_thread(memory_store.create_schema)
-    gateway.memory = UserMemory(memory_store)
+    zone_data = (vector_db, memory_store)
+    lifecycle = build_lifecycle(
+        settings, store, shipper, pool, models, policy, admission, embedding_models, tenant_data=zone_data
+    )
+    knowledge = TurnKnowledge(
+        store,
+        ChatRetrievalContext(retrieval, settings.retrieval_context_results),
+        UserMemory(memory_store, lifecycle.extract),
+    )
+    model_router = ModelRouter(
+        models,
+        pool,
+        router.loads,
+        quota_budget(admission.quota),
+        embedding_models=embedding_models,
+        policy=FleetPolicy.of(settings.fallback_queue_factor, settings.named_fallback_tiers),
+        history=stored_history(store),
+    )
+    prompts = TurnPrompts(settings, pool, tokenizer, store, lifecycle.summaries)
+    preparation = TurnPreparation(
+        settings, policy, model_router, pool, safety, knowledge, prompts, embedding_models
+    )
+    recorder = TurnRecorder(settings, store, shipper, lifecycle.retries)
+    pods = PodStream(settings, safety, turn_admission, recorder, pool=pool)
+    placement = TurnPlacement(router, pool, preparation, turn_admission, pods)
+    gateway = ChatGateway(preparation, turn_admission, placement, recorder)
     moderation = ModerationGateway(settings, policy, admission, safety)
     conversations = ConversationService(policy, store, models, settings)
     plane: RegionPlane | None = None
@@ -321,7 +450,8 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         return plane.info()
 
     sessions = ChatSessions()
-    servicer = ChatServicer(gateway, conversations, info, sessions)
+    settlement = TurnSettlement(settings.region, policy, store, shipper)
+    servicer = ChatServicer(gateway, conversations, info, sessions, settlement)
 
     def register(server: grpc.aio.Server) -> None:
         chat_service_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
@@ -337,6 +467,9 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         memory_service_pb2_grpc.add_MemoryServiceServicer_to_server(
             MemoryServicer(policy, memory_store), server
         )
+        end_user_service_pb2_grpc.add_EndUserServiceServicer_to_server(
+            EndUserServicer(settings.zone, policy, shipper.pseudonyms), server
+        )
 
     server = GrpcServer(
         register,
@@ -346,6 +479,7 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
             MODERATION_SERVICE_NAME,
             RETRIEVAL_SERVICE_NAME,
             MEMORY_SERVICE_NAME,
+            END_USER_SERVICE_NAME,
         ],
         settings.host,
         settings.port,
@@ -364,36 +498,32 @@ async def start_region(settings: RegionSettings) -> RegionPlane:
         # A model retired or changed in the registry is seen at the next heartbeat, not the cache's TTL.
         on_catalog_change=models.forget_all,
     )
+    readings = RegionReadings(settings.region, settings.zone, queue, pool, loads, shipper.outbox)
     plane = RegionPlane(
         settings,
         address,
         server,
-        global_channel,
-        pool,
-        policy,
         gateway,
-        store,
-        shipper,
-        heartbeat,
-        router,
-        feeds,
-        shared,
-        models,
         sessions,
-        embedding_pods,
-        retrieval,
+        RegionLinks(
+            global_channel,
+            policy,
+            models,
+            heartbeat,
+            shared,
+            serve_region_metrics(readings, settings.host, settings.metrics_port),
+            region_readiness(server, shared, store, policy),
+        ),
+        RegionPods(pool, router, feeds, embedding_pods, lookups),
+        RegionStores(store, shipper, retrieval, lifecycle),
     )
-    readings = RegionReadings(settings.region, settings.zone, queue, pool, loads, shipper.outbox)
-    plane.lifecycle = start_lifecycle(
-        settings, store, gateway, shipper, pool, models, policy, lambda: embedding_pods.models
-    )
-    plane.metrics = serve_region_metrics(readings, settings.host, settings.metrics_port)
-    plane.lookups = lookups
+    lifecycle.start()
     pool.start()
     loads.start(settings.load_refresh_ms / 1000)
     policy.start()
     shipper.start()
     heartbeat.start()
+    plane.links.readiness.start()
     await heartbeat.beat()
     log.info("region %s (zone %s) serving ChatService on %s", settings.region, settings.zone, address)
     return plane

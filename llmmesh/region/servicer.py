@@ -6,42 +6,31 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TypeAlias
 
 import grpc
 import grpc.aio
 
-from llmmesh import apikeys, tracing
-from llmmesh.core.errors import InvalidArgument, MeshError, Reason
+from llmmesh.core import tracing
+from llmmesh.core.errors import InvalidArgument, MeshError, Reason, Unimplemented
 from llmmesh.core.grpc_tracing import caller_trace
 from llmmesh.core.json_logs import bind_request_id
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region.chat_session import ChatSessions
 from llmmesh.region.conversations import ConversationService
 from llmmesh.region.gateway import ChatGateway
+from llmmesh.region.grpc_caller import Context, caller_secret
+from llmmesh.region.turn.settle import TurnSettlement
 from llmmesh.region.turn.span import turn_span
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
-
-# grpc ships no type stubs; the alias names what the value is.
-Context: TypeAlias = grpc.aio.ServicerContext
-
 
 _SECOND_START = InvalidArgument(
     Reason.INVALID_REQUEST,
     "a Chat stream carries one turn; it was stopped at a second start (ChatSession carries many)",
     metadata={"param": "start"},
 )
-
-
-def caller_secret(context: Context) -> str | None:
-    """The API key from ``authorization: Bearer`` metadata."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str):
-            return apikeys.bearer_secret(value)
-    return None
 
 
 class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
@@ -53,8 +42,10 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         conversations: ConversationService,
         region_info: Callable[[], chat_service_pb2.GetRegionInfoResponse],
         sessions: ChatSessions,
+        settlement: TurnSettlement | None = None,
     ) -> None:
         self._gateway = gateway
+        self._settlement = settlement
         self._sessions = sessions
         self._conversations = conversations
         self._region_info = region_info
@@ -133,6 +124,16 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         context: Context,
     ) -> chat_service_pb2.GetRegionInfoResponse:
         return self._region_info()
+
+    async def SettleTurn(
+        self, request: chat_service_pb2.SettleTurnRequest, context: Context
+    ) -> chat_service_pb2.SettleTurnResponse:
+        try:
+            if self._settlement is None:
+                raise Unimplemented(Reason.INVALID_REQUEST, "this region settles no turns")
+            return await self._settlement.settle(request, caller_secret(context))
+        except MeshError as err:
+            await err.abort(context)
 
     async def CreateConversation(
         self, request: chat_service_pb2.CreateConversationRequest, context: Context

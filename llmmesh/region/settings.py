@@ -35,6 +35,17 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
         300_000, "longest a cached policy snapshot is trusted while the global plane is unreachable"
     )
     engine_health_interval_ms: int = setting(1000, "milliseconds between engine pod health checks")
+    pod_stall_ms: int = setting(
+        15_000,
+        "a pod that sends a turn nothing for this many ms after its first token has stalled: another "
+        "pod of the model goes on with the turn; 0 never gives up on a pod. Under the edge's "
+        "--stall-timeout-ms (3 s), which crosses regions",
+    )
+    pod_slow_start_ms: int = setting(
+        10_000,
+        "a pod back from an outage is given a share of its batch growing linearly from 10% to all of it "
+        "over this many ms (a cold KV cache would otherwise draw every turn at once); 0 off",
+    )
     max_messages: int = setting(2048, "most messages one turn may carry")
     max_message_chars: int = setting(1_000_000, "most characters one message may carry")
     routing_policy: str = setting(
@@ -96,6 +107,11 @@ class RegionSettings(SafetySettings, MeshTlsSettings, RetrievalSettings):
         "", "model that extracts end users' facts with memory_extractor=model; empty: the smallest chat model"
     )
     memory_max_tokens: int = setting(256, "most tokens of the memory model's reply (JSON of the facts)")
+    background_tokens_per_day: int = setting(
+        200_000,
+        "most tokens a day (UTC) spent on a tenant's summaries and memory extraction unless its "
+        "policy sets them; 0 no daily cap",
+    )
     record_spool_dir: str = setting(
         "", "folder of the spool of turn records the store refused; empty: beside an SQLite zone store"
     )

@@ -12,7 +12,7 @@ model (``Tokenize`` with the chat messages and the assistant opener, as
 answer is cached by model and content hash.
 
 A prompt with tools (definitions, an assistant's calls, a tool's answer)
-is rendered as :mod:`region.prompt_render` says: a chat template that
+is rendered as :mod:`region.turn.prompt_render` says: a chat template that
 renders tools gets them as vLLM hands them to it; the simulator's tokenizer,
 and a chat template that renders no tools (vLLM would leave them out of the
 prompt; the region renders the prompt the pod runs, so they reach the model
@@ -45,10 +45,10 @@ from llmmesh.core.chat_tokenizer import (
     tokenizer_spec,
 )
 from llmmesh.core.errors import FailedPrecondition, Reason, Unavailable, from_rpc_error
-from llmmesh.v1 import common_pb2, engine_service_pb2
 from llmmesh.region.engine_pool import EnginePodHandle, EnginePool
 from llmmesh.region.hf_chat_tokenizer import HfChatTokenizer, hf_chat_tokenizer
 from llmmesh.region.turn.prompt_render import has_tool_parts, plain_turns, template_messages, template_tools
+from llmmesh.v1 import common_pb2, engine_service_pb2
 
 log = logging.getLogger(__name__)
 

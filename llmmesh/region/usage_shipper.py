@@ -22,6 +22,10 @@ Billing takes a batch all or nothing. When it rejects one (a record it will
 not accept, such as one of a deleted tenant), the shipper sends that batch's
 records one at a time, so the others still get through; a rejected record
 stays pending with its attempts counted and is retried after the rest.
+
+Records leave the zone here, and only here: each one's end user is replaced
+by its pseudonym (:mod:`region.end_user_pseudonyms`) as the batch is sent;
+the zone store keeps the end user as the tenant named it.
 """
 
 from __future__ import annotations
@@ -37,10 +41,11 @@ import grpc.aio
 
 from llmmesh.core import tracing
 from llmmesh.core.tasks import cancel_and_wait, wait_event
-from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 from llmmesh.region import metrics as region_metrics
+from llmmesh.region.end_user_pseudonyms import EndUserPseudonyms
 from llmmesh.region.metrics import OutboxReading
 from llmmesh.region.zone_store import PendingUsage, ZoneStore
+from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +69,7 @@ class Shipment(enum.Enum):
 
 
 class UsageShipper:
-    """Drains ``store``'s usage outbox to billing in the background."""
+    """Drains ``store``'s usage outbox to billing in the background, end users pseudonymised."""
 
     def __init__(
         self,
@@ -84,6 +89,8 @@ class UsageShipper:
             raise ValueError("linger_s must be >= 0")
         self._store = store
         self._billing = billing
+        self.pseudonyms = EndUserPseudonyms(store)
+        """What end users become as their records leave the zone (with ``store``'s zone key)."""
         self._batch_size = batch_size
         self._min_backoff_s = min_backoff_s
         self._max_backoff_s = max_backoff_s
@@ -166,7 +173,7 @@ class UsageShipper:
 
     async def _send(self, rows: Sequence[PendingUsage]) -> grpc.StatusCode | None:
         """None when billing took every record; otherwise the failure's code."""
-        records = [billing_service_pb2.UsageRecord.FromString(row.usage) for row in rows]
+        records = [await self.pseudonyms.outbound(row.usage) for row in rows]
         try:
             # A trace of its own, linked to the turns it bills: a shipment carries many.
             links = tracing.links_to_requests([row.request_id for row in rows]) if tracing.enabled() else []

@@ -11,11 +11,11 @@ gRPC ``UNAVAILABLE``), and a region's cluster fails over to the other regions
 of its zone, never outside it.
 
 Both listeners serve TLS, Envoy calls the regions with mutual TLS and, where
-they serve HTTPS, the edge instances over TLS (:mod:`llmmesh.envoy_tls`);
+they serve HTTPS, the edge instances over TLS (:mod:`llmmesh.topology.envoy_tls`);
 plaintext only when a topology says so (``tls=None``, ``--plaintext``).
 
 ``deploy/envoy/front-proxy.yaml`` is this module's output for the default
-embedded topology (``python -m llmmesh.envoy_config``); tests render configs
+embedded topology (``python -m llmmesh.topology.envoy_config``); tests render configs
 for the ports their in-process planes bound.
 """
 
@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmmesh.core.errors import InvalidArgument, Reason
+from llmmesh.core.ids import is_valid_name
 from llmmesh.topology.envoy_tls import (
     DEFAULT_CERTS_DIR,
     EDGE_SERVER_NAME,
@@ -39,8 +41,6 @@ from llmmesh.topology.envoy_tls import (
     region_socket,
     write_sds_files,
 )
-from llmmesh.core.errors import InvalidArgument, Reason
-from llmmesh.core.ids import is_valid_name
 from llmmesh.topology.yaml_text import to_yaml
 
 Doc = dict[str, Any]
@@ -376,7 +376,8 @@ def _is_ip(host: str) -> bool:
 
 HEADER = (
     "# The llmmesh front proxy (Envoy v3 API); deploy/envoy/README.md describes it.\n"
-    "# Rendered by `python -m llmmesh.envoy_config`; change llmmesh/envoy_config.py, not this file.\n"
+    "# Rendered by `python -m llmmesh.topology.envoy_config`;\n"
+    "# change llmmesh/topology/envoy_config.py, not this file.\n"
 )
 
 
@@ -453,7 +454,7 @@ def _tls_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ProxyT
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the front proxy's config: the example topology, or the one given."""
-    parser = argparse.ArgumentParser(prog="python -m llmmesh.envoy_config", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m llmmesh.topology.envoy_config", description=main.__doc__)
     parser.add_argument("--edge", action="append", default=[], type=_edge_flag, help="HOST:PORT")
     parser.add_argument(
         "--region", action="append", default=[], type=_region_flag, help="REGION=ZONE@HOST:PORT"

@@ -1,5 +1,5 @@
 """The front proxy's TLS: what Envoy serves to clients on its listeners and
-how it checks the planes behind it (part of :mod:`llmmesh.envoy_config`).
+how it checks the planes behind it (part of :mod:`llmmesh.topology.envoy_config`).
 
 Downstream, both listeners serve one certificate for the public names (from
 a CA the clients trust, not the mesh CA); the gRPC listener can also demand
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmmesh.certs import stem_of
+from llmmesh.core.certs import stem_of
 from llmmesh.core.identity import PlaneIdentity, Role, role_name
 from llmmesh.topology.yaml_text import to_yaml
 

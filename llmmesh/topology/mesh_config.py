@@ -1,5 +1,5 @@
 """The topology ``llmmesh up`` runs, read from TOML: zones, their regions, each
-region's engine pods, a store per zone, shared Redis and ports.
+region's engine pods, a store and a Redis per zone, and ports.
 
 ::
 
@@ -9,10 +9,12 @@ region's engine pods, a store per zone, shared Redis and ports.
 
     [zones.eu]
     store_url = "cockroachdb+psycopg://…"  # empty: sqlite:///$LLMMESH_HOME/zone-eu.db
+    redis_url = "rediss://redis-eu…"       # empty: mesh.redis_url, else one `llmmesh up` runs
 
     [zones.eu.regions.eu-west]
     location = "53.3,-6.3"
     pods = 2
+    database_region = "europe-west1"       # CockroachDB: the region homing its rows (default: its name)
 
     [zones.eu.regions.eu-central.models]   # a model fleet: pods per model
     llmmesh-small = 1
@@ -20,13 +22,20 @@ region's engine pods, a store per zone, shared Redis and ports.
 
 A region names either ``pods`` (that many pods of the engine's default
 model) or a ``models`` table (pods per model; ``pods`` may then be left
-out, or must be their sum). Models of the family (:mod:`llmmesh.model_family`)
+out, or must be their sum). Models of the family (:mod:`llmmesh.core.model_family`)
 get their simulated per-size costs and, with ``llmmesh up``, their
 registry entries; ``deploy/examples/fleet.toml`` is a fleet.
 
 Every region of a zone uses the zone's store, and a store serves one zone:
 two zones may name the same URL only on CockroachDB, where a super region
 per zone keeps each zone's rows inside it (:mod:`region.zone_store.ddl`).
+Every region of a zone and the edge, for that zone's tenants, use the
+zone's Redis (rate limits, the KV prefix index, stream logs holding reply
+text): ``zones.NAME.redis_url``, else ``mesh.redis_url``. Two zones whose
+Redis is one server (same host and port, whatever the database number) are
+refused unless ``mesh.shared_redis_ok = true`` says the zones may share it:
+one zone's content would otherwise sit in a store the other reaches, and a
+configuration that predates per-zone Redis would keep doing so silently.
 Anything else wrong (an unknown key, a value of the wrong type, a region in
 two zones, a zone without regions, a region without pods, an unknown
 backend, a port used twice) is a :class:`MeshConfigError` whose one-line
@@ -40,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +58,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from llmmesh.core.ids import ConversationId, is_valid_name
+from llmmesh.core.sqlstore import with_store_driver
 
 BACKENDS = ("sim", "vllm")
 """Engine backends a pod can run."""
@@ -58,6 +69,9 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 _MODEL_NAME = re.compile(r"^(?!auto$)[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 T = TypeVar("T")
+
+
+_DATABASE_REGION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 class MeshConfigError(ValueError):
@@ -79,6 +93,10 @@ class RegionConfig:
     """Port of its ChatService; 0 picks a free one."""
     models: tuple[tuple[str, int], ...] = ()
     """Pods per model, in the order given; empty: ``pods`` pods of the engine's default model."""
+    database_region: str = ""
+    """The CockroachDB region (a node's ``--locality region=``) that homes the
+    rows of the conversations this region starts; empty: the region's own name.
+    Only ``llmmesh db upgrade`` on CockroachDB reads it."""
 
     def pod_ids(self) -> list[str]:
         """The names of its pods: ``<region>-pod-<n>``."""
@@ -98,6 +116,8 @@ class ZoneConfig:
     regions: tuple[RegionConfig, ...]
     store_url: str = ""
     """SQLAlchemy URL of the zone store; empty for SQLite under the mesh home."""
+    redis_url: str = ""
+    """The zone's Redis; empty: the mesh's ``redis_url``."""
 
     def store_database_url(self, home: Path) -> str:
         """The store URL, or ``sqlite:///HOME/zone-<zone>.db`` when none is set."""
@@ -124,6 +144,22 @@ class MeshConfig:
     (:func:`llmmesh.cli.embedded_redis.choose_redis`)."""
     global_store_url: str = ""
     """SQLAlchemy URL of the global plane's store; empty for SQLite under the mesh home."""
+    shared_redis_ok: bool = False
+    """Whether zones may share one Redis server (one jurisdiction, or a test
+    bench); without it two zones on one server are refused."""
+
+    def redis_url_of(self, zone: ZoneConfig) -> str:
+        """The Redis of ``zone``'s regions and of the edge for its tenants ("" for none)."""
+        return zone.redis_url or self.redis_url
+
+    def with_zone_redis(self, urls: Mapping[str, str]) -> MeshConfig:
+        """This configuration with each zone's Redis set to ``urls[zone]``
+        (a zone not named, or named with "", gets none) and no mesh-wide
+        one; validated again."""
+        zones = tuple(dataclasses.replace(z, redis_url=urls.get(z.name, "")) for z in self.zones)
+        updated = dataclasses.replace(self, zones=zones, redis_url="")
+        validate(updated)
+        return updated
 
     def regions(self) -> Iterator[RegionConfig]:
         """Every region, zone by zone."""
@@ -201,7 +237,9 @@ def parse_mesh_config(text: str) -> MeshConfig:
         raise MeshConfigError(f"invalid TOML: {err}") from None
     root = _Table(document, "", ("mesh", "zones"))
     mesh = root.table("mesh")
-    mesh.reject_unknown(("host", "edge_port", "global_port", "backend", "redis_url", "global_store_url"))
+    mesh.reject_unknown(
+        ("host", "edge_port", "global_port", "backend", "redis_url", "shared_redis_ok", "global_store_url")
+    )
     zones_table = root.table("zones")
     zones = tuple(_zone(name, zones_table.table(name)) for name in zones_table.names())
     config = MeshConfig(
@@ -212,18 +250,19 @@ def parse_mesh_config(text: str) -> MeshConfig:
         backend=mesh.get("backend", str, "sim"),
         redis_url=mesh.get("redis_url", str, ""),
         global_store_url=mesh.get("global_store_url", str, ""),
+        shared_redis_ok=mesh.get("shared_redis_ok", bool, False),
     )
     validate(config)
     return config
 
 
 def _zone(name: str, table: _Table) -> ZoneConfig:
-    table.reject_unknown(("store_url", "regions"))
+    table.reject_unknown(("store_url", "redis_url", "regions"))
     regions_table = table.table("regions")
     regions = []
     for region_name in regions_table.names():
         region = regions_table.table(region_name)
-        region.reject_unknown(("pods", "backend", "location", "port", "models"))
+        region.reject_unknown(("pods", "backend", "location", "port", "models", "database_region"))
         models = _models(region.table("models"))
         counted = sum(count for _, count in models)
         pods = region.get("pods", int, counted or 1)
@@ -241,9 +280,10 @@ def _zone(name: str, table: _Table) -> ZoneConfig:
                 backend=region.get("backend", str, ""),
                 location=region.get("location", str, ""),
                 port=region.get("port", int, 0),
+                database_region=region.get("database_region", str, ""),
             )
         )
-    return ZoneConfig(name, tuple(regions), table.get("store_url", str, ""))
+    return ZoneConfig(name, tuple(regions), table.get("store_url", str, ""), table.get("redis_url", str, ""))
 
 
 def _models(table: _Table) -> tuple[tuple[str, int], ...]:
@@ -288,13 +328,13 @@ class _Table:
     def get(self, name: str, kind: type[T], default: T) -> T:
         value = self.raw.get(name, default)
         # TOML booleans are Python ints; a port of `true` is a mistake, not 1.
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise MeshConfigError(f"{self.key(name)} must be {_article(kind)}, got {_kind(value)} {value!r}")
         return value
 
 
 def _article(kind: type) -> str:
-    return {int: "an integer", str: "a string"}.get(kind, kind.__name__)
+    return {int: "an integer", str: "a string", bool: "a boolean"}.get(kind, kind.__name__)
 
 
 def _kind(value: object) -> str:
@@ -309,10 +349,7 @@ def validate(config: MeshConfig) -> None:
         raise MeshConfigError(f"mesh.backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}")
     if not config.host.strip():
         raise MeshConfigError("mesh.host must not be empty")
-    if config.redis_url and config.redis_url.partition("://")[0] not in REDIS_SCHEMES:
-        raise MeshConfigError(
-            f"mesh.redis_url must be a redis://, rediss:// or unix:// URL, got {config.redis_url!r}"
-        )
+    _redis_scheme("mesh.redis_url", config.redis_url)
     if config.global_store_url:
         _store_backend("mesh.global_store_url", config.global_store_url)
     if not config.zones:
@@ -321,7 +358,56 @@ def validate(config: MeshConfig) -> None:
     stores: dict[str, str] = {}
     for zone in config.zones:
         _validate_zone(zone, config, homes, stores)
+    _validate_redis(config)
     _validate_ports(config)
+
+
+def _redis_scheme(key: str, url: str) -> None:
+    if url and url.partition("://")[0] not in REDIS_SCHEMES:
+        # The URL may hold a password: only its scheme is shown.
+        raise MeshConfigError(
+            f"{key} must be a redis://, rediss:// or unix:// URL, got one starting {url.partition(':')[0]!r}"
+        )
+
+
+def redis_server(url: str) -> str:
+    """The server a Redis URL names, whatever its database, user or TLS:
+    ``host:port`` (6379 by default), or the socket's path."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "unix":
+        return parsed.path
+    try:
+        port = parsed.port or 6379
+    except ValueError:
+        port = 0
+    return f"{(parsed.hostname or 'localhost').lower()}:{port}"
+
+
+def _validate_redis(config: MeshConfig) -> None:
+    """Each zone's Redis URL is one, and no two zones share a server unless allowed."""
+    owners: dict[str, tuple[str, str]] = {}
+    for zone in config.zones:
+        own = bool(zone.redis_url)
+        key = f"zones.{zone.name}.redis_url" if own else "mesh.redis_url"
+        _redis_scheme(key, zone.redis_url)
+        url = config.redis_url_of(zone)
+        if not url or config.shared_redis_ok:
+            continue
+        server = redis_server(url)
+        if server in owners:
+            other, other_key = owners[server]
+            named = (
+                f"{key} names {server} for both"
+                if key == other_key
+                else f"{other_key} and {key} name {server}"
+            )
+            raise MeshConfigError(
+                f"zones {other} and {zone.name} share one Redis ({named}), "
+                f"which would hold either zone's stream logs and rate limits beside the other's: "
+                f"give each zone its own zones.NAME.redis_url, or set mesh.shared_redis_ok = true "
+                "where the zones may share one"
+            )
+        owners[server] = (zone.name, key)
 
 
 def _validate_zone(
@@ -363,6 +449,11 @@ def _validate_zone(
             )
         if region.location:
             _location(f"{key}.location", region.location)
+        if region.database_region and not _DATABASE_REGION.match(region.database_region):
+            raise MeshConfigError(
+                f"{key}.database_region must be a CockroachDB region name (letters, digits, '.', '_', '-'), "
+                f"got {region.database_region!r}"
+            )
 
 
 def _validate_ports(config: MeshConfig) -> None:
@@ -386,7 +477,7 @@ def _names_conversation(zone: str, region: str) -> bool:
 
 def _store_backend(key: str, url: str) -> str:
     try:
-        parsed = sa.make_url(url)
+        parsed = with_store_driver(url)
     except sa.exc.ArgumentError:
         raise MeshConfigError(f"{key} is not a SQLAlchemy URL: {url!r}") from None
     backend = parsed.get_backend_name()
@@ -395,7 +486,7 @@ def _store_backend(key: str, url: str) -> str:
     try:
         parsed.get_dialect().import_dbapi()
     except ImportError as err:
-        # Plain postgresql:// and cockroachdb:// mean psycopg2; this project ships psycopg 3.
+        # A driver named in the URL that is not installed (plain URLs get psycopg 3).
         raise MeshConfigError(
             f"{key}: the {parsed.drivername} driver is not installed ({err}); name one that is, "
             f"like {backend}+psycopg://"

@@ -26,29 +26,31 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n llmmesh/v1/billing_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"\x89\x02\n\x0bUsageRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12%\n\x05usage\x18\x05 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12,\n\x08\x65nd_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x63ontinues_request_id\x18\x08 \x01(\t\x12\x10\n\x08\x65nd_user\x18\t \x01(\t\">\n\x12RecordUsageRequest\x12(\n\x07records\x18\x01 \x03(\x0b\x32\x17.llmmesh.v1.UsageRecord\";\n\x13RecordUsageResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"F\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06period\x18\x02 \x01(\t\x12\x10\n\x08\x65nd_user\x18\x03 \x01(\t\"\x9b\x01\n\x10GetUsageResponse\x12\x0e\n\x06period\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\t\x12\x10\n\x08requests\x18\x05 \x01(\x03\x12&\n\x06models\x18\x06 \x03(\x0b\x32\x16.llmmesh.v1.ModelUsage\"l\n\nModelUsage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x05 \x01(\t\"O\n\x15ReconcileUsageRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x13\n\x0brequest_ids\x18\x02 \x03(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\"5\n\x16ReconcileUsageResponse\x12\x1b\n\x13missing_request_ids\x18\x01 \x03(\t2\x80\x02\n\x0e\x42illingService\x12N\n\x0bRecordUsage\x12\x1e.llmmesh.v1.RecordUsageRequest\x1a\x1f.llmmesh.v1.RecordUsageResponse\x12\x45\n\x08GetUsage\x12\x1b.llmmesh.v1.GetUsageRequest\x1a\x1c.llmmesh.v1.GetUsageResponse\x12W\n\x0eReconcileUsage\x12!.llmmesh.v1.ReconcileUsageRequest\x1a\".llmmesh.v1.ReconcileUsageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n llmmesh/v1/billing_service.proto\x12\nllmmesh.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17llmmesh/v1/common.proto\"\xb4\x02\n\x0bUsageRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12%\n\x05usage\x18\x05 \x01(\x0b\x32\x16.llmmesh.v1.TokenUsage\x12/\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x18.llmmesh.v1.FinishReason\x12,\n\x08\x65nd_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1c\n\x14\x63ontinues_request_id\x18\x08 \x01(\t\x12\x10\n\x08\x65nd_user\x18\t \x01(\t\x12)\n\x07purpose\x18\n \x01(\x0e\x32\x18.llmmesh.v1.UsagePurpose\">\n\x12RecordUsageRequest\x12(\n\x07records\x18\x01 \x03(\x0b\x32\x17.llmmesh.v1.UsageRecord\";\n\x13RecordUsageResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"F\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06period\x18\x02 \x01(\t\x12\x10\n\x08\x65nd_user\x18\x03 \x01(\t\"\x9b\x01\n\x10GetUsageResponse\x12\x0e\n\x06period\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\t\x12\x10\n\x08requests\x18\x05 \x01(\x03\x12&\n\x06models\x18\x06 \x03(\x0b\x32\x16.llmmesh.v1.ModelUsage\"\x97\x01\n\nModelUsage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\x12\x10\n\x08\x63ost_usd\x18\x05 \x01(\t\x12)\n\x07purpose\x18\x06 \x01(\x0e\x32\x18.llmmesh.v1.UsagePurpose\"O\n\x15ReconcileUsageRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x13\n\x0brequest_ids\x18\x02 \x03(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\"5\n\x16ReconcileUsageResponse\x12\x1b\n\x13missing_request_ids\x18\x01 \x03(\t*z\n\x0cUsagePurpose\x12\x1d\n\x19USAGE_PURPOSE_UNSPECIFIED\x10\x00\x12\x16\n\x12USAGE_PURPOSE_TURN\x10\x01\x12\x19\n\x15USAGE_PURPOSE_SUMMARY\x10\x02\x12\x18\n\x14USAGE_PURPOSE_MEMORY\x10\x03\x32\x80\x02\n\x0e\x42illingService\x12N\n\x0bRecordUsage\x12\x1e.llmmesh.v1.RecordUsageRequest\x1a\x1f.llmmesh.v1.RecordUsageResponse\x12\x45\n\x08GetUsage\x12\x1b.llmmesh.v1.GetUsageRequest\x1a\x1c.llmmesh.v1.GetUsageResponse\x12W\n\x0eReconcileUsage\x12!.llmmesh.v1.ReconcileUsageRequest\x1a\".llmmesh.v1.ReconcileUsageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.billing_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_USAGEPURPOSE']._serialized_start=1062
+  _globals['_USAGEPURPOSE']._serialized_end=1184
   _globals['_USAGERECORD']._serialized_start=107
-  _globals['_USAGERECORD']._serialized_end=372
-  _globals['_RECORDUSAGEREQUEST']._serialized_start=374
-  _globals['_RECORDUSAGEREQUEST']._serialized_end=436
-  _globals['_RECORDUSAGERESPONSE']._serialized_start=438
-  _globals['_RECORDUSAGERESPONSE']._serialized_end=497
-  _globals['_GETUSAGEREQUEST']._serialized_start=499
-  _globals['_GETUSAGEREQUEST']._serialized_end=569
-  _globals['_GETUSAGERESPONSE']._serialized_start=572
-  _globals['_GETUSAGERESPONSE']._serialized_end=727
-  _globals['_MODELUSAGE']._serialized_start=729
-  _globals['_MODELUSAGE']._serialized_end=837
-  _globals['_RECONCILEUSAGEREQUEST']._serialized_start=839
-  _globals['_RECONCILEUSAGEREQUEST']._serialized_end=918
-  _globals['_RECONCILEUSAGERESPONSE']._serialized_start=920
-  _globals['_RECONCILEUSAGERESPONSE']._serialized_end=973
-  _globals['_BILLINGSERVICE']._serialized_start=976
-  _globals['_BILLINGSERVICE']._serialized_end=1232
+  _globals['_USAGERECORD']._serialized_end=415
+  _globals['_RECORDUSAGEREQUEST']._serialized_start=417
+  _globals['_RECORDUSAGEREQUEST']._serialized_end=479
+  _globals['_RECORDUSAGERESPONSE']._serialized_start=481
+  _globals['_RECORDUSAGERESPONSE']._serialized_end=540
+  _globals['_GETUSAGEREQUEST']._serialized_start=542
+  _globals['_GETUSAGEREQUEST']._serialized_end=612
+  _globals['_GETUSAGERESPONSE']._serialized_start=615
+  _globals['_GETUSAGERESPONSE']._serialized_end=770
+  _globals['_MODELUSAGE']._serialized_start=773
+  _globals['_MODELUSAGE']._serialized_end=924
+  _globals['_RECONCILEUSAGEREQUEST']._serialized_start=926
+  _globals['_RECONCILEUSAGEREQUEST']._serialized_end=1005
+  _globals['_RECONCILEUSAGERESPONSE']._serialized_start=1007
+  _globals['_RECONCILEUSAGERESPONSE']._serialized_end=1060
+  _globals['_BILLINGSERVICE']._serialized_start=1187
+  _globals['_BILLINGSERVICE']._serialized_end=1443
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from llmmesh.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -19,6 +20,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _UsagePurpose:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _UsagePurposeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_UsagePurpose.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    USAGE_PURPOSE_UNSPECIFIED: _UsagePurpose.ValueType  # 0
+    """Not set: a turn."""
+    USAGE_PURPOSE_TURN: _UsagePurpose.ValueType  # 1
+    """A tenant's turn."""
+    USAGE_PURPOSE_SUMMARY: _UsagePurpose.ValueType  # 2
+    """The summary of a long conversation branch, written in the background."""
+    USAGE_PURPOSE_MEMORY: _UsagePurpose.ValueType  # 3
+    """The extraction of an end user's facts from a turn, in the background."""
+
+class UsagePurpose(_UsagePurpose, metaclass=_UsagePurposeEnumTypeWrapper):
+    """What metered tokens were spent on."""
+
+USAGE_PURPOSE_UNSPECIFIED: UsagePurpose.ValueType  # 0
+"""Not set: a turn."""
+USAGE_PURPOSE_TURN: UsagePurpose.ValueType  # 1
+"""A tenant's turn."""
+USAGE_PURPOSE_SUMMARY: UsagePurpose.ValueType  # 2
+"""The summary of a long conversation branch, written in the background."""
+USAGE_PURPOSE_MEMORY: UsagePurpose.ValueType  # 3
+"""The extraction of an end user's facts from a turn, in the background."""
+Global___UsagePurpose: _TypeAlias = UsagePurpose  # noqa: Y015
 
 @_typing.final
 class UsageRecord(_message.Message):
@@ -35,6 +64,7 @@ class UsageRecord(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     CONTINUES_REQUEST_ID_FIELD_NUMBER: _builtins.int
     END_USER_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The turn's request id; with the tenant, the idempotency key (tenants'
     request ids never collide).
@@ -54,9 +84,17 @@ class UsageRecord(_message.Message):
     """
     end_user: _builtins.str
     """The end user the tenant said the turn served (OpenAI's `user` or
-    `safety_identifier`): an opaque id of at most 256 printable characters,
-    kept so an operator can find an abusive end user's usage. Empty when
-    the request named none.
+    `safety_identifier`), as its pseudonym: "eup1_" then 26 lowercase base32
+    characters, computed in the tenant's zone
+    (EndUserService.PseudonymizeEndUser), for end-user ids never leave their
+    zone. Kept so an operator can find an abusive end user's usage. Empty
+    when the request named none; any other value is refused.
+    """
+    purpose: Global___UsagePurpose.ValueType
+    """What the tokens were spent on: the tenant's turn, or background work the
+    mesh did for the tenant's conversations (a summary, a memory
+    extraction). Background records add tokens and cost, not requests.
+    Unspecified is a turn.
     """
     @_builtins.property
     def usage(self) -> _common_pb2.TokenUsage:
@@ -78,10 +116,11 @@ class UsageRecord(_message.Message):
         end_time: _timestamp_pb2.Timestamp | None = ...,
         continues_request_id: _builtins.str = ...,
         end_user: _builtins.str = ...,
+        purpose: Global___UsagePurpose.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues_request_id", b"continues_request_id", "end_time", b"end_time", "end_user", b"end_user", "finish_reason", b"finish_reason", "model", b"model", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["continues_request_id", b"continues_request_id", "end_time", b"end_time", "end_user", b"end_user", "finish_reason", b"finish_reason", "model", b"model", "purpose", b"purpose", "region", b"region", "request_id", b"request_id", "tenant_id", b"tenant_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -151,8 +190,9 @@ class GetUsageRequest(_message.Message):
     period: _builtins.str
     """Calendar month "YYYY-MM" (UTC); empty for the current one."""
     end_user: _builtins.str
-    """When set, only the turns the tenant made for this end user (see
-    UsageRecord.end_user) are totalled.
+    """When set, only the turns the tenant made for this end user are
+    totalled: its pseudonym (see UsageRecord.end_user); anything else is
+    INVALID_ARGUMENT (END_USER_NOT_PSEUDONYMOUS).
     """
     def __init__(
         self,
@@ -224,6 +264,7 @@ class ModelUsage(_message.Message):
     INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     COST_USD_FIELD_NUMBER: _builtins.int
+    PURPOSE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model that ran the turns."""
     requests: _builtins.int
@@ -234,6 +275,10 @@ class ModelUsage(_message.Message):
     """Output tokens."""
     cost_usd: _builtins.str
     """Cost in USD at the model's prices, as an exact decimal string."""
+    purpose: Global___UsagePurpose.ValueType
+    """What the tokens were spent on: turns, or one kind of background work
+    (each model's background work is a line of its own).
+    """
     def __init__(
         self,
         *,
@@ -242,10 +287,11 @@ class ModelUsage(_message.Message):
         input_tokens: _builtins.int = ...,
         output_tokens: _builtins.int = ...,
         cost_usd: _builtins.str = ...,
+        purpose: Global___UsagePurpose.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_usd", b"cost_usd", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "purpose", b"purpose", "requests", b"requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1298,6 +1298,60 @@ class Branch(_message.Message):
 Global___Branch: _TypeAlias = Branch  # noqa: Y015
 
 @_typing.final
+class SettleTurnRequest(_message.Message):
+    """Asks to settle a failed turn's usage to what its client received."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    DELIVERED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The turn's original request id (its stream id), not a continuation's."""
+    delivered_output_tokens: _builtins.int
+    """Output tokens the client received of the whole turn, across its regions."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        delivered_output_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivered_output_tokens", b"delivered_output_tokens", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleTurnRequest: _TypeAlias = SettleTurnRequest  # noqa: Y015
+
+@_typing.final
+class SettleTurnResponse(_message.Message):
+    """How the turn is billed after the settlement."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BILLED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OVER_BILLED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    billed_output_tokens: _builtins.int
+    """Output tokens the turn's usage rows bill now."""
+    over_billed_output_tokens: _builtins.int
+    """Output tokens billing had already taken beyond what was delivered (rows
+    shipped before the settlement are not changed); 0 when exact.
+    """
+    def __init__(
+        self,
+        *,
+        billed_output_tokens: _builtins.int = ...,
+        over_billed_output_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["billed_output_tokens", b"billed_output_tokens", "over_billed_output_tokens", b"over_billed_output_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleTurnResponse: _TypeAlias = SettleTurnResponse  # noqa: Y015
+
+@_typing.final
 class GetRegionInfoRequest(_message.Message):
     """Asks for the region's description."""
 

@@ -82,6 +82,11 @@ class ChatServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoResponse.FromString,
                 _registered_method=True)
+        self.SettleTurn = channel.unary_unary(
+                '/llmmesh.v1.ChatService/SettleTurn',
+                request_serializer=llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -162,6 +167,17 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SettleTurn(self, request, context):
+        """Settles the usage of a turn that failed by the mesh's fault (its
+        stream broke and no region of the zone could continue it) to the output
+        its client received: the turn's usage rows across the zone are billed
+        at most that many output tokens, and a region recording the turn later
+        adds nothing. Only an edge may call it, with the turn's API key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +225,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.GetRegionInfo,
                     request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoResponse.SerializeToString,
+            ),
+            'SettleTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.SettleTurn,
+                    request_deserializer=llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -457,6 +478,33 @@ class ChatService:
             '/llmmesh.v1.ChatService/GetRegionInfo',
             llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoRequest.SerializeToString,
             llmmesh_dot_v1_dot_chat__service__pb2.GetRegionInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SettleTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.ChatService/SettleTurn',
+            llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnRequest.SerializeToString,
+            llmmesh_dot_v1_dot_chat__service__pb2.SettleTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

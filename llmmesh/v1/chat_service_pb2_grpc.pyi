@@ -65,6 +65,13 @@ class ChatServiceStub:
     """Lists the branches of a conversation's tree, newest first."""
     GetRegionInfo: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.GetRegionInfoRequest, _chat_service_pb2.GetRegionInfoResponse]
     """Describes the region: zone, models, health."""
+    SettleTurn: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.SettleTurnRequest, _chat_service_pb2.SettleTurnResponse]
+    """Settles the usage of a turn that failed by the mesh's fault (its
+    stream broke and no region of the zone could continue it) to the output
+    its client received: the turn's usage rows across the zone are billed
+    at most that many output tokens, and a region recording the turn later
+    adds nothing. Only an edge may call it, with the turn's API key.
+    """
 
 @_typing.type_check_only
 class ChatServiceAsyncStub(ChatServiceStub):
@@ -103,6 +110,13 @@ class ChatServiceAsyncStub(ChatServiceStub):
     """Lists the branches of a conversation's tree, newest first."""
     GetRegionInfo: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.GetRegionInfoRequest, _chat_service_pb2.GetRegionInfoResponse]  # type: ignore[assignment]
     """Describes the region: zone, models, health."""
+    SettleTurn: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.SettleTurnRequest, _chat_service_pb2.SettleTurnResponse]  # type: ignore[assignment]
+    """Settles the usage of a turn that failed by the mesh's fault (its
+    stream broke and no region of the zone could continue it) to the output
+    its client received: the turn's usage rows across the zone are billed
+    at most that many output tokens, and a region recording the turn later
+    adds nothing. Only an edge may call it, with the turn's API key.
+    """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
     """The region plane's public face: token streams and the zone-bound
@@ -192,5 +206,18 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_chat_service_pb2.GetRegionInfoResponse, _abc.Awaitable[_chat_service_pb2.GetRegionInfoResponse]]:
         """Describes the region: zone, models, health."""
+
+    @_abc_1.abstractmethod
+    def SettleTurn(
+        self,
+        request: _chat_service_pb2.SettleTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_chat_service_pb2.SettleTurnResponse, _abc.Awaitable[_chat_service_pb2.SettleTurnResponse]]:
+        """Settles the usage of a turn that failed by the mesh's fault (its
+        stream broke and no region of the zone could continue it) to the output
+        its client received: the turn's usage rows across the zone are billed
+        at most that many output tokens, and a region recording the turn later
+        adds nothing. Only an edge may call it, with the turn's API key.
+        """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -125,7 +125,9 @@ class DeleteMemoriesRequest(_message.Message):
     memory_id: _builtins.str
     """One fact to delete; empty to delete every fact of user."""
     user: _builtins.str
-    """The end user whose facts to delete when memory_id is empty."""
+    """The end user whose facts to delete when memory_id is empty; with
+    memory_id, the fact is deleted only if it is about this user.
+    """
     def __init__(
         self,
         *,

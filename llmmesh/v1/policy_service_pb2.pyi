@@ -37,6 +37,11 @@ class Tenant(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     CONVERSATION_RETENTION_DAYS_FIELD_NUMBER: _builtins.int
     MEMORY_ENABLED_FIELD_NUMBER: _builtins.int
+    MAX_FILES_FIELD_NUMBER: _builtins.int
+    MAX_VECTOR_STORES_FIELD_NUMBER: _builtins.int
+    MAX_MEMORIES_PER_USER_FIELD_NUMBER: _builtins.int
+    DELETE_TIME_FIELD_NUMBER: _builtins.int
+    BACKGROUND_TOKENS_PER_DAY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Opaque id, "ten_<random>"."""
     name: _builtins.str
@@ -59,6 +64,18 @@ class Tenant(_message.Message):
     """Whether the mesh keeps facts about the tenant's end users (learned from
     their turns, put in their later turns' context); off unless set.
     """
+    max_files: _builtins.int
+    """Most files the tenant may keep in its zone; 0 means the region's default."""
+    max_vector_stores: _builtins.int
+    """Most vector stores the tenant may keep in its zone; 0 means the region's default."""
+    max_memories_per_user: _builtins.int
+    """Most facts kept about one end user (the oldest go first); 0 means the region's default."""
+    background_tokens_per_day: _builtins.int
+    """Most tokens a day (UTC) the mesh spends on background work for the
+    tenant (conversation summaries, memory extraction); work past it is
+    skipped (the TPM limit and monthly quota apply to it too). 0 means the
+    region's default.
+    """
     @_builtins.property
     def allowed_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Models it may use; empty means all models of its tier."""
@@ -66,6 +83,10 @@ class Tenant(_message.Message):
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
+
+    @_builtins.property
+    def delete_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was deleted; unset while it exists."""
 
     def __init__(
         self,
@@ -81,10 +102,15 @@ class Tenant(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         conversation_retention_days: _builtins.int = ...,
         memory_enabled: _builtins.bool = ...,
+        max_files: _builtins.int = ...,
+        max_vector_stores: _builtins.int = ...,
+        max_memories_per_user: _builtins.int = ...,
+        delete_time: _timestamp_pb2.Timestamp | None = ...,
+        background_tokens_per_day: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "delete_time", b"delete_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "conversation_retention_days", b"conversation_retention_days", "create_time", b"create_time", "id", b"id", "memory_enabled", b"memory_enabled", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_models", b"allowed_models", "background_tokens_per_day", b"background_tokens_per_day", "conversation_retention_days", b"conversation_retention_days", "create_time", b"create_time", "delete_time", b"delete_time", "id", b"id", "max_files", b"max_files", "max_memories_per_user", b"max_memories_per_user", "max_vector_stores", b"max_vector_stores", "memory_enabled", b"memory_enabled", "monthly_token_quota", b"monthly_token_quota", "name", b"name", "rpm_limit", b"rpm_limit", "tier", b"tier", "tpm_limit", b"tpm_limit", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -189,6 +215,7 @@ class PolicySnapshot(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    DELETED_TENANT_IDS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Increases with every policy change."""
     zone: _builtins.str
@@ -205,6 +232,10 @@ class PolicySnapshot(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was taken."""
 
+    @_builtins.property
+    def deleted_tenant_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of the zone's deleted tenants, whose zone-bound data regions purge."""
+
     def __init__(
         self,
         *,
@@ -213,10 +244,11 @@ class PolicySnapshot(_message.Message):
         tenants: _abc.Iterable[Global___Tenant] | None = ...,
         keys: _abc.Iterable[Global___KeyRecord] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        deleted_tenant_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "keys", b"keys", "tenants", b"tenants", "version", b"version", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "deleted_tenant_ids", b"deleted_tenant_ids", "keys", b"keys", "tenants", b"tenants", "version", b"version", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,6 +261,11 @@ class CreateTenantRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    ALLOW_EMPTY_ZONE_FIELD_NUMBER: _builtins.int
+    allow_empty_zone: _builtins.bool
+    """Create it even when its zone is neither configured on the global plane
+    nor served by any region that has reported (the regions come later).
+    """
     @_builtins.property
     def tenant(self) -> Global___Tenant:
         """The tenant; id and create_time are set by the server."""
@@ -237,10 +274,11 @@ class CreateTenantRequest(_message.Message):
         self,
         *,
         tenant: Global___Tenant | None = ...,
+        allow_empty_zone: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_empty_zone", b"allow_empty_zone", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -427,6 +465,56 @@ class UpdateTenantResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateTenantResponse: _TypeAlias = UpdateTenantResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTenantRequest(_message.Message):
+    """Asks to delete a tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Its id or its name."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantRequest: _TypeAlias = DeleteTenantRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTenantResponse(_message.Message):
+    """The deleted tenant."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    REVOKED_KEYS_FIELD_NUMBER: _builtins.int
+    revoked_keys: _builtins.int
+    """How many of its keys this deletion revoked (those still active)."""
+    @_builtins.property
+    def tenant(self) -> Global___Tenant:
+        """The tenant, delete_time set."""
+
+    def __init__(
+        self,
+        *,
+        tenant: Global___Tenant | None = ...,
+        revoked_keys: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked_keys", b"revoked_keys", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTenantResponse: _TypeAlias = DeleteTenantResponse  # noqa: Y015
 
 @_typing.final
 class CreateApiKeyRequest(_message.Message):

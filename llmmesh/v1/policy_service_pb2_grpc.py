@@ -55,6 +55,11 @@ class PolicyServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantResponse.FromString,
                 _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/llmmesh.v1.PolicyService/DeleteTenant',
+                request_serializer=llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantResponse.FromString,
+                _registered_method=True)
         self.CreateApiKey = channel.unary_unary(
                 '/llmmesh.v1.PolicyService/CreateApiKey',
                 request_serializer=llmmesh_dot_v1_dot_policy__service__pb2.CreateApiKeyRequest.SerializeToString,
@@ -114,6 +119,16 @@ class PolicyServiceServicer:
 
     def UpdateTenant(self, request, context):
         """Changes a tenant's tier, limits or models; its zone never changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Deletes a tenant: its keys are revoked at once, regions refuse it from
+        their next policy snapshot and purge its zone-bound data (conversations,
+        files, vector stores, memories); its usage records stay for billing and
+        audit, and its name stays taken.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +199,11 @@ def add_PolicyServiceServicer_to_server(servicer, server):
                     servicer.UpdateTenant,
                     request_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantResponse.SerializeToString,
             ),
             'CreateApiKey': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateApiKey,
@@ -325,6 +345,33 @@ class PolicyService:
             '/llmmesh.v1.PolicyService/UpdateTenant',
             llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantRequest.SerializeToString,
             llmmesh_dot_v1_dot_policy__service__pb2.UpdateTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.PolicyService/DeleteTenant',
+            llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantRequest.SerializeToString,
+            llmmesh_dot_v1_dot_policy__service__pb2.DeleteTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,12 @@ class PolicyServiceStub:
     """Lists tenants by name."""
     UpdateTenant: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.UpdateTenantRequest, _policy_service_pb2.UpdateTenantResponse]
     """Changes a tenant's tier, limits or models; its zone never changes."""
+    DeleteTenant: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.DeleteTenantRequest, _policy_service_pb2.DeleteTenantResponse]
+    """Deletes a tenant: its keys are revoked at once, regions refuse it from
+    their next policy snapshot and purge its zone-bound data (conversations,
+    files, vector stores, memories); its usage records stay for billing and
+    audit, and its name stays taken.
+    """
     CreateApiKey: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.CreateApiKeyRequest, _policy_service_pb2.CreateApiKeyResponse]
     """Creates an API key; the secret is returned once and stored hashed."""
     RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_policy_service_pb2.RevokeApiKeyRequest, _policy_service_pb2.RevokeApiKeyResponse]
@@ -69,6 +75,12 @@ class PolicyServiceAsyncStub(PolicyServiceStub):
     """Lists tenants by name."""
     UpdateTenant: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.UpdateTenantRequest, _policy_service_pb2.UpdateTenantResponse]  # type: ignore[assignment]
     """Changes a tenant's tier, limits or models; its zone never changes."""
+    DeleteTenant: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.DeleteTenantRequest, _policy_service_pb2.DeleteTenantResponse]  # type: ignore[assignment]
+    """Deletes a tenant: its keys are revoked at once, regions refuse it from
+    their next policy snapshot and purge its zone-bound data (conversations,
+    files, vector stores, memories); its usage records stay for billing and
+    audit, and its name stays taken.
+    """
     CreateApiKey: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.CreateApiKeyRequest, _policy_service_pb2.CreateApiKeyResponse]  # type: ignore[assignment]
     """Creates an API key; the secret is returned once and stored hashed."""
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_policy_service_pb2.RevokeApiKeyRequest, _policy_service_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
@@ -118,6 +130,18 @@ class PolicyServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_policy_service_pb2.UpdateTenantResponse, _abc.Awaitable[_policy_service_pb2.UpdateTenantResponse]]:
         """Changes a tenant's tier, limits or models; its zone never changes."""
+
+    @_abc_1.abstractmethod
+    def DeleteTenant(
+        self,
+        request: _policy_service_pb2.DeleteTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_policy_service_pb2.DeleteTenantResponse, _abc.Awaitable[_policy_service_pb2.DeleteTenantResponse]]:
+        """Deletes a tenant: its keys are revoked at once, regions refuse it from
+        their next policy snapshot and purge its zone-bound data (conversations,
+        files, vector stores, memories); its usage records stay for billing and
+        audit, and its name stays taken.
+        """
 
     @_abc_1.abstractmethod
     def CreateApiKey(

@@ -931,6 +931,298 @@ class DeleteVectorStoreFileResponse(_message.Message):
 Global___DeleteVectorStoreFileResponse: _TypeAlias = DeleteVectorStoreFileResponse  # noqa: Y015
 
 @_typing.final
+class VectorStoreFileBatch(_message.Message):
+    """A batch of files added to a vector store together."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    FILE_COUNTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Its id, "vsfb_" then its zone and a random part."""
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    created_at: _builtins.int
+    """When it was created, seconds since the epoch."""
+    status: _builtins.str
+    """"completed" (every file processed), "in_progress", "cancelled" or "failed"."""
+    @_builtins.property
+    def file_counts(self) -> Global___VectorStoreFileCounts:
+        """Its files still in the vector store, by state."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        vector_store_id: _builtins.str = ...,
+        created_at: _builtins.int = ...,
+        status: _builtins.str = ...,
+        file_counts: Global___VectorStoreFileCounts | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["file_counts", b"file_counts"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "file_counts", b"file_counts", "id", b"id", "status", b"status", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VectorStoreFileBatch: _TypeAlias = VectorStoreFileBatch  # noqa: Y015
+
+@_typing.final
+class VectorStoreFileBatchFile(_message.Message):
+    """One file of a CreateVectorStoreFileBatchRequest and how to chunk it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILE_ID_FIELD_NUMBER: _builtins.int
+    MAX_CHUNK_CHARS_FIELD_NUMBER: _builtins.int
+    CHUNK_OVERLAP_CHARS_FIELD_NUMBER: _builtins.int
+    file_id: _builtins.str
+    """The file's id."""
+    max_chunk_chars: _builtins.int
+    """Characters per chunk; 0 for the region's default."""
+    chunk_overlap_chars: _builtins.int
+    """Characters shared by consecutive chunks; 0 for the region's default."""
+    def __init__(
+        self,
+        *,
+        file_id: _builtins.str = ...,
+        max_chunk_chars: _builtins.int = ...,
+        chunk_overlap_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_overlap_chars", b"chunk_overlap_chars", "file_id", b"file_id", "max_chunk_chars", b"max_chunk_chars"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VectorStoreFileBatchFile: _TypeAlias = VectorStoreFileBatchFile  # noqa: Y015
+
+@_typing.final
+class CreateVectorStoreFileBatchRequest(_message.Message):
+    """Adds files to a vector store as one batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    user: _builtins.str
+    """End user on whose behalf the embeddings are made (logged and billed)."""
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___VectorStoreFileBatchFile]:
+        """The files, 1 to 500, each named once."""
+
+    def __init__(
+        self,
+        *,
+        vector_store_id: _builtins.str = ...,
+        files: _abc.Iterable[Global___VectorStoreFileBatchFile] | None = ...,
+        user: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "user", b"user", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateVectorStoreFileBatchRequest: _TypeAlias = CreateVectorStoreFileBatchRequest  # noqa: Y015
+
+@_typing.final
+class CreateVectorStoreFileBatchResponse(_message.Message):
+    """The batch as created."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batch(self) -> Global___VectorStoreFileBatch:
+        """The batch."""
+
+    def __init__(
+        self,
+        *,
+        batch: Global___VectorStoreFileBatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateVectorStoreFileBatchResponse: _TypeAlias = CreateVectorStoreFileBatchResponse  # noqa: Y015
+
+@_typing.final
+class GetVectorStoreFileBatchRequest(_message.Message):
+    """Describes one file batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    batch_id: _builtins.str
+    """The batch's id."""
+    def __init__(
+        self,
+        *,
+        vector_store_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVectorStoreFileBatchRequest: _TypeAlias = GetVectorStoreFileBatchRequest  # noqa: Y015
+
+@_typing.final
+class GetVectorStoreFileBatchResponse(_message.Message):
+    """One file batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batch(self) -> Global___VectorStoreFileBatch:
+        """The batch."""
+
+    def __init__(
+        self,
+        *,
+        batch: Global___VectorStoreFileBatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVectorStoreFileBatchResponse: _TypeAlias = GetVectorStoreFileBatchResponse  # noqa: Y015
+
+@_typing.final
+class CancelVectorStoreFileBatchRequest(_message.Message):
+    """Cancels a file batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    batch_id: _builtins.str
+    """The batch's id."""
+    def __init__(
+        self,
+        *,
+        vector_store_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelVectorStoreFileBatchRequest: _TypeAlias = CancelVectorStoreFileBatchRequest  # noqa: Y015
+
+@_typing.final
+class CancelVectorStoreFileBatchResponse(_message.Message):
+    """The batch as cancelled."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batch(self) -> Global___VectorStoreFileBatch:
+        """The batch."""
+
+    def __init__(
+        self,
+        *,
+        batch: Global___VectorStoreFileBatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelVectorStoreFileBatchResponse: _TypeAlias = CancelVectorStoreFileBatchResponse  # noqa: Y015
+
+@_typing.final
+class ListVectorStoreFileBatchFilesRequest(_message.Message):
+    """Lists the files of a file batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    vector_store_id: _builtins.str
+    """The vector store's id."""
+    batch_id: _builtins.str
+    """The batch's id."""
+    page_size: _builtins.int
+    """Most items to return; 0 means 20, at most 100."""
+    page_token: _builtins.str
+    """Start after this file (an id from an earlier page); empty for the first page."""
+    status: _builtins.str
+    """Only files in this state ("in_progress", "completed", "failed" or "cancelled"); empty for all."""
+    def __init__(
+        self,
+        *,
+        vector_store_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "page_size", b"page_size", "page_token", b"page_token", "status", b"status", "vector_store_id", b"vector_store_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListVectorStoreFileBatchFilesRequest: _TypeAlias = ListVectorStoreFileBatchFilesRequest  # noqa: Y015
+
+@_typing.final
+class ListVectorStoreFileBatchFilesResponse(_message.Message):
+    """A page of a file batch's files."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VECTOR_STORE_FILES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """The token of the next page; empty on the last."""
+    @_builtins.property
+    def vector_store_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___VectorStoreFile]:
+        """The files, newest first."""
+
+    def __init__(
+        self,
+        *,
+        vector_store_files: _abc.Iterable[Global___VectorStoreFile] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "vector_store_files", b"vector_store_files"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListVectorStoreFileBatchFilesResponse: _TypeAlias = ListVectorStoreFileBatchFilesResponse  # noqa: Y015
+
+@_typing.final
 class SearchVectorStoresRequest(_message.Message):
     """Searches vector stores."""
 

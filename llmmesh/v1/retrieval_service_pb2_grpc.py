@@ -104,6 +104,26 @@ class RetrievalServiceStub:
                 request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileRequest.SerializeToString,
                 response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileResponse.FromString,
                 _registered_method=True)
+        self.CreateVectorStoreFileBatch = channel.unary_unary(
+                '/llmmesh.v1.RetrievalService/CreateVectorStoreFileBatch',
+                request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchResponse.FromString,
+                _registered_method=True)
+        self.GetVectorStoreFileBatch = channel.unary_unary(
+                '/llmmesh.v1.RetrievalService/GetVectorStoreFileBatch',
+                request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchResponse.FromString,
+                _registered_method=True)
+        self.CancelVectorStoreFileBatch = channel.unary_unary(
+                '/llmmesh.v1.RetrievalService/CancelVectorStoreFileBatch',
+                request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchResponse.FromString,
+                _registered_method=True)
+        self.ListVectorStoreFileBatchFiles = channel.unary_unary(
+                '/llmmesh.v1.RetrievalService/ListVectorStoreFileBatchFiles',
+                request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesRequest.SerializeToString,
+                response_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesResponse.FromString,
+                _registered_method=True)
         self.SearchVectorStores = channel.unary_unary(
                 '/llmmesh.v1.RetrievalService/SearchVectorStores',
                 request_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.SearchVectorStoresRequest.SerializeToString,
@@ -210,6 +230,36 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateVectorStoreFileBatch(self, request, context):
+        """Adds files to a vector store as one batch, each as CreateVectorStoreFile
+        adds one (chunked and embedded before the answer), and records the batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVectorStoreFileBatch(self, request, context):
+        """Describes one file batch of a vector store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelVectorStoreFileBatch(self, request, context):
+        """Cancels a file batch still in progress; FAILED_PRECONDITION for one that is
+        finished, as every batch is when its creation answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVectorStoreFileBatchFiles(self, request, context):
+        """Lists the files a batch added that are still in the vector store, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SearchVectorStores(self, request, context):
         """Searches vector stores: vector and full-text rankings fused by reciprocal rank.
         """
@@ -284,6 +334,26 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.DeleteVectorStoreFile,
                     request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileRequest.FromString,
                     response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileResponse.SerializeToString,
+            ),
+            'CreateVectorStoreFileBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVectorStoreFileBatch,
+                    request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchResponse.SerializeToString,
+            ),
+            'GetVectorStoreFileBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVectorStoreFileBatch,
+                    request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchResponse.SerializeToString,
+            ),
+            'CancelVectorStoreFileBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelVectorStoreFileBatch,
+                    request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchResponse.SerializeToString,
+            ),
+            'ListVectorStoreFileBatchFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVectorStoreFileBatchFiles,
+                    request_deserializer=llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesRequest.FromString,
+                    response_serializer=llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesResponse.SerializeToString,
             ),
             'SearchVectorStores': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchVectorStores,
@@ -647,6 +717,114 @@ class RetrievalService:
             '/llmmesh.v1.RetrievalService/DeleteVectorStoreFile',
             llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileRequest.SerializeToString,
             llmmesh_dot_v1_dot_retrieval__service__pb2.DeleteVectorStoreFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateVectorStoreFileBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.RetrievalService/CreateVectorStoreFileBatch',
+            llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchRequest.SerializeToString,
+            llmmesh_dot_v1_dot_retrieval__service__pb2.CreateVectorStoreFileBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVectorStoreFileBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.RetrievalService/GetVectorStoreFileBatch',
+            llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchRequest.SerializeToString,
+            llmmesh_dot_v1_dot_retrieval__service__pb2.GetVectorStoreFileBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelVectorStoreFileBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.RetrievalService/CancelVectorStoreFileBatch',
+            llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchRequest.SerializeToString,
+            llmmesh_dot_v1_dot_retrieval__service__pb2.CancelVectorStoreFileBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVectorStoreFileBatchFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmmesh.v1.RetrievalService/ListVectorStoreFileBatchFiles',
+            llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesRequest.SerializeToString,
+            llmmesh_dot_v1_dot_retrieval__service__pb2.ListVectorStoreFileBatchFilesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,18 @@ class RetrievalServiceStub:
     """Lists the files of a vector store, newest first."""
     DeleteVectorStoreFile: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.DeleteVectorStoreFileRequest, _retrieval_service_pb2.DeleteVectorStoreFileResponse]
     """Removes a file from a vector store (the file stays)."""
+    CreateVectorStoreFileBatch: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.CreateVectorStoreFileBatchRequest, _retrieval_service_pb2.CreateVectorStoreFileBatchResponse]
+    """Adds files to a vector store as one batch, each as CreateVectorStoreFile
+    adds one (chunked and embedded before the answer), and records the batch.
+    """
+    GetVectorStoreFileBatch: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.GetVectorStoreFileBatchRequest, _retrieval_service_pb2.GetVectorStoreFileBatchResponse]
+    """Describes one file batch of a vector store."""
+    CancelVectorStoreFileBatch: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.CancelVectorStoreFileBatchRequest, _retrieval_service_pb2.CancelVectorStoreFileBatchResponse]
+    """Cancels a file batch still in progress; FAILED_PRECONDITION for one that is
+    finished, as every batch is when its creation answers.
+    """
+    ListVectorStoreFileBatchFiles: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.ListVectorStoreFileBatchFilesRequest, _retrieval_service_pb2.ListVectorStoreFileBatchFilesResponse]
+    """Lists the files a batch added that are still in the vector store, newest first."""
     SearchVectorStores: _grpc.UnaryUnaryMultiCallable[_retrieval_service_pb2.SearchVectorStoresRequest, _retrieval_service_pb2.SearchVectorStoresResponse]
     """Searches vector stores: vector and full-text rankings fused by reciprocal rank."""
 
@@ -103,6 +115,18 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Lists the files of a vector store, newest first."""
     DeleteVectorStoreFile: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.DeleteVectorStoreFileRequest, _retrieval_service_pb2.DeleteVectorStoreFileResponse]  # type: ignore[assignment]
     """Removes a file from a vector store (the file stays)."""
+    CreateVectorStoreFileBatch: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.CreateVectorStoreFileBatchRequest, _retrieval_service_pb2.CreateVectorStoreFileBatchResponse]  # type: ignore[assignment]
+    """Adds files to a vector store as one batch, each as CreateVectorStoreFile
+    adds one (chunked and embedded before the answer), and records the batch.
+    """
+    GetVectorStoreFileBatch: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.GetVectorStoreFileBatchRequest, _retrieval_service_pb2.GetVectorStoreFileBatchResponse]  # type: ignore[assignment]
+    """Describes one file batch of a vector store."""
+    CancelVectorStoreFileBatch: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.CancelVectorStoreFileBatchRequest, _retrieval_service_pb2.CancelVectorStoreFileBatchResponse]  # type: ignore[assignment]
+    """Cancels a file batch still in progress; FAILED_PRECONDITION for one that is
+    finished, as every batch is when its creation answers.
+    """
+    ListVectorStoreFileBatchFiles: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.ListVectorStoreFileBatchFilesRequest, _retrieval_service_pb2.ListVectorStoreFileBatchFilesResponse]  # type: ignore[assignment]
+    """Lists the files a batch added that are still in the vector store, newest first."""
     SearchVectorStores: _aio.UnaryUnaryMultiCallable[_retrieval_service_pb2.SearchVectorStoresRequest, _retrieval_service_pb2.SearchVectorStoresResponse]  # type: ignore[assignment]
     """Searches vector stores: vector and full-text rankings fused by reciprocal rank."""
 
@@ -217,6 +241,42 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_service_pb2.DeleteVectorStoreFileResponse, _abc.Awaitable[_retrieval_service_pb2.DeleteVectorStoreFileResponse]]:
         """Removes a file from a vector store (the file stays)."""
+
+    @_abc_1.abstractmethod
+    def CreateVectorStoreFileBatch(
+        self,
+        request: _retrieval_service_pb2.CreateVectorStoreFileBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_service_pb2.CreateVectorStoreFileBatchResponse, _abc.Awaitable[_retrieval_service_pb2.CreateVectorStoreFileBatchResponse]]:
+        """Adds files to a vector store as one batch, each as CreateVectorStoreFile
+        adds one (chunked and embedded before the answer), and records the batch.
+        """
+
+    @_abc_1.abstractmethod
+    def GetVectorStoreFileBatch(
+        self,
+        request: _retrieval_service_pb2.GetVectorStoreFileBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_service_pb2.GetVectorStoreFileBatchResponse, _abc.Awaitable[_retrieval_service_pb2.GetVectorStoreFileBatchResponse]]:
+        """Describes one file batch of a vector store."""
+
+    @_abc_1.abstractmethod
+    def CancelVectorStoreFileBatch(
+        self,
+        request: _retrieval_service_pb2.CancelVectorStoreFileBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_service_pb2.CancelVectorStoreFileBatchResponse, _abc.Awaitable[_retrieval_service_pb2.CancelVectorStoreFileBatchResponse]]:
+        """Cancels a file batch still in progress; FAILED_PRECONDITION for one that is
+        finished, as every batch is when its creation answers.
+        """
+
+    @_abc_1.abstractmethod
+    def ListVectorStoreFileBatchFiles(
+        self,
+        request: _retrieval_service_pb2.ListVectorStoreFileBatchFilesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_service_pb2.ListVectorStoreFileBatchFilesResponse, _abc.Awaitable[_retrieval_service_pb2.ListVectorStoreFileBatchFilesResponse]]:
+        """Lists the files a batch added that are still in the vector store, newest first."""
 
     @_abc_1.abstractmethod
     def SearchVectorStores(

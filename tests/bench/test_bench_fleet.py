@@ -17,9 +17,9 @@ from llmmesh.bench.fleet_cli import fleet_plan_from_args
 from llmmesh.bench.fleet_report import FleetReport, SystemResult, TurnResult
 from llmmesh.bench.fleet_workload import CHAT, HARD, FleetWorkload
 from llmmesh.cli.bench import add_bench_arguments
+from llmmesh.region.modelchoice.difficulty import LARGE, SMALL, RuleScorer, features_of
 from llmmesh.topology.mesh_config import parse_mesh_config
 from llmmesh.v1 import common_pb2
-from llmmesh.region.modelchoice.difficulty import LARGE, SMALL, RuleScorer, features_of
 
 
 def test_the_workload_is_seeded_and_its_kinds_score_as_meant() -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench import overhead
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
 from llmmesh.bench.overhead_plan import OverheadBenchPlan, SimTiming, overhead_plan_from_args
@@ -35,6 +34,7 @@ from llmmesh.bench.overhead_sse import SseChatClient
 from llmmesh.bench.stats import RequestRecord
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
 from llmmesh.cli.main import build_parser
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "output_tok_s", "errors")
 
@@ -684,7 +684,13 @@ def test_both_runs_report_the_transport_at_the_top_and_the_filter_apart() -> Non
         },
     }
     filtered = body["with_output_filter"]
-    assert set(filtered) == {"results", "ratios", "filter_added_ttft_p50_ms", "filter_added_ttft_p99_ms"}
+    assert set(filtered) == {
+        "results",
+        "ratios",
+        "hops",
+        "filter_added_ttft_p50_ms",
+        "filter_added_ttft_p99_ms",
+    }
     assert set(filtered["results"]) == set(body["results"])
     assert filtered["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(17.0)
     for level in ("c1", "c16"):

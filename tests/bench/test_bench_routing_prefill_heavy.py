@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.engine.sim.kv_blocks import full_block_hashes
-from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.bench.plan import SIM_ROUTING, RoutingBenchPlan
 from llmmesh.bench.routing import sim_workload
 from llmmesh.bench.routing_clients import PrefixCacheCounts
@@ -31,6 +29,8 @@ from llmmesh.bench.routing_workload import sim_token_counter
 from llmmesh.bench.stats import LevelMetrics, RequestRecord
 from llmmesh.cli.bench import routing_plan_from_args
 from llmmesh.cli.main import build_parser
+from llmmesh.engine.sim.kv_blocks import full_block_hashes
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 
 SMALL = PrefillHeavyWorkload(documents=6, document_words=(300, 500), reply_tokens=64)
 

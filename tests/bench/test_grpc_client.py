@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.engine.server import start_engine
-from llmmesh.engine.settings import EngineSettings
 from llmmesh.bench.grpc_client import EngineGrpcClient, generate_request
 from llmmesh.bench.loadgen import run_closed_loop
 from llmmesh.bench.mesh_tls import issue_certs, pod_client_security, pod_server_name
 from llmmesh.bench.stats import summarize
 from llmmesh.bench.workload import ChatRequest, ChatWorkload
+from llmmesh.engine.server import start_engine
+from llmmesh.engine.settings import EngineSettings
 from llmmesh.v1 import common_pb2
 
 ZONE, REGION, POD = "us", "us-east", "us-east-pod-0"
@@ -85,9 +85,9 @@ async def test_a_pod_on_mtls_streams_to_the_operators_certificate_only(tmp_path:
         tls_ca=str(certs / "ca.pem"),
     )
     pod = await start_engine(settings)
-    secured = EngineGrpcClient(
-        pod.address, 30.0, security=pod_client_security(certs), server_name=pod_server_name(ZONE, REGION)
-    )
+    security = pod_client_security(certs, REGION)
+    name = pod_server_name(ZONE, REGION)
+    secured = EngineGrpcClient(pod.address, 30.0, security=security, server_name=name)
     plaintext = EngineGrpcClient(pod.address, 30.0)
     requests = ChatWorkload().requests("tls", 2, 8)
     try:

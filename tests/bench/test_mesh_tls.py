@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.bench.engine import pod_command
 from llmmesh.bench.mesh_tls import issue_certs, plane_tls_flags, pod_client_security, pod_server_name
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
@@ -25,10 +23,12 @@ from llmmesh.bench.overhead_systems import (
 )
 from llmmesh.bench.routing_systems import REGION, ZONE, Pod, SimPodSpec, global_command, sim_pod_command
 from llmmesh.bench.routing_systems import region_command as routing_region_command
-from llmmesh.certs import CertFiles, identity_of_pem
 from llmmesh.cli.main import build_parser
+from llmmesh.core.certs import CertFiles, identity_of_pem
 from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.core.mtls import MeshSecurity
+from llmmesh.engine.settings import EngineSettings
+from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 
 READY = Path("/tmp/ready.json")
 
@@ -100,9 +100,9 @@ def test_issued_certificates_name_each_plane_and_the_direct_client(tmp_path: Pat
     ca = (certs / "ca.pem").read_bytes()
     assert issue_certs(certs, "us", "us-east", ["us-east-pod-0"]) == certs
     assert (certs / "ca.pem").read_bytes() == ca
-    client = pod_client_security(certs)
-    assert client.enabled and client.identity == PlaneIdentity(Role.ADMIN, "admin")
-    assert not pod_client_security(None).enabled
+    client = pod_client_security(certs, "us-east")
+    assert client.enabled and client.identity == PlaneIdentity(Role.REGION, "us-east", "us", "us-east")
+    assert not pod_client_security(None, "us-east").enabled
     assert pod_server_name(ZONE, REGION) == "us-east.us.engine.llmmesh"
 
 

@@ -21,11 +21,12 @@ import grpc.aio
 import pytest
 
 from llmmesh.cli import admin as admin_cli
-from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.cli.main import main
+from llmmesh.core.end_user import end_user_pseudonym
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.identity import PlaneIdentity, Role, role_name
 from llmmesh.core.mtls import holder_security
+from llmmesh.topology.mesh_certs import ensure_mesh_certs
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -47,6 +48,8 @@ HOLDERS = [
     PlaneIdentity(Role.REGION, "eu-west", "eu", "eu-west"),
 ]
 ADMIN_URI = "spiffe://llmmesh/admin/-/-/admin"
+USER_42 = end_user_pseudonym(b"k" * 32, "ten_billed", "user-42")
+"""An end user as billing knows it: by the pseudonym its zone computed."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GlobalProcess]:
     files = ensure_mesh_certs(home / "certs", HOLDERS)["global"]
     ready = home / "global.ready.json"
     command = [sys.executable, "-m", "llmmesh", "global", "--port", "0", "--ready-file", str(ready)]
-    command += ["--database-url", f"sqlite:///{home / 'global.db'}", "--dev-key", ""]
+    command += ["--database-url", f"sqlite:///{home / 'global.db'}", "--dev-key", "", "--zones", "us,eu"]
     command += ["--tls-cert", str(files.cert), "--tls-key", str(files.key), "--tls-ca", str(files.ca)]
     with (home / "global.log").open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -190,6 +193,62 @@ def test_key_create_shows_the_secret_once_and_revoke_stops_it(
         asyncio.run(_authenticate(plane, created["secret"]))
 
 
+def test_key_list_shows_prefixes_and_states_never_secrets(
+    capsys: pytest.CaptureFixture[str], plane: GlobalProcess
+) -> None:
+    assert admin(capsys, plane, "tenant", "create", "listed", "--zone", "us", "--tier", "pro")[0] == 0
+    kept = admin_json(capsys, plane, "key", "create", "listed")
+    gone = admin_json(capsys, plane, "key", "create", "listed", "--expires-in-days", "3")
+    assert isinstance(kept, dict) and isinstance(gone, dict)
+    admin_json(capsys, plane, "key", "revoke", gone["id"])
+    status, out, _ = admin(capsys, plane, "key", "list", "listed")
+    assert status == 0
+    header, *rows = out.strip().splitlines()
+    assert header.split() == ["KEY", "ID", "PREFIX", "CREATED", "EXPIRES", "STATE"]
+    states = {row.split()[0]: row for row in rows}
+    assert states[kept["id"]].endswith("active") and "never" in states[kept["id"]]
+    assert "revoked" in states[gone["id"]]
+    assert kept["secret"] not in out and gone["secret"] not in out
+    listed = admin_json(capsys, plane, "key", "list", "listed")
+    assert isinstance(listed, list) and {k["id"] for k in listed} == {kept["id"], gone["id"]}
+    assert all("secret" not in k for k in listed)
+
+
+def test_tenant_update_changes_only_what_is_given(
+    capsys: pytest.CaptureFixture[str], plane: GlobalProcess
+) -> None:
+    assert (
+        admin(capsys, plane, "tenant", "create", "growing", "--zone", "us", "--tier", "free", "--rpm", "5")[0]
+        == 0
+    )
+    updated = admin_json(
+        capsys, plane, "tenant", "update", "growing", "--tier", "pro", "--quota", "1000", "--memory"
+    )
+    assert isinstance(updated, dict)
+    assert (updated["tier"], updated["monthly_token_quota"], updated["memory_enabled"]) == (
+        "TIER_PRO",
+        "1000",
+        True,
+    )
+    assert updated["rpm_limit"] == "5"  # not given: unchanged
+    capped = admin_json(
+        capsys, plane, "tenant", "update", "growing", "--max-files", "50", "--max-vector-stores", "3"
+    )
+    assert isinstance(capped, dict)
+    assert (capped["max_files"], capped["max_vector_stores"]) == (50, 3)
+    assert "max_memories_per_user" not in capped  # not given: unchanged (0, the region's default)
+    status, _, err = admin(capsys, plane, "tenant", "update", "growing", "--max-files", "-1")
+    assert status == 2 and "max_files must be 0 (the region's default) to" in one_error_line(err)
+    status, out, _ = admin(
+        capsys, plane, "tenant", "update", "growing", "--no-memory", "--models", "llmmesh-tiny"
+    )
+    assert status == 0 and "llmmesh-tiny" in out
+    status, _, err = admin(capsys, plane, "tenant", "update", "growing")
+    assert status == 2 and one_error_line(err).startswith("llmmesh admin: nothing to update")
+    status, _, err = admin(capsys, plane, "tenant", "update", "nobody", "--tier", "pro")
+    assert status == 2 and "nobody" in one_error_line(err)
+
+
 def test_bad_key_input_is_rejected(capsys: pytest.CaptureFixture[str], plane: GlobalProcess) -> None:
     status, _, err = admin(capsys, plane, "key", "revoke", "key_missing")
     assert status == 2
@@ -206,7 +265,7 @@ async def _bill(plane: GlobalProcess, tenant_id: str) -> None:
         model="llmmesh-tiny",
         usage=usage,
         region="us-east",
-        end_user="user-42",
+        end_user=USER_42,
     )
     record.end_time.FromJsonString("2031-05-17T12:00:00Z")
     # Only a region of the tenant's zone ships its usage.
@@ -228,7 +287,7 @@ def test_usage_shows_exact_cost(capsys: pytest.CaptureFixture[str], plane: Globa
         "input_tokens": "1000",
         "output_tokens": "2000",
         "cost_usd": "0.0035",
-        # The same split by the model that served the turns.
+        # The same split by the model that served the turns and what for.
         "models": [
             {
                 "model": "llmmesh-tiny",
@@ -236,16 +295,26 @@ def test_usage_shows_exact_cost(capsys: pytest.CaptureFixture[str], plane: Globa
                 "input_tokens": "1000",
                 "output_tokens": "2000",
                 "cost_usd": "0.0035",
+                "purpose": "USAGE_PURPOSE_TURN",
             }
         ],
     }
     status, out, _ = admin(capsys, plane, "usage", "billed", "--period", "2031-05")
-    assert status == 0 and out.splitlines()[1].split() == ["2031-05", "all", "1", "1000", "2000", "0.0035"]
-    assert out.splitlines()[2].split() == ["2031-05", "llmmesh-tiny", "1", "1000", "2000", "0.0035"]
-    mine = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-42")
-    assert mine == {**usage, "end_user": "user-42"}
-    other = admin_json(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-7")
-    assert other == {"tenant": "billed", "period": "2031-05", "cost_usd": "0", "end_user": "user-7"}
+    assert status == 0 and out.splitlines()[1].split() == [
+        "2031-05",
+        "all",
+        "all",
+        "1",
+        "1000",
+        "2000",
+        "0.0035",
+    ]
+    assert out.splitlines()[2].split() == ["2031-05", "llmmesh-tiny", "turn", "1", "1000", "2000", "0.0035"]
+    # Billing knows the end user only by pseudonym, which a region of the tenant's zone computes.
+    status, out, err = admin(capsys, plane, "usage", "billed", "--period", "2031-05", "--end-user", "user-42")
+    assert (status, out) == (1, "")
+    line = one_error_line(err)
+    assert "no region of zone 'us' is serving" in line and line.endswith("(NO_REGION_IN_ZONE)")
 
 
 def test_bad_usage_input_is_rejected(capsys: pytest.CaptureFixture[str], plane: GlobalProcess) -> None:
@@ -254,6 +323,77 @@ def test_bad_usage_input_is_rejected(capsys: pytest.CaptureFixture[str], plane: 
     assert admin(capsys, plane, "tenant", "create", "p", "--zone", "us", "--tier", "free")[0] == 0
     status, _, err = admin(capsys, plane, "usage", "p", "--period", "2031-13")
     assert status == 2 and "period must be 'YYYY-MM'" in one_error_line(err)
+
+
+def test_a_tenant_in_a_zone_without_regions_is_refused_unless_allowed(
+    capsys: pytest.CaptureFixture[str], plane: GlobalProcess
+) -> None:
+    status, out, err = admin(capsys, plane, "tenant", "create", "martian", "--zone", "mars", "--tier", "pro")
+    assert (status, out) == (2, "")
+    line = one_error_line(err)
+    assert "zone 'mars' has no regions: the mesh's zones are eu, us" in line
+    assert "--allow-empty-zone" in line and line.endswith("(ZONE_UNKNOWN)")
+    assert admin_json(capsys, plane, "tenant", "list", "--zone", "mars") == []
+    made = admin_json(
+        capsys, plane, "tenant", "create", "martian", "--zone", "mars", "--tier", "pro", "--allow-empty-zone"
+    )
+    assert isinstance(made, dict) and made["zone"] == "mars"
+
+
+async def _snapshot(plane: GlobalProcess) -> ppb.PolicySnapshot:
+    async with plane.channel("region-us-east") as channel:
+        stub = policy_service_pb2_grpc.PolicyServiceStub(channel)
+        response: ppb.GetPolicySnapshotResponse = await stub.GetPolicySnapshot(
+            ppb.GetPolicySnapshotRequest(zone="us")
+        )
+        return response.snapshot
+
+
+def test_tenant_delete_revokes_keys_hides_it_from_snapshots_and_keeps_usage(
+    capsys: pytest.CaptureFixture[str], plane: GlobalProcess
+) -> None:
+    made = admin_json(capsys, plane, "tenant", "create", "leaving", "--zone", "us", "--tier", "pro")
+    assert isinstance(made, dict)
+    key = admin_json(capsys, plane, "key", "create", "leaving")
+    assert isinstance(key, dict)
+    asyncio.run(_bill(plane, made["id"]))
+    # No confirmation, no terminal to ask at: refused, nothing changed.
+    status, _, err = admin(capsys, plane, "tenant", "delete", "leaving")
+    assert status == 2 and one_error_line(err).endswith("pass --yes to confirm (CONFIRMATION_REQUIRED)")
+    assert asyncio.run(_authenticate(plane, key["secret"])).tenant.id == made["id"]
+
+    deleted = admin_json(capsys, plane, "tenant", "delete", "leaving", "--yes")
+    assert isinstance(deleted, dict)
+    assert (deleted["id"], deleted["revoked_keys"]) == (made["id"], 1) and deleted["delete_time"]
+    with pytest.raises(grpc.aio.AioRpcError, match="API key revoked"):
+        asyncio.run(_authenticate(plane, key["secret"]))
+    snapshot = asyncio.run(_snapshot(plane))
+    assert made["id"] in snapshot.deleted_tenant_ids
+    assert made["id"] not in {t.id for t in snapshot.tenants}
+    assert all(k.revoked for k in snapshot.keys if k.tenant_id == made["id"])
+    listed = admin_json(capsys, plane, "tenant", "list", "--zone", "us")
+    assert isinstance(listed, list) and "leaving" not in {t["name"] for t in listed}
+    # Billing keeps what it billed.
+    usage = admin_json(capsys, plane, "usage", "leaving", "--period", "2031-05")
+    assert isinstance(usage, dict) and usage["cost_usd"] == "0.0035"
+    # Nothing more happens to it, and its name stays taken.
+    for argv, needle in (
+        (("key", "create", "leaving"), "was deleted at"),
+        (("tenant", "update", "leaving", "--rpm", "5"), "was deleted at"),
+        (("tenant", "create", "leaving", "--zone", "us", "--tier", "pro"), "a deleted tenant's name stays"),
+    ):
+        status, _, err = admin(capsys, plane, *argv)
+        assert status == 2 and needle in one_error_line(err), err
+    again = admin_json(capsys, plane, "tenant", "delete", made["id"], "--yes")
+    assert isinstance(again, dict) and (again["revoked_keys"], again["delete_time"]) == (
+        0,
+        deleted["delete_time"],
+    )
+    events = admin_json(capsys, plane, "audit")
+    assert isinstance(events, list)
+    assert any(e["method"] == "DeleteTenant" and e["target"] == made["id"] for e in events)
+    status, _, err = admin(capsys, plane, "tenant", "delete", "nobody", "--yes")
+    assert status == 2 and one_error_line(err).endswith("(TENANT_NOT_FOUND)")
 
 
 async def _heartbeat(plane: GlobalProcess) -> None:

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from llmmesh.core import config
 from llmmesh.cli.main import _pass_log_and_trace_flags_on, build_parser
+from llmmesh.core import config
 from llmmesh.core.json_logs import LogSettings
 from llmmesh.core.tracing import TracingSettings
 

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.globalplane.server import start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.cli.main import main
 from llmmesh.core.addresses import (
     AddressError,
     advertised_address,
@@ -16,7 +15,8 @@ from llmmesh.core.addresses import (
     join_host_port,
     split_host_port,
 )
-from llmmesh.cli.main import main
+from llmmesh.globalplane.server import start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.client import MeshTls
+from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.core.mtls import MeshSecurity, holder_security
 from llmmesh.drill.plan import DrillPlan
 from llmmesh.drill.report import (
     Timeline,
@@ -31,8 +32,7 @@ from llmmesh.drill.setup import DrillInputError, DrillSetup, tls_servers
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
 from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TenantKey
 from llmmesh.drill.usage import UsageCheck
-from llmmesh.core.identity import PlaneIdentity, Role
-from llmmesh.core.mtls import MeshSecurity, holder_security
+from llmmesh.topology.mesh_certs import ensure_mesh_certs
 
 ZONES = {"us-east": "us", "us-west": "us", "eu-west": "eu"}
 TIMELINE = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0)
@@ -176,6 +176,7 @@ def test_the_report_of_a_clean_failover_passes() -> None:
     # Listed again at 20.5, a turn started there at 21.1.
     assert report["time_to_return_s"] == pytest.approx(1.1)
     assert report["passed"] is True
+    assert "turns_on_region_while_excluded" not in report  # a figure of kind partition-global only
     lossy = build_report(
         plan=plan,
         region="us-east",
@@ -190,6 +191,61 @@ def test_the_report_of_a_clean_failover_passes() -> None:
     assert lossy["tokens_lost"] == 1 and lossy["passed"] is False
 
 
+def test_billing_must_match_what_the_clients_received_exactly() -> None:
+    # A turn the mesh failed after 3 tokens: billed those 3 with the 8 of a whole turn.
+    plan = DrillPlan(kind="region", streams=1, max_tokens=8)
+    records = [turn(0, 9.0, 12.0), turn(0, 12.0, 13.0, outcome=Outcome.FAILED_CLEARLY, tokens=3)]
+
+    def verdict(usage: UsageCheck, source: str = "tokenizer") -> tuple[object, object]:
+        report = build_report(
+            plan=plan, region="us-east", target="us-east (pid 1)", timeline=TIMELINE, records=records,
+            routing=watch(), region_zones=ZONES, token_source=source, usage=usage,
+        )  # fmt: skip
+        exact = report["usage"]["exact"]  # type: ignore[index]
+        return exact, report["passed"]
+
+    assert verdict(UsageCheck(11, 11, True, 1.0, 0)) == (True, True)
+    # Billed what the failed turn generated past what reached its client, or less than it received.
+    assert verdict(UsageCheck(16, 11, True, 1.0, 0)) == (False, False)
+    assert verdict(UsageCheck(8, 11, False, 30.0, 0)) == (False, False)
+    # Unknown either side: not a verdict on billing.
+    assert verdict(UsageCheck(None, 11, False, 30.0, None)) == (None, True)
+    records[1].received_tokens = None
+    assert verdict(UsageCheck(16, 8, True, 1.0, 0), "usage")[0] is None
+
+
+def partition_global_report(
+    records: list[TurnRecord], routing: RoutingWatch | None = None
+) -> dict[str, object]:
+    """The report of a drill in which geo-routing (unless ``routing`` says
+    otherwise) left us-east out from 13 s and listed it again at 21 s."""
+    if routing is None:
+        routing = watch((9.0, frozenset(ZONES)), (13.0, frozenset({"us-west"})), (21.0, frozenset(ZONES)))
+    return build_report(
+        plan=DrillPlan(kind="partition-global", mode="partition", streams=2, max_tokens=8), region="us-east",
+        target="us-east from global", timeline=TIMELINE, records=records, routing=routing, region_zones=ZONES,
+        token_source="tokenizer", usage=UsageCheck(24, 24, True, 1.0, 0),
+    )  # fmt: skip
+
+
+def test_a_region_cut_off_from_the_global_plane_must_keep_serving_its_zone() -> None:
+    steady = [turn(0, 9.0, 11.0), turn(1, 9.0, 14.0, region="us-west"), turn(1, 22.0, 23.0)]
+    # Left out for 8 s: the turns sent in its second half, from 17 s, count.
+    kept = partition_global_report([*steady, turn(0, 17.5, 18.0), turn(0, 18.5, 19.0)])
+    assert kept["excluded_s"] == pytest.approx(8.0) and kept["turns_on_region_while_excluded"] == 2
+    assert kept["time_to_exclude_s"] == pytest.approx(3.0) and kept["passed"] is True
+    # Early on, a route remembered from before may still send turns there; later, none went.
+    dropped = partition_global_report([*steady, turn(0, 14.0, 16.0), turn(0, 17.5, 18.0, region="us-west")])
+    assert dropped["turns_on_region_while_excluded"] == 0 and dropped["passed"] is False
+    # A partition from the global plane alone must fail no turn, even clearly.
+    failed = turn(1, 15.0, 15.5, region="us-west", outcome=Outcome.FAILED_CLEARLY, tokens=None)
+    assert partition_global_report([*steady, turn(0, 17.5, 18.0), failed])["passed"] is False
+    # Never left out (a partition shorter than the heartbeat timeout): nothing to hold it to.
+    never = partition_global_report(steady, watch((13.0, frozenset(ZONES))))
+    assert never["excluded_s"] is None and never["turns_on_region_while_excluded"] is None
+    assert never["passed"] is True
+
+
 def test_plans_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="kind"):
         DrillPlan(kind="edge")
@@ -198,10 +254,16 @@ def test_plans_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="streams"):
         DrillPlan(streams=0)
     assert DrillPlan(kind="global-plane", outage_s=5).partition_s == 5
-    with pytest.raises(ValueError, match="cert-rotation goes with mode rotate"):
+    with pytest.raises(ValueError, match="cert-rotation and ca-rotation go with mode rotate"):
         DrillPlan(kind="cert-rotation")
-    with pytest.raises(ValueError, match="cert-rotation goes with mode rotate"):
+    with pytest.raises(ValueError, match="cert-rotation and ca-rotation go with mode rotate"):
         DrillPlan(kind="region", mode="rotate")
+    with pytest.raises(ValueError, match="cert-rotation and ca-rotation go with mode rotate"):
+        DrillPlan(kind="ca-rotation")
+    with pytest.raises(ValueError, match="ca-rotation needs rotate_every_s of at least 2"):
+        DrillPlan(kind="ca-rotation", mode="rotate", rotate_every_s=1)
+    # Three steps: the new CA trusted, every certificate re-issued, the old CA retired.
+    assert DrillPlan(kind="ca-rotation", mode="rotate", rotate_every_s=3).partition_s == 6
     with pytest.raises(ValueError, match="rotations"):
         DrillPlan(kind="cert-rotation", mode="rotate", rotations=0)
     # The rounds run from the disruption on; the last ends the rotation.
@@ -287,8 +349,9 @@ def test_a_rotation_needs_certificates_and_the_ca_that_issues_them(tmp_path: Pat
         DrillSetup(ROTATION, plaintext, (key,), ZONES, rotate=lambda _: []).disruption_for("")
     issuer = tmp_path / "issuer"
     ensure_mesh_certs(issuer, [PlaneIdentity(Role.ADMIN, "admin")])
-    held = tmp_path / "held"
-    held.mkdir()
+    # Copied elsewhere: no CA directory beside it.
+    held = tmp_path / "copies" / "held"
+    held.mkdir(parents=True)
     for name in ("admin.pem", "admin.key", "ca.pem"):
         (held / name).write_bytes((issuer / name).read_bytes())
 

@@ -14,12 +14,12 @@ import pytest
 import pytest_asyncio
 
 from llmmesh.core.access import AccessPolicy
-from llmmesh.certs import CertificateAuthority
-from llmmesh.cli.certs import ensure_mesh_certs, rotate_all
-from llmmesh.drill.rotation import CertRotation, TlsServer, client_context, presented_certificate, serial_of
+from llmmesh.core.certs import CertificateAuthority
 from llmmesh.core.grpcserver import GrpcServer
 from llmmesh.core.identity import PlaneIdentity, Role, role_name
 from llmmesh.core.mtls import MeshSecurity
+from llmmesh.drill.rotation import CertRotation, TlsServer, client_context, presented_certificate, serial_of
+from llmmesh.topology.mesh_certs import ensure_mesh_certs, rotate_all
 
 pytestmark = pytest.mark.asyncio
 

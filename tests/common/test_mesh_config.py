@@ -43,6 +43,25 @@ def test_the_default_is_two_zones_of_two_regions_with_a_simulator_pod_each() -> 
     assert config.edge_port == 8080 and config.redis_url == ""
 
 
+def test_each_zone_has_its_own_redis_or_the_meshs() -> None:
+    config = parse_mesh_config(
+        "[mesh]\nredis_url = 'redis://shared:6379/0'\n"
+        "[zones.eu]\nredis_url = 'rediss://redis-eu:6380/0'\n[zones.eu.regions.eu-west]\n"
+        "[zones.us.regions.us-east]\n"
+    )
+    assert {z.name: config.redis_url_of(z) for z in config.zones} == {
+        "eu": "rediss://redis-eu:6380/0",
+        "us": "redis://shared:6379/0",
+    }
+    # Zones may share a server only when the configuration says so.
+    shared = parse_mesh_config("[mesh]\nredis_url = 'redis://r/0'\nshared_redis_ok = true\n" + TWO_ZONES)
+    assert shared.shared_redis_ok and {shared.redis_url_of(z) for z in shared.zones} == {"redis://r/0"}
+    # What `llmmesh up` runs: each zone's own URL, none mesh-wide.
+    embedded = config.with_zone_redis({"us": "redis://127.0.0.1:7001/0"})
+    assert embedded.redis_url == ""
+    assert [embedded.redis_url_of(z) for z in embedded.zones] == ["", "redis://127.0.0.1:7001/0"]
+
+
 def test_the_vllm_default_keeps_one_region_per_zone() -> None:
     config = default_mesh_config("vllm")
     assert [r.name for r in config.regions()] == ["us-east", "eu-west"]
@@ -55,7 +74,8 @@ def test_embedded_example_is_the_built_in_default() -> None:
 
 def test_production_example_uses_cockroachdb_and_redis() -> None:
     config = load_mesh_config(EXAMPLES / "production.toml")
-    assert config.redis_url.startswith("rediss://")
+    assert config.redis_url == "" and not config.shared_redis_ok
+    assert all(z.redis_url.startswith(f"rediss://redis-{z.name}.") for z in config.zones)
     assert config.global_store_url.startswith("cockroachdb+psycopg://")
     assert all(z.store_url.startswith("cockroachdb+psycopg://") for z in config.zones)
     assert {r.zone for r in config.regions()} == {"us", "eu"}
@@ -120,12 +140,30 @@ def test_one_cockroachdb_database_may_hold_every_zone() -> None:
         ("[zones.us.regions.East]\n", "'East' is not a region name"),
         ("zones = 3\n", "zones must be a table, got an integer"),
         ("[mesh]\nredis_url = 'localhost:6379'\n" + TWO_ZONES, "mesh.redis_url must be a redis://"),
+        (TWO_ZONES + "[zones.eu]\nredis_url = 'http://r'\n", "zones.eu.redis_url must be a redis://"),
+        (
+            "[mesh]\nredis_url = 'redis://r:6379/0'\n" + TWO_ZONES,
+            "zones us and eu share one Redis (mesh.redis_url names r:6379 for both)",
+        ),
+        (
+            TWO_ZONES
+            + "[zones.us]\nredis_url = 'redis://R/1'\n[zones.eu]\nredis_url = 'rediss://r:6379/2'\n",
+            "zones us and eu share one Redis (zones.us.redis_url and zones.eu.redis_url name r:6379)",
+        ),
+        ("[mesh]\nshared_redis_ok = 'yes'\n" + TWO_ZONES, "mesh.shared_redis_ok must be a boolean"),
         (TWO_ZONES + "[zones.us]\nstore_url = 'not a url'\n", "zones.us.store_url is not a SQLAlchemy URL"),
         (
             TWO_ZONES + "[zones.us]\nstore_url = 'mysql://db/x'\n",
             "must be a sqlite, postgresql, cockroachdb URL",
         ),
-        (TWO_ZONES + "[zones.us]\nstore_url = 'cockroachdb://db/x'\n", "like cockroachdb+psycopg://"),
+        (
+            TWO_ZONES + "[zones.us]\nstore_url = 'cockroachdb+psycopg2://db/x'\n",
+            "like cockroachdb+psycopg://",
+        ),
+        (
+            TWO_ZONES.replace("pods = 2", "database_region = 'us east'"),
+            "database_region must be a CockroachDB region name",
+        ),
         (
             TWO_ZONES
             + "[zones.us]\nstore_url = 'sqlite:///one.db'\n[zones.eu]\nstore_url = 'sqlite:///one.db'\n",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from llmmesh.cli.fleet_bootstrap import pod_env, registry_entry
-from llmmesh.topology.mesh_config import MeshConfigError, load_mesh_config, parse_mesh_config
 from llmmesh.core.model_family import LARGE, SMALL
+from llmmesh.topology.mesh_config import MeshConfigError, load_mesh_config, parse_mesh_config
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 
 FLEET = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "fleet.toml"

@@ -8,11 +8,11 @@ import grpc
 import grpc.aio
 import pytest
 
-from llmmesh.globalplane.server import start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.core.errors import MeshError
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.model_resolver import ModelResolver
+from llmmesh.globalplane.server import start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.v1 import common_pb2, model_registry_service_pb2, model_registry_service_pb2_grpc
 
 pytestmark = pytest.mark.asyncio

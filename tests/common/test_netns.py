@@ -1,4 +1,4 @@
-"""Hosts of their own (llmmesh.netns) and the drill's link-down mode, without a mesh."""
+"""Hosts of their own (llmmesh.topology.netns) and the drill's link-down mode, without a mesh."""
 
 from __future__ import annotations
 

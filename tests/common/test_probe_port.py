@@ -14,13 +14,13 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from llmmesh.globalplane.settings import GlobalSettings
-from llmmesh.core.access import AccessPolicy
 from llmmesh.bench.processes import free_port
-from llmmesh.cli.certs import ensure_mesh_certs
+from llmmesh.core.access import AccessPolicy
 from llmmesh.core.grpcserver import GrpcServer
 from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.core.mtls import TlsSetupError
+from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.topology.mesh_certs import ensure_mesh_certs
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

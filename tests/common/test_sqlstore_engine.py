@@ -45,3 +45,18 @@ def test_an_in_memory_database_is_shared_and_has_no_log() -> None:
             assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_a_url_naming_no_driver_gets_psycopg() -> None:
+    # SQLAlchemy's default for both is psycopg2, which is not installed; no connection is made here.
+    for url, dialect in (
+        ("postgresql://llmmesh@db.internal:5432/llmmesh?sslmode=verify-full", "postgresql"),
+        ("cockroachdb://llmmesh@crdb.internal:26257/llmmesh?sslmode=verify-full", "cockroachdb"),
+        ("cockroachdb+psycopg://llmmesh@crdb.internal:26257/llmmesh", "cockroachdb"),
+    ):
+        engine = create_store_engine(url)
+        try:
+            assert (engine.dialect.name, engine.dialect.driver) == (dialect, "psycopg")
+            assert engine.url.query == sa.make_url(url).query
+        finally:
+            engine.dispose()

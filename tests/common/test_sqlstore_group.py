@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -135,3 +137,22 @@ async def test_a_locked_database_runs_the_whole_group_again(store: SqlStore) -> 
     assert attempts[0] == 2
     # The first attempt's writes, the other member's included, were rolled back and done once again.
     assert stored(store) == [1, 12]
+
+
+async def test_dispose_waits_for_a_transaction_whose_caller_went_away(store: SqlStore) -> None:
+    """A cancelled caller's transaction goes on in its thread; disposing the
+    store waits for it, so its connection is closed, not left to a pool nobody
+    closes (psycopg warns about such a connection when it is collected)."""
+    began, ended = threading.Event(), threading.Event()
+
+    def slow(conn: Connection) -> None:
+        began.set()
+        time.sleep(0.3)
+        conn.execute(sa.insert(_ROWS).values(id=99, v="late"))
+        ended.set()
+
+    caller = asyncio.create_task(store.transaction(slow))
+    await asyncio.to_thread(began.wait, 5)
+    caller.cancel()
+    await asyncio.to_thread(store.dispose)
+    assert ended.is_set()  # the pool closed only after the transaction ended

@@ -18,11 +18,11 @@ import grpc
 import grpc.aio
 import httpx
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.topology.envoy_config import FrontProxy, envoy_config
 from llmmesh.topology.envoy_tls import write_sds_files
-from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.topology.yaml_text import to_yaml
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.stack import DEV_KEY
 
 ENVOY = Path(sys.executable).parent / "envoy"

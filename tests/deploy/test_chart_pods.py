@@ -25,8 +25,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmmesh.bench.processes import free_port
-from llmmesh.cli.certs import ensure_mesh_certs
 from llmmesh.core.identity import PlaneIdentity, Role
+from llmmesh.topology.mesh_certs import ensure_mesh_certs
 from tests.deploy.helm_render import Manifest, example_values, merge, objects, render
 
 pytestmark = pytest.mark.e2e

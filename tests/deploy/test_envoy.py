@@ -23,8 +23,8 @@ from llmmesh.topology.envoy_config import (
     main,
 )
 from llmmesh.topology.envoy_tls import DEFAULT_CERTS_DIR, ProxyTls, sds_documents, write_sds_files
-from llmmesh.v1 import common_pb2
 from llmmesh.topology.yaml_text import to_yaml
+from llmmesh.v1 import common_pb2
 from tests.deploy.envoy_process import chat_through, running_envoy, validate
 from tests.deploy.tls_mesh import issue_certificates
 from tests.stack import running_stack
@@ -64,7 +64,7 @@ def _presented(common: dict[str, Any]) -> str:
 
 def test_example_config_is_the_rendered_embedded_topology() -> None:
     assert EXAMPLE.read_text() == HEADER + to_yaml(envoy_config(embedded_front_proxy())), (
-        f"{EXAMPLE} is stale: run python -m llmmesh.envoy_config > deploy/envoy/front-proxy.yaml"
+        f"{EXAMPLE} is stale: run python -m llmmesh.topology.envoy_config > deploy/envoy/front-proxy.yaml"
     )
 
 
@@ -122,7 +122,7 @@ def test_every_hop_of_the_example_is_tls() -> None:
         validation = context["common_tls_context"]["validation_context"]
         assert validation["trusted_ca"] == {"filename": f"{DEFAULT_CERTS_DIR}/ca.pem"}
         if name == "edge":
-            expected = "llmmesh.edge.llmmesh"
+            expected = "edge.llmmesh"
             assert "tls_certificate_sds_secret_configs" not in context["common_tls_context"]
         else:
             zone = "eu" if "eu" in name else "us"
@@ -165,7 +165,7 @@ def test_the_command_line_renders_tls_with_absolute_paths(
     assert f"path: {tmp_path}/certs/client-front-proxy.sds.yaml" in out
     assert f"filename: {tmp_path}/customers.pem" in out
     assert "require_client_certificate: true" in out
-    assert "llmmesh.edge.llmmesh" not in out
+    assert "edge.llmmesh" not in out
     # --write-sds also writes the SDS files the config names, beside the certificates.
     (tmp_path / "certs").mkdir()
     main(["--certs-dir", "certs", "--write-sds"])

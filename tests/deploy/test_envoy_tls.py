@@ -22,10 +22,10 @@ import pytest
 import pytest_asyncio
 from cryptography import x509
 
-from llmmesh.certs import CertificateAuthority
+from llmmesh.core.certs import CertificateAuthority
+from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.topology.envoy_config import REGION_HEADER, ZONE_HEADER, FrontProxy, RegionUpstream, Upstream
 from llmmesh.topology.envoy_tls import PROXY_IDENTITY, SERVER_STEM
-from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.v1 import common_pb2
 from tests.deploy.envoy_process import RunningEnvoy, chat_on, running_envoy
 from tests.deploy.tls_mesh import PUBLIC_NAME, SecureZone, secure_zone
@@ -191,7 +191,8 @@ async def test_rotated_certificates_are_served_without_a_restart(fronted: Fronte
     port = fronted.envoy.http_port
     before = await asyncio.to_thread(_served_serial, port, certs.public_ca)
     # The public certificate, renewed and put in place as `llmmesh certs` writes: key first, each renamed.
-    renewed = CertificateAuthority.open(certs.public_ca.parent).issue(
+    public = certs.public_ca.parent
+    renewed = CertificateAuthority.open(public, ca_dir=public.with_name("public-ca")).issue(
         PlaneIdentity(Role.EDGE, "front-proxy"), hosts=(PUBLIC_NAME,)
     )
     directory = certs.mesh.ca.directory

@@ -20,14 +20,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from llmmesh.cli.main import main
+from llmmesh.core.json_logs import LogSettings
+from llmmesh.core.tracing import TracingSettings
 from llmmesh.edge.settings import EdgeSettings
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.region.server import SERVICE_NAME as REGION_SERVICE
+from llmmesh.region.settings import RegionSettings
 from llmmesh.topology import envoy_config
 from llmmesh.topology.envoy_tls import ProxyTls, sds_documents
-from llmmesh.core.json_logs import LogSettings
-from llmmesh.core.tracing import TracingSettings
-from llmmesh.region.settings import RegionSettings
 from tests.deploy.helm_render import (
     CHART,
     EXAMPLES,
@@ -55,6 +57,9 @@ SETTINGS: dict[str, type[Any]] = {
 PROCESS_VARIABLES = {"LLMMESH_HOME"} | {
     "LLMMESH_" + f.name.upper() for each in (TracingSettings, LogSettings) for f in dataclasses.fields(each)
 }
+# Readiness asks the service a plane reports NOT_SERVING while a dependency
+# is down (llmmesh/region/readiness.py); liveness the server-wide status.
+READINESS_SERVICE = {"region": {"service": REGION_SERVICE}}
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 # --skip-download: nothing fetched from the vendor's service (offline, as CI is).
 CHECKOV_OPTIONS = ("--quiet", "--compact", "--skip-download", "--output", "json")
@@ -116,7 +121,39 @@ def test_the_secret_and_plaintext_variants_are_valid_too() -> None:
             for manifest in render_example(values_file, overlay):
                 _validate(manifest)
     secret = objects(render_example("values-us.yaml", SECRET_VALUES), "Secret")
-    assert set(next(iter(secret.values()))["stringData"]) == {"zone-store-url", "redis-url"}
+    assert set(secret["llmmesh-us-east-secrets"]["stringData"]) == {"zone-store-url", "redis-url"}
+    # The migration Job runs before the release's own Secret exists: its URL comes in a hook Secret.
+    hook = secret["llmmesh-us-east-migrate"]
+    assert set(hook["stringData"]) == {"zone-store-url"}
+    assert hook["metadata"]["annotations"]["helm.sh/hook-weight"] == "-1"
+
+
+@pytest.mark.parametrize(
+    ("values_file", "store_flag"), [("values-global.yaml", "--global-url"), ("values-us.yaml", "--zone-url")]
+)
+def test_the_migration_job_upgrades_the_releases_store_before_its_planes_start(
+    values_file: str, store_flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    regions = ["us:us-east=us-east1", "us:us-west=us-west1"]
+    job = next(
+        iter(objects(render_example(values_file, {"migrations": {"regions": regions}}), "Job").values())
+    )
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = next(e for e in container["env"] if e["name"] == "LLMMESH_STORE_URL")
+    assert env["valueFrom"]["secretKeyRef"]["key"] == (
+        "database-url" if "global" in values_file else "zone-store-url"
+    )
+    args = container["args"]
+    assert args[:3] == ["db", "upgrade", store_flag]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--region"] == regions
+    # The container's command, with the URL Kubernetes puts in place of $(LLMMESH_STORE_URL), migrates.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert main([a.replace("$(LLMMESH_STORE_URL)", url) for a in args if a]) == 0
+    assert "empty -> " in capsys.readouterr().out
+    # Without regions the locality is left alone (SQLite, PostgreSQL).
+    plain = objects(render_example(values_file), "Job")
+    assert "--no-locality" in next(iter(plain.values()))["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_a_missing_secret_value_fails_the_render_naming_it() -> None:
@@ -260,9 +297,11 @@ def test_grpc_planes_probe_health_and_drain_on_sigterm(values_file: str) -> None
         pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
         # preStop, then the plane's own 5 s drain, inside the grace period.
         assert pod["terminationGracePeriodSeconds"] >= pre_stop + 5
-        if container.get("args", [""])[0] in ("global", "region", "engine"):
-            for probe in ("readinessProbe", "livenessProbe"):
-                assert container[probe]["grpc"] == {"port": probe_port}
+        plane = container.get("args", [""])[0]
+        if plane in ("global", "region", "engine"):
+            assert container["livenessProbe"]["grpc"] == {"port": probe_port}
+            ready = {"port": probe_port, **READINESS_SERVICE.get(plane, {})}
+            assert container["readinessProbe"]["grpc"] == ready
             assert _env(container)["LLMMESH_PROBE_PORT"]["value"] == str(probe_port)
 
 
@@ -271,9 +310,13 @@ def test_without_mtls_the_probes_ask_the_plane_s_own_port() -> None:
     for workload in manifests:
         if workload["kind"] in ("Deployment", "StatefulSet"):
             container = workload["spec"]["template"]["spec"]["containers"][0]
-            if container.get("args", [""])[0] in ("region", "engine"):
+            plane = container.get("args", [""])[0]
+            if plane in ("region", "engine"):
                 port = container["ports"][0]["containerPort"]
-                assert container["readinessProbe"]["grpc"] == {"port": port}
+                assert container["readinessProbe"]["grpc"] == {
+                    "port": port,
+                    **READINESS_SERVICE.get(plane, {}),
+                }
                 assert _env(container)["LLMMESH_INSECURE"]["value"] == "true"
                 assert "LLMMESH_PROBE_PORT" not in _env(container)
 
@@ -284,7 +327,11 @@ def test_the_envoy_config_is_the_project_s_renderer_s_and_its_sds_files_match(
     manifests = render_example("values-us.yaml")
     envoy = _one(manifests, "Deployment", "-envoy")
     init = envoy["spec"]["template"]["spec"]["initContainers"][0]
-    assert init["command"][:3] == ["sh", "-c", 'python -m llmmesh.envoy_config "$@" > /etc/envoy/envoy.yaml']
+    assert init["command"][:3] == [
+        "sh",
+        "-c",
+        'python -m llmmesh.topology.envoy_config "$@" > /etc/envoy/envoy.yaml',
+    ]
     envoy_config.main(init["args"])
     config = yaml.safe_load(capsys.readouterr().out)
     listeners = config["static_resources"]["listeners"]

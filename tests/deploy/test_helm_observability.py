@@ -81,3 +81,53 @@ def test_a_component_env_setting_an_observability_variable_fails_the_render(comp
     values = merge(example_values("values-us.yaml"), {component: {"env": {"LLMMESH_LOG_FORMAT": "text"}}})
     with pytest.raises(helm_python.HelmError, match="LLMMESH_LOG_FORMAT is set by the observability values"):
         render(values)
+
+
+PLANE_WORKLOADS = ("global", "region", "edge", "engine")
+
+
+def _pod_templates(manifests: list[Manifest]) -> dict[str, Manifest]:
+    """The pod template of each workload, by its component label."""
+    workloads = [m for m in manifests if m["kind"] in ("Deployment", "StatefulSet")]
+    return {
+        w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: w["spec"]["template"]
+        for w in workloads
+    }
+
+
+@pytest.mark.parametrize("values_file", EXAMPLES)
+def test_every_plane_is_scraped_on_a_port_it_serves(values_file: str) -> None:
+    for component, pod in _pod_templates(render_example(values_file)).items():
+        if not component.startswith(PLANE_WORKLOADS):
+            continue
+        annotations = pod["metadata"].get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == "true", component
+        container = pod["spec"]["containers"][0]
+        served = {int(p["containerPort"]) for p in container.get("ports", [])}
+        served |= {int(e["value"]) for e in container["env"] if e["name"] == "LLMMESH_METRICS_PORT"}
+        assert int(annotations["prometheus.io/port"]) in served, component
+
+
+@pytest.mark.parametrize("values_file", EXAMPLES)
+def test_replicas_spread_across_zones_and_nodes(values_file: str) -> None:
+    for component, pod in _pod_templates(render_example(values_file)).items():
+        constraints = pod["spec"]["topologySpreadConstraints"]
+        assert [c["topologyKey"] for c in constraints] == [
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+        ]
+        for constraint in constraints:
+            # Each counts the component's own pods, nothing else.
+            assert constraint["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+
+
+def test_a_component_s_own_spread_replaces_the_default_and_it_can_be_turned_off() -> None:
+    own = [{"maxSkew": 2, "topologyKey": "rack", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {}}]
+    pods = _pod_templates(render_example("values-us.yaml", {"edge": {"topologySpreadConstraints": own}}))
+    assert pods["edge"]["spec"]["topologySpreadConstraints"] == own
+    assert (
+        pods["region"]["spec"]["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    )
+    off = _pod_templates(render_example("values-us.yaml", {"topologySpread": {"enabled": False}}))
+    assert all("topologySpreadConstraints" not in pod["spec"] for pod in off.values())

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from llmmesh.edge import metrics as edge_metrics
 from llmmesh.engine.sim.metrics import SchedulerStats, SimEngineMetrics
 from llmmesh.globalplane import metrics as global_metrics
-from llmmesh.topology.yaml_text import to_yaml
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region import metrics_gauges  # noqa: F401  (registers the region's gauges)
+from llmmesh.topology.yaml_text import to_yaml
 from tests.deploy.dashboards import (
     PROMETHEUS,
     all_panel_queries,

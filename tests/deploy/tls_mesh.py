@@ -21,20 +21,16 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from llmmesh.edge.server import EdgeServer, start_edge
-from llmmesh.edge.settings import EdgeSettings
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
-from llmmesh.certs import CertFiles, CertificateAuthority
-from llmmesh.topology.envoy_tls import PROXY_IDENTITY, SERVER_STEM, ProxyTls
+from llmmesh.core.certs import CertFiles, CertificateAuthority
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.core.mtls import MeshSecurity
-from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.edge.server import EdgeServer
+from llmmesh.globalplane.server import GlobalPlane
+from llmmesh.region.server import RegionPlane
+from llmmesh.topology.envoy_tls import PROXY_IDENTITY, SERVER_STEM, ProxyTls
 from tests.security.mesh_pki import EDGE, GLOBAL, POD, US_EAST, US_WEST, Pki, make_pki
-from tests.stack import DEV_KEY, region_settings
+from tests.stack import MeshBuilder, region_settings
 
 PUBLIC_NAME = "localhost"
 WEST_POD = PlaneIdentity(Role.ENGINE, "us-west-pod-0", "us", "us-west")
@@ -72,11 +68,11 @@ def issue_certificates(root: Path) -> Certificates:
     for identity in (GLOBAL, EDGE, US_EAST, US_WEST, POD, WEST_POD, PROXY_IDENTITY):
         mesh.files(identity)
     # A mesh-style CA stands in for a public one: no plane trusts it, so what it issues holds no mesh role.
-    public = CertificateAuthority.open(root / "public")
+    public = CertificateAuthority.open(root / "public", ca_dir=root / "public-ca")
     served = public.issue(PlaneIdentity(Role.EDGE, "front-proxy"), hosts=(PUBLIC_NAME,))
     shutil.copyfile(served.cert, mesh.ca.directory / f"{SERVER_STEM}.pem")
     shutil.copyfile(served.key, mesh.ca.directory / f"{SERVER_STEM}.key")
-    customer = CertificateAuthority.open(root / "customers").issue(CUSTOMER)
+    customer = CertificateAuthority.open(root / "customers", ca_dir=root / "customers-ca").issue(CUSTOMER)
     return Certificates(mesh, served.ca, customer)
 
 
@@ -89,65 +85,39 @@ class SecureZone:
     east: RegionPlane
     west: RegionPlane
     edge: EdgeServer
-    west_stopped: bool = False
+    builder: MeshBuilder
 
     async def stop_west(self) -> None:
-        self.west_stopped = True
-        await self.west.stop(0.5)
+        await self.builder.stop(self.west)
 
 
 def _mtls(mesh: Pki, identity: PlaneIdentity) -> dict[str, Any]:
-    """A plane's settings for its mesh certificate."""
-    return mesh.settings(identity)
+    """A plane's settings for its mesh certificate (and no plaintext)."""
+    return {"insecure": False, **mesh.settings(identity)}
 
 
 @asynccontextmanager
 async def secure_zone(root: Path, sim_inter_token_s: float) -> AsyncIterator[SecureZone]:
     certs = issue_certificates(root)
     mesh = certs.mesh
-    glob = await start_global_plane(
-        GlobalSettings(
-            dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", **_mtls(mesh, GLOBAL)
-        )
-    )
-    pods: list[EnginePod] = []
-    regions: list[RegionPlane] = []
-    edge: EdgeServer | None = None
-    running: SecureZone | None = None
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane(**_mtls(mesh, GLOBAL))
+        regions: list[RegionPlane] = []
         for region, pod_id, location in ((US_EAST, POD, "39.0,-77.5"), (US_WEST, WEST_POD, "45.6,-121.2")):
-            engine = EngineSettings(
-                pod_id=pod_id.name, sim_inter_token_s=sim_inter_token_s, **_mtls(mesh, pod_id)
-            )
-            pod = await start_engine(engine)
-            pods.append(pod)
+            pod = await build.pod(pod_id.name, sim_inter_token_s=sim_inter_token_s, **_mtls(mesh, pod_id))
             settings = region_settings(
                 glob.address,
                 [pod],
                 region=region.region,
                 location=location,
-                insecure=False,
                 **_mtls(mesh, region),
             )
-            regions.append(await start_region(settings))
+            regions.append(await build.region(settings))
         edge_files = mesh.files(EDGE)
-        https = EdgeSettings(
-            port=0,
-            global_address=glob.address,
-            auth_cache_ms=0,
+        edge = await build.edge(
+            glob.address,
             https_cert_file=str(edge_files.cert),
             https_key_file=str(edge_files.key),
             **_mtls(mesh, EDGE),
         )
-        edge = await start_edge(https)
-        running = SecureZone(certs, glob, regions[0], regions[1], edge)
-        yield running
-    finally:
-        if edge is not None:
-            await edge.stop()
-        for n, plane in enumerate(regions):
-            if n == 0 or running is None or not running.west_stopped:
-                await plane.stop(0.5)
-        for pod in pods:
-            await pod.stop(0.5)
-        await glob.stop(0.5)
+        yield SecureZone(certs, glob, regions[0], regions[1], edge, build)

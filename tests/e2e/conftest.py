@@ -22,6 +22,7 @@ from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.mtls import holder_security
 from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.region.zone_store import schema
+from tests.e2e.span_sink import SpanSink, serving_span_sink
 
 # Ten processes (global plane, four pods, four regions, edge) on two shared cores.
 STARTUP_TIMEOUT_S = 240.0
@@ -89,7 +90,7 @@ class RunningMesh:
     def channel(self, address: str, server_name: str, holder: str = "admin") -> grpc.aio.Channel:
         """A gRPC channel to a plane of the mesh, presenting the mesh's ``holder``
         certificate (admin, client) and expecting the server to answer to
-        ``server_name`` (:func:`llmmesh.identity.role_name`): the planes talk mTLS only."""
+        ``server_name`` (:func:`llmmesh.core.identity.role_name`): the planes talk mTLS only."""
         return open_channel(address, holder_security(holder, directory=self.certs_dir), server_name)
 
     def pod_metrics_urls(self, zone: str) -> list[str]:
@@ -134,7 +135,10 @@ def served_requests(store_url: str) -> dict[str, set[str]]:
     return served
 
 
-NO_TENANT_ROWS: dict[str, list[dict[str, object]]] = {table.name: [] for table in schema.ZONE_TABLES}
+TENANT_TABLES = [table for table in schema.ZONE_TABLES if "tenant_id" in table.c]
+"""The zone tables whose rows are a tenant's (the others are the zone's own, like its keys)."""
+
+NO_TENANT_ROWS: dict[str, list[dict[str, object]]] = {table.name: [] for table in TENANT_TABLES}
 """What :func:`tenant_rows` finds of a tenant a zone store never saw."""
 
 
@@ -148,7 +152,7 @@ def tenant_rows(store_url: str, tenant_id: str) -> dict[str, list[dict[str, obje
                     dict(row._mapping)
                     for row in conn.execute(table.select().where(table.c.tenant_id == tenant_id))
                 ]
-                for table in schema.ZONE_TABLES
+                for table in TENANT_TABLES
             }
     finally:
         engine.dispose()
@@ -167,13 +171,18 @@ def pod_counters(metrics_urls: list[str]) -> tuple[float, float]:
     return finished, prompt
 
 
-def start_up(home: Path, *flags: str) -> RunningMesh:
-    """Start ``llmmesh up`` and wait for its mesh.json."""
+def start_up(home: Path, *flags: str, otlp_endpoint: str = "") -> RunningMesh:
+    """Start ``llmmesh up`` and wait for its mesh.json; with ``otlp_endpoint``,
+    every plane exports every span there."""
     env = {**os.environ, "LLMMESH_HOME": str(home)}
+    tracing = ["--otlp-endpoint", otlp_endpoint, "--trace-sample-ratio", "1"] if otlp_endpoint else []
+    if otlp_endpoint:
+        # Export batches every half second (OpenTelemetry's default: 5 s), so spans arrive while a test waits.
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "500"
     # A file, not a pipe: every plane logs to it, and nobody drains a pipe.
     with (home / "up.log").open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "llmmesh", "up", *flags],
+            [sys.executable, "-m", "llmmesh", *tracing, "up", *flags],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -200,8 +209,16 @@ def stop_up(mesh: RunningMesh) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="package")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
-    """One embedded mesh (simulator engine) shared by the end-to-end tests."""
+def span_sink() -> Iterator[SpanSink]:
+    """The trace collector the shared mesh exports every span of every plane to."""
+    with serving_span_sink() as sink:
+        yield sink
+
+
+@pytest.fixture(scope="package")
+def mesh(tmp_path_factory: pytest.TempPathFactory, span_sink: SpanSink) -> Iterator[RunningMesh]:
+    """One embedded mesh (simulator engine) shared by the end-to-end tests,
+    tracing every turn (sample ratio 1) to :func:`span_sink`."""
     running = start_up(
         tmp_path_factory.mktemp("llmmesh-home"),
         "--engine",
@@ -210,6 +227,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh]:
         "0",
         "--dev-key",
         "sk-llmmesh-e2e",
+        otlp_endpoint=span_sink.endpoint,
     )
     yield running
     if running.process.poll() is None:

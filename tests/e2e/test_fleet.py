@@ -19,15 +19,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llmmesh.edge.server import EdgeServer, start_edge
-from llmmesh.edge.settings import EdgeSettings
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.core.model_family import LARGE, SMALL, FamilyModel
-from llmmesh.region.server import RegionPlane, start_region
-from tests.stack import DEV_KEY, region_settings, wait_until
+from llmmesh.edge.server import EdgeServer
+from llmmesh.engine.server import EnginePod
+from llmmesh.globalplane.server import GlobalPlane
+from llmmesh.region.server import RegionPlane
+from tests.stack import DEV_KEY, MeshBuilder, region_settings, wait_until
 
 CHIT_CHAT = "Hi there! How are you today?"
 HARD = (
@@ -82,48 +79,31 @@ async def register(glob: GlobalPlane, model: FamilyModel) -> None:
     )
 
 
-async def start_pod(model: FamilyModel, n: int) -> EnginePod:
+async def start_pod(build: MeshBuilder, model: FamilyModel, n: int) -> EnginePod:
     timing = model.sim_timing()
-    return await start_engine(
-        EngineSettings(
-            pod_id=f"us-east-pod-{n}",
-            model=model.name,
-            insecure=True,
-            sim_inter_token_s=timing["sim_inter_token_s"],
-            sim_prefill_per_token_s=timing["sim_prefill_per_token_s"],
-            # One generation at a time: a second turn on the model queues behind it.
-            max_num_seqs=1,
-        )
+    return await build.pod(
+        f"us-east-pod-{n}",
+        model=model.name,
+        sim_inter_token_s=timing["sim_inter_token_s"],
+        sim_prefill_per_token_s=timing["sim_prefill_per_token_s"],
+        # One generation at a time: a second turn on the model queues behind it.
+        max_num_seqs=1,
     )
 
 
 @pytest_asyncio.fixture
 async def fleet() -> AsyncIterator[Fleet]:
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
-    )
-    pods: dict[str, EnginePod] = {}
-    region = edge = None
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane()
         for model in (SMALL, LARGE):
             await register(glob, model)
-        pods = {SMALL.name: await start_pod(SMALL, 0), LARGE.name: await start_pod(LARGE, 1)}
+        pods = {SMALL.name: await start_pod(build, SMALL, 0), LARGE.name: await start_pod(build, LARGE, 1)}
         # A model is overloaded as soon as its one pod has a turn in flight.
         settings = region_settings(glob.address, list(pods.values()), fallback_queue_factor=1.0)
-        region = await start_region(settings)
+        region = await build.region(settings)
         await wait_until(lambda: len(region.pool.models) == 2 and len(region.pool.healthy_pods) == 2)
-        edge = await start_edge(
-            EdgeSettings(port=0, global_address=glob.address, auth_cache_ms=0, insecure=True)
-        )
+        edge = await build.edge(glob.address)
         yield Fleet(glob, pods, region, edge)
-    finally:
-        if edge is not None:
-            await edge.stop()
-        if region is not None:
-            await region.stop(0.5)
-        for pod in pods.values():
-            await pod.stop(0.5)
-        await glob.stop(0.5)
 
 
 async def ask(fleet: Fleet, text: str, *, stream: bool = False, model: str = "auto") -> httpx.Response:
@@ -230,6 +210,15 @@ async def test_a_conversation_turn_on_auto_is_routed_by_its_depth_too(fleet: Fle
 
 @pytest.mark.asyncio
 async def test_a_retired_model_is_neither_listed_nor_served(fleet: Fleet) -> None:
+    # The global plane's default model is in the registry, but no pod here serves it.
+    async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
+        headers = {"authorization": f"Bearer {DEV_KEY}"}
+        listed = {m["id"] for m in (await client.get("/v1/models", headers=headers)).json()["data"]}
+        assert {SMALL.name, LARGE.name} <= listed and "llmmesh-tiny" not in listed
+    unserved = await ask(fleet, CHIT_CHAT, model="llmmesh-tiny")
+    error = unserved.json()["error"]
+    assert unserved.status_code == 404 and (error["code"], error["param"]) == ("model_not_found", "model")
+    assert "not served in zone 'us'" in error["message"] and LARGE.name in error["message"]
     await admin(fleet.glob, "model", "retire", LARGE.name)
     async with httpx.AsyncClient(base_url=fleet.edge.url, timeout=60) as client:
         headers = {"authorization": f"Bearer {DEV_KEY}"}

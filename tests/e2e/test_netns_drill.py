@@ -1,7 +1,9 @@
 """The mesh on separate hosts: ``llmmesh up --netns`` runs the global plane,
 the edge and each region with its pods in a Linux network namespace of its
 own (veth pairs on a bridge, own addresses), and ``llmmesh drill failover
---mode link-down`` partitions the serving region by taking its link down.
+--mode link-down`` partitions the serving region by taking its link down;
+``--kind partition-global`` cuts the serving region off from the global
+plane alone, and the edge, which still reaches it, keeps it serving its zone.
 
 Checked: every plane serves and registers its host's address (never a
 loopback one), every hop's traffic went through the hosts' links (their
@@ -16,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,8 @@ from llmmesh.topology.netns import netns_available
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import geo_routing_service_pb2_grpc
 from tests.e2e.conftest import RunningMesh, start_up, stop_up
-from tests.e2e.test_drill import assert_clean
+from tests.e2e.drills import assert_clean
+from tests.e2e.drills import drill as run_drill
 
 pytestmark = pytest.mark.e2e
 
@@ -114,17 +116,7 @@ async def listed_regions(mesh: RunningMesh) -> dict[str, str]:
 
 
 def drill(mesh: RunningMesh, *flags: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "llmmesh", "drill", "failover", "--json", *SHORT, *flags],
-        env={**os.environ, "LLMMESH_HOME": str(mesh.home)},
-        capture_output=True,
-        text=True,
-        timeout=DRILL_TIMEOUT_S,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert isinstance(report, dict)
-    return report
+    return run_drill(mesh, *flags, settings=SHORT, timeout_s=DRILL_TIMEOUT_S)
 
 
 def test_every_plane_serves_and_registers_its_own_hosts_address(netns_mesh: RunningMesh) -> None:
@@ -219,4 +211,23 @@ def test_taking_the_global_planes_link_down_fails_no_turn(netns_mesh: RunningMes
     host = hosts(netns_mesh)["global"]
     assert report["target"] == f"global (host {host['address']}, link {host['link']})"
     assert report["turns_failed_clearly"] == 0 and report["tokens_lost"] == 0
+    assert report["passed"] is True
+
+
+def test_a_region_cut_off_from_the_global_plane_alone_keeps_serving_its_zone(netns_mesh: RunningMesh) -> None:
+    # Long enough for geo-routing to call the region DOWN (three missed heartbeats) well before the end.
+    report = drill(netns_mesh, "--kind", "partition-global", "--restore-after-s", "7")
+    print("partition-global drill report:", json.dumps(report, separators=(",", ":")))
+    assert_clean(report)
+    region, hosts_of = report["region"], hosts(netns_mesh)
+    assert (report["kind"], report["mode"]) == ("partition-global", "partition")
+    assert region in {"us-east", "us-west"}
+    assert report["target"].startswith(
+        f"{region} from global (hosts {hosts_of[region]['address']} and {hosts_of['global']['address']} "
+    )
+    # The global plane lost the region; the edge, reaching it serving, kept sending it turns.
+    assert report["time_to_exclude_s"] is not None and report["excluded_s"] is not None
+    assert report["turns_on_region_while_excluded"] >= 1
+    assert report["turns_failed_clearly"] == 0 and report["tokens_lost"] == 0, report["errors"]
+    assert report["time_to_return_s"] is not None and report["usage_records_lost"] == 0
     assert report["passed"] is True

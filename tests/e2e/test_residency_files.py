@@ -17,10 +17,10 @@ import sqlalchemy as sa
 
 from llmmesh.core.identity import Role, role_name
 from llmmesh.core.sqlstore import create_store_engine
-from llmmesh.v1 import policy_service_pb2, policy_service_pb2_grpc
 from llmmesh.region.knowledge.memory_store import memories
 from llmmesh.region.knowledge.vector_store_index import retrieval_database_url
 from llmmesh.region.knowledge.vector_store_schema import RETRIEVAL_TABLES
+from llmmesh.v1 import policy_service_pb2, policy_service_pb2_grpc
 from tests.e2e.conftest import NO_TENANT_ROWS, RunningMesh, pod_counters, tenant_rows
 from tests.e2e.test_residency import auth
 

@@ -52,10 +52,14 @@ def test_mesh_json_names_every_plane(mesh: RunningMesh) -> None:
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-def test_the_default_mesh_shares_its_own_redis(mesh: RunningMesh) -> None:
-    # Rate limits count per key across the regions of a zone only through a shared Redis.
-    assert str(mesh.info["redis_url"]).startswith("redis://127.0.0.1:")
-    assert mesh.pids["redis"] in child_pids(mesh.process.pid)
+def test_the_default_mesh_runs_a_redis_of_its_own_per_zone(mesh: RunningMesh) -> None:
+    # Rate limits count per key across the regions of a zone only through the zone's Redis.
+    urls = mesh.info["redis_urls"]
+    assert isinstance(urls, dict) and sorted(urls) == ["eu", "us"] and len(set(urls.values())) == 2
+    assert all(str(url).startswith("redis://127.0.0.1:") for url in urls.values())
+    # redis_url and pids.redis: the dev zone's, for readers of one Redis.
+    assert mesh.info["redis_url"] == urls["us"] and mesh.pids["redis"] == mesh.pids["redis-us"]
+    assert {mesh.pids["redis-us"], mesh.pids["redis-eu"]} <= set(child_pids(mesh.process.pid))
     assert "llmmesh up: warning" not in mesh.log()
 
 
@@ -111,7 +115,8 @@ def test_curl_streams_chunks_and_done(mesh: RunningMesh) -> None:
     assert events[-1] == "data: [DONE]"
     payloads = [json.loads(e.split("data: ", 1)[1]) for e in events[:-1]]
     assert all(p["object"] == "chat.completion.chunk" for p in payloads)
-    assert all(e.startswith("id: ") for e in events[:-1])
+    # OpenAI's framing: data lines only, no event ids unless a client asks for them.
+    assert all(e.startswith("data: ") for e in events[:-1])
     assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
@@ -207,8 +212,8 @@ def test_sigterm_stops_every_process(tmp_path_factory: pytest.TempPathFactory) -
     home = tmp_path_factory.mktemp("llmmesh-stop")
     running = start_up(home, "--edge-port", "0", "--dev-key", "sk-stop")
     children = child_pids(running.process.pid)
-    # The global plane, four engine pods, four regions, the edge and Redis where installed.
-    assert len(children) == 10 + (shutil.which("redis-server") is not None), children
+    # The global plane, four engine pods, four regions, the edge and a Redis per zone where installed.
+    assert len(children) == 10 + 2 * (shutil.which("redis-server") is not None), children
     assert set(children) == set(running.pids.values())
     status, out = stop_up(running)
     assert status == 0, out

@@ -70,7 +70,8 @@ def test_mesh_json_maps_zones_regions_tenants_and_processes(mesh: RunningMesh) -
     }
     assert mesh.tenant_id("us") != mesh.tenant_id("eu")
     planes = {"global", "edge"} | set(mesh.zone_of()) | {f"{r}-pod-0" for r in mesh.zone_of()}
-    planes |= {"redis"} if "redis_url" in info else set()  # the mesh's own, where installed
+    # The mesh's own Redis, one per zone, where installed ("redis": the dev zone's).
+    planes |= {"redis", "redis-us", "redis-eu"} if "redis_url" in info else set()
     assert set(mesh.pids) == planes
     assert set(mesh.pids.values()) == set(child_pids(mesh.process.pid))
 
@@ -173,7 +174,8 @@ def test_a_config_on_postgresql_stores_and_redis(
     home = tmp_path_factory.mktemp("llmmesh-pg")
     config = home / "mesh.toml"
     config.write_text(
-        f'[mesh]\nedge_port = 0\nredis_url = "{redis_url}"\n'
+        # One test Redis: a database per zone, which the zones may then share.
+        f'[mesh]\nedge_port = 0\nredis_url = "{redis_url}"\nshared_redis_ok = true\n'
         f'[zones.eu]\nstore_url = "{zone_schemas["eu"]}"\n[zones.eu.regions.eu-west]\n'
         f'[zones.us]\nstore_url = "{zone_schemas["us"]}"\n[zones.us.regions.us-east]\npods = 2\n'
     )

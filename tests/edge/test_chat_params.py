@@ -167,7 +167,7 @@ def test_harmless_settings_of_refusable_parameters_are_honoured() -> None:
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
         ({"web_search_options": {}}, "web_search_options"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
-        ({"verbosity": "low"}, "verbosity"),
+        ({"verbosity": "loud"}, "verbosity"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
         ({"store": True}, "store"),

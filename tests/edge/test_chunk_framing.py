@@ -1,5 +1,6 @@
 """Content chunks framed from a template are byte for byte what encoding the
-whole chunk gives."""
+whole chunk gives: one ``data:`` line, as OpenAI frames it (an opted-in
+client's ``id:`` line is added as the frame is sent)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.edge.chunks import ChunkStream, sse_event
+from llmmesh.edge.chunks import ChunkStream, sse_data
 
 
 def whole_chunk(stream: ChunkStream, text: str) -> dict[str, object]:
@@ -37,7 +38,7 @@ def test_a_content_chunk_is_the_whole_chunk_encoded(
     stream = ChunkStream("chatcmpl-abc", 1_700_000_000, model, include_usage)
     event = stream.content(sequence, text)
     assert event.event_id == sequence
-    assert event.frame == sse_event(sequence, whole_chunk(stream, text))
+    assert event.frame == sse_data(whole_chunk(stream, text))
     payload = json.loads(event.frame.decode().split("data: ", 1)[1])
     assert payload["choices"][0]["delta"]["content"] == text
 
@@ -45,7 +46,7 @@ def test_a_content_chunk_is_the_whole_chunk_encoded(
 def test_a_model_name_holding_the_marker_changes_nothing() -> None:
     stream = ChunkStream("chatcmpl-abc", 1, "odd\x00model", True)
     event = stream.content(3, "hi\x00")
-    assert event.frame == sse_event(3, whole_chunk(stream, "hi\x00"))
+    assert event.frame == sse_data(whole_chunk(stream, "hi\x00"))
 
 
 def test_content_ids_stay_above_the_last_one() -> None:

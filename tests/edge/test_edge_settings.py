@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from llmmesh.edge.settings import EdgeSettings
 from llmmesh.core import config
+from llmmesh.edge.settings import EdgeSettings
 
 
 def test_a_probe_port_is_refused_naming_the_setting() -> None:

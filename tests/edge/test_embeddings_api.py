@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from llmmesh.core.embedding_tokens import TOKEN_IDS_HEADER
 from tests.edge.sdk import async_client, sync_client
 from tests.multiregion import RegionSpec, running_multiregion
 from tests.stack import DEV_KEY, Stack
@@ -41,10 +42,15 @@ async def test_async_sdk_embeds_strings_and_token_arrays(stack: Stack) -> None:
             model=MODEL, input="the quick brown fox", encoding_format="float"
         )
         assert floats.data[0].embedding == pytest.approx(result.data[0].embedding, abs=1e-6)
-        tokens = await client.embeddings.create(model=MODEL, input=[[5, 6, 7], [8, 9]], dimensions=16)
+        own_ids = {TOKEN_IDS_HEADER: MODEL}
+        tokens = await client.embeddings.create(
+            model=MODEL, input=[[5, 6, 7], [8, 9]], dimensions=16, extra_headers=own_ids
+        )
         assert [len(d.embedding) for d in tokens.data] == [16, 16]
         assert tokens.usage.prompt_tokens == 5
-        single = await client.embeddings.create(model=MODEL, input=[5, 6, 7], dimensions=16)
+        single = await client.embeddings.create(
+            model=MODEL, input=[5, 6, 7], dimensions=16, extra_headers=own_ids
+        )
         assert single.data[0].embedding == pytest.approx(tokens.data[0].embedding, abs=1e-6)
 
 
@@ -101,6 +107,22 @@ async def test_bad_bodies_are_400s_naming_the_param(stack: Stack, body: dict[str
         resp = await http.post("/v1/embeddings", json=body, headers={"authorization": f"Bearer {DEV_KEY}"})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
+
+
+async def test_tiktoken_ids_as_langchain_sends_them_are_refused(stack: Stack) -> None:
+    assert stack.edge is not None
+    # LangChain's OpenAIEmbeddings: cl100k_base ids of "hello world", base64 asked by the SDK.
+    body = {"input": [[15339, 1917]], "model": MODEL, "encoding_format": "base64"}
+    key = {"authorization": f"Bearer {DEV_KEY}"}
+    async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as http:
+        refused = await http.post("/v1/embeddings", json=body, headers=key)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "input" and "check_embedding_ctx_length=False" in error["message"]
+        other = await http.post("/v1/embeddings", json=body, headers={**key, TOKEN_IDS_HEADER: "cl100k_base"})
+        assert other.status_code == 400 and other.json()["error"]["param"] == TOKEN_IDS_HEADER
+        text = await http.post("/v1/embeddings", json={**body, "input": ["hello world"]}, headers=key)
+        assert text.status_code == 200 and text.json()["usage"]["prompt_tokens"] > 0
 
 
 async def test_an_unknown_model_is_a_404_and_no_key_a_401(stack: Stack) -> None:

@@ -21,11 +21,13 @@ async def _conversation(http: httpx.AsyncClient) -> str:
 
 
 async def _billed_to(stack: Stack, end_user: str) -> tuple[int, int]:
-    """(requests, output tokens) billing holds for ``end_user`` of the dev tenant, once shipped."""
+    """(requests, output tokens) billing holds for ``end_user`` of the dev tenant (by the
+    pseudonym its zone computes), once shipped."""
     await stack.region.gateway.drain()
     assert await stack.region.shipper.flush(timeout_s=10), "usage not delivered"
     tenant = stack.region.policy.authenticate(DEV_KEY).tenant_id
-    totals = await stack.global_plane.ledger.usage(tenant, "", end_user=end_user)
+    pseudonym = await stack.region.shipper.pseudonyms.of(tenant, end_user)
+    totals = await stack.global_plane.ledger.usage(tenant, "", end_user=pseudonym)
     return totals.requests, totals.output_tokens
 
 

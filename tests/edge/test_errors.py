@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.edge.errors import OpenAIError, from_mesh_error
 from llmmesh.core.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -15,6 +14,7 @@ from llmmesh.core.errors import (
     Unauthenticated,
     Unavailable,
 )
+from llmmesh.edge.errors import RETRY_JITTER, OpenAIError, from_mesh_error
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,16 @@ def test_mapping(error: MeshError, status: int, code: str) -> None:
 
 def test_retry_after_is_whole_seconds_rounded_up() -> None:
     mapped = from_mesh_error(ResourceExhausted(Reason.RATE_LIMITED, "slow", retry_after_s=2.1))
-    assert mapped.headers() == {"retry-after": "3"}
+    assert mapped.headers()["retry-after"] == "3"
     assert OpenAIError(400, "x").headers() == {}
+
+
+def test_retry_after_ms_spreads_clients_refused_together_over_a_quarter_more() -> None:
+    mapped = from_mesh_error(ResourceExhausted(Reason.OVERLOADED, "busy", retry_after_s=2.0))
+    waits = [int(mapped.headers()["retry-after-ms"]) for _ in range(200)]
+    assert all(2000 <= wait <= 2000 * (1 + RETRY_JITTER) for wait in waits)
+    # Spread, not one value: at least a third of the range is used.
+    assert max(waits) - min(waits) >= 2000 * RETRY_JITTER / 3
 
 
 def test_only_a_declared_overload_is_a_429() -> None:

@@ -20,7 +20,7 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsBas
 import llmmesh.edge.region_session
 import llmmesh.edge.turns
 from llmmesh.engine.sim.tokenizer import SimTokenizer
-from llmmesh.v1 import chat_service_pb2
+from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.edge.sdk import async_client, function_tool, object_schema
 from tests.stack import Stack
 
@@ -195,6 +195,16 @@ HONOURED: list[tuple[str, dict[str, Any], Check]] = [
         {"reasoning_effort": "none"},
         lambda r, b: text(r) == text(b.greedy),
     ),
+    (
+        "verbosity",
+        {"verbosity": "low"},
+        # An instruction after the leading system messages, which the region sends the model.
+        lambda r, b: (
+            [m.role for m in b.starts[-1].messages][-2:]
+            == [common_pb2.CHAT_ROLE_DEVELOPER, common_pb2.CHAT_ROLE_USER]
+            and "briefly" in b.starts[-1].messages[-2].content
+        ),
+    ),
     ("user", {"user": "user-1"}, carried_as_end_user("user-1")),
     ("safety_identifier", {"safety_identifier": "hashed-2"}, carried_as_end_user("hashed-2")),
 ]
@@ -207,7 +217,6 @@ REFUSED: dict[str, Any] = {
     "prediction": {"type": "content", "content": "Hello"},
     "web_search_options": {"search_context_size": "low"},
     "reasoning_effort": "high",
-    "verbosity": "low",
     "functions": [{"name": "get_weather", "parameters": {"type": "object"}}],
     "function_call": "auto",
     "store": True,
@@ -231,13 +240,13 @@ async def test_every_documented_parameter_is_honoured_or_refused(
     covered = {name for name, _, _ in HONOURED} | set(REFUSED)
     assert covered == documented_parameters(), "parameters without a case: add them to a table"
     starts: list[chat_service_pb2.ChatStart] = []
-    sent = edge.region_session.start_message
+    sent = llmmesh.edge.region_session.start_message
 
     def recording(start: chat_service_pb2.ChatStart, api_key: str) -> chat_service_pb2.ChatSessionRequest:
         starts.append(start)
         return sent(start, api_key)
 
-    monkeypatch.setattr(edge.turns, "start_message", recording)
+    monkeypatch.setattr(llmmesh.edge.turns, "start_message", recording)
     async with async_client(stack) as client:
         base = Replies(
             greedy=await client.chat.completions.create(**BASE, logprobs=True),

@@ -25,11 +25,11 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.edge.schemas import parse_chat_request
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from llmmesh.region.zone_store import schema
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc
 from tests.edge.sse import Event, events_of
 from tests.multiregion import MultiRegionMesh, RegionSpec, running_multiregion
 from tests.stack import wait_until
@@ -55,6 +55,9 @@ def regions(us_east_engine: dict[str, object] | None = None) -> list[RegionSpec]
 
 @contextlib.asynccontextmanager
 async def mesh_of(tmp_path: Path, specs: list[RegionSpec], **edge: object) -> AsyncIterator[MultiRegionMesh]:
+    # Kills break the stream at once; the stall watchdog stays for the test
+    # that stalls a region, so a loaded machine's slow step is no failover.
+    edge.setdefault("stall_timeout_ms", 15_000)
     async with running_multiregion(specs, store_dir=tmp_path, edge=edge) as mesh:
         yield mesh
 
@@ -69,6 +72,10 @@ def body(*, stream: bool = True) -> dict[str, Any]:
     if stream:
         request["stream_options"] = {"include_usage": True}
     return request
+
+
+# The drills check the stream's event ids, which a client opts into.
+EVENT_IDS = {"x-llmmesh-event-ids": "true"}
 
 
 def auth(secret: str, **extra: str) -> dict[str, str]:
@@ -119,7 +126,7 @@ async def stream(
     """Stream the turn; after ``K`` content events await ``after_content(region)``;
     with ``stop_after``, leave after that many events."""
     async with http.stream(
-        "POST", "/v1/chat/completions", json=body(), headers=auth(secret, **(headers or {}))
+        "POST", "/v1/chat/completions", json=body(), headers=auth(secret, **{**EVENT_IDS, **(headers or {})})
     ) as resp:
         assert resp.status_code == 200, await resp.aread()
         got = Streamed(resp.headers["x-llmmesh-region"], [])
@@ -452,7 +459,9 @@ async def test_a_conversation_goes_on_in_the_zone_peer_while_its_home_is_down(tm
 async def test_a_conversation_turn_cut_mid_stream_is_stored_once_whole(tmp_path: Path) -> None:
     async with mesh_of(tmp_path, regions()) as mesh:
         tenant_id, secret = await mesh.new_key("us")
-        async with httpx.AsyncClient(base_url=mesh.url, timeout=60, headers=auth(secret)) as http:
+        async with httpx.AsyncClient(
+            base_url=mesh.url, timeout=60, headers=auth(secret, **EVENT_IDS)
+        ) as http:
             cid = (await http.post("/v1/conversations", json={})).json()["id"]
             request = {"content": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
             got = Streamed("", [])

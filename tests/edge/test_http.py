@@ -17,10 +17,11 @@ BODY = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "ma
 
 
 async def test_stream_ids_are_increasing_and_end_with_done(http: httpx.AsyncClient) -> None:
+    # Event ids are opted into (by default a stream is framed as OpenAI's, with none).
     resp = await http.post(
         "/v1/chat/completions",
         json={**BODY, "stream": True, "stream_options": {"include_usage": True}},
-        headers=AUTH,
+        headers={**AUTH, "x-llmmesh-event-ids": "true"},
     )
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/event-stream")

@@ -145,7 +145,7 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    cert_file, key_file = directory / "llmmesh.edge.pem", directory / "llmmesh.edge.key"
+    cert_file, key_file = directory / "edge.pem", directory / "edge.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(
@@ -196,7 +196,7 @@ async def test_the_edge_serves_https_with_a_certificate(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "settings",
     [
-        lambda tmp: {"https_cert_file": str(tmp / "llmmesh.edge.pem")},
+        lambda tmp: {"https_cert_file": str(tmp / "edge.pem")},
         lambda tmp: {"https_cert_file": str(tmp / "missing.pem"), "https_key_file": str(tmp / "missing.key")},
     ],
 )

@@ -9,12 +9,25 @@ import grpc
 import httpx
 import pytest
 
+from llmmesh.core.errors import MeshError
 from llmmesh.edge.errors import from_mesh_error
 from llmmesh.edge.mesh_client import MeshClient
-from llmmesh.core.errors import MeshError
 from tests.stack import DEV_KEY, Stack
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """One mesh for the module's tests: none leaves anything another reads."""
+    return shared_stack
+
+
+@pytest.fixture
+def http(shared_http: httpx.AsyncClient) -> httpx.AsyncClient:
+    return shared_http
+
+
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}
 HELLO = [{"role": "user", "content": "Hello"}]
 HUGE = "x" * 20_000

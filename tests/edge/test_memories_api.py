@@ -84,7 +84,13 @@ async def test_facts_are_learned_recalled_listed_and_deleted(stack: Stack, http:
     other = await tenant_key(stack, "stranger", memory=True)
     assert await facts(http, other, "greta") == []
     assert (await http.delete(f"/v1/memories/{found[0]['id']}", headers=auth(other))).status_code == 404
-    one = await http.delete(f"/v1/memories/{found[0]['id']}", headers=auth(key))
+    # A user named with the id must be the one the fact is about; any other parameter is refused.
+    path = f"/v1/memories/{found[0]['id']}"
+    wrong = await http.delete(path, params={"user": "someone-else"}, headers=auth(key))
+    assert (wrong.status_code, wrong.json()["error"]["param"]) == (404, "memory_id")
+    odd = await http.delete(path, params={"users": "greta"}, headers=auth(key))
+    assert (odd.status_code, odd.json()["error"]["param"]) == (400, "users")
+    one = await http.delete(path, params={"user": "greta"}, headers=auth(key))
     assert one.status_code == 200 and one.json()["deleted"] == 1
     rest = await http.delete("/v1/memories", params={"user": "greta"}, headers=auth(key))
     assert rest.json()["deleted"] == 1 and await facts(http, key, "greta") == []

@@ -4,7 +4,8 @@ text, not understanding, so these tests check the pipeline: after a turn
 the region asks the zone's smallest chat model, guided to the facts' JSON
 schema, at the priority behind every tenant's turn; what it answers is
 validated, kept, and recalled into the user's next turn; nothing is asked
-for a tenant whose policy keeps memory off; and the call is not billed."""
+for a tenant whose policy keeps memory off; and the call is billed to the
+tenant as background work, a line of its own."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from llmmesh.v1 import common_pb2
-from llmmesh.region.lifecycle import housekeeping_model as housekeeping
-from llmmesh.region.engine_complete import engine_completer
 from llmmesh.region.admission.fair_queue import UNKNOWN_TIER_PRIORITY
+from llmmesh.region.engine_complete import Completion, engine_generator
 from llmmesh.region.knowledge.memory import rules_extractor
 from llmmesh.region.knowledge.memory_model import FACTS_SCHEMA, fact_extractor, parse_facts
+from llmmesh.region.lifecycle import housekeeping_model as housekeeping
 from llmmesh.region.settings import RegionSettings
+from llmmesh.v1 import common_pb2
 from tests.edge.test_memories_api import auth, facts, tenant_key, turn
 from tests.stack import DEV_KEY, Stack, running_stack
 
@@ -52,16 +53,16 @@ async def calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     made: list[dict[str, Any]] = []
 
     def recording(pool: Any, model: str, **options: Any) -> Any:
-        ask = engine_completer(pool, model, **options)
+        ask = engine_generator(pool, model, **options)
 
-        async def complete(turns: list[tuple[str, str]], max_tokens: int) -> str:
-            reply = await ask(turns, max_tokens)
-            made.append({"model": model, "reply": reply, **options})
-            return reply
+        async def complete(turns: list[tuple[str, str]], max_tokens: int) -> Completion:
+            done = await ask(turns, max_tokens)
+            made.append({"model": model, "reply": done.text, "done": done, **options})
+            return done
 
         return complete
 
-    monkeypatch.setattr(housekeeping, "engine_completer", recording)
+    monkeypatch.setattr(housekeeping, "engine_generator", recording)
     return made
 
 
@@ -106,11 +107,17 @@ async def test_the_model_is_asked_for_guided_facts_which_are_kept_and_recalled(
     question = "Where do I live?"
     prompts += [await turn(http, key, "greta", question), await turn(http, key, "someone", question)]
     assert prompts[1] > prompts[2] + 3
-    # The model's calls are the region's own: the tenant is billed for its three turns only.
+    # The model's calls are billed to the tenant as background work: its three turns, and a memory line.
     await memory.drain()
     await stack.region.gateway.drain()
     assert await stack.region.shipper.flush(timeout_s=10)
     usage = await http.get("/v1/usage", headers=auth(key))
     assert usage.status_code == 200, usage.text
-    assert usage.json()["input_tokens"] == sum(prompts)
     assert len(calls) == 3
+    extracted = sum(call["done"].input_tokens for call in calls)
+    body = usage.json()
+    assert body["input_tokens"] == sum(prompts) + extracted
+    assert body["requests"] == 3
+    lines = {line["purpose"]: line for line in body["lines"]}
+    assert lines["memory"]["input_tokens"] == extracted and lines["memory"]["requests"] == 0
+    assert lines["turn"]["input_tokens"] == sum(prompts)

@@ -9,8 +9,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.core.errors import MeshError, Reason
+from llmmesh.edge.mesh_client import MeshClient, RouteOptions
 from llmmesh.v1 import geo_routing_service_pb2, policy_service_pb2
 
 pytestmark = pytest.mark.asyncio
@@ -72,8 +72,7 @@ async def client(clock: Clock) -> tuple[MeshClient, FakeGlobal]:
         "127.0.0.1:1",
         auth_cache_s=5.0,
         clock=clock,
-        route_cache_s=1.0,
-        route_stale_s=30.0,
+        routes=RouteOptions(cache_s=1.0, stale_s=30.0),
         outage_grace_s=60.0,
     )
     fake = FakeGlobal()

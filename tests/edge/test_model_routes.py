@@ -1,17 +1,21 @@
-"""``GET /v1/models/{model}`` and the endpoints the mesh does not serve,
-through the official SDK and plain HTTP."""
+"""``GET /v1/models/{model}`` through the official SDK."""
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
+from llmmesh.globalplane.tiers import TenantTier
 from tests.edge.sdk import async_client
-from tests.stack import DEV_KEY, Stack
+from tests.stack import Stack
 
-pytestmark = pytest.mark.asyncio
-AUTH = {"Authorization": f"Bearer {DEV_KEY}"}
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """One mesh for the module's tests: none leaves anything another reads."""
+    return shared_stack
 
 
 async def test_one_model_is_the_listed_object_and_an_unknown_one_is_model_not_found(stack: Stack) -> None:
@@ -26,21 +30,17 @@ async def test_one_model_is_the_listed_object_and_an_unknown_one_is_model_not_fo
     assert missing.value.param == "model"
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [("POST", "/v1/completions"), ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_1")],
-)
-async def test_unsupported_endpoints_say_so(http: httpx.AsyncClient, method: str, path: str) -> None:
-    resp = await http.request(method, path, headers=AUTH, json={"model": "auto", "prompt": "hi"})
-    assert resp.status_code == 404
-    error = resp.json()["error"]
-    assert error["code"] == "unsupported_endpoint"
-    assert "/v1/chat/completions" in error["message"]
-    assert (await http.request(method, path)).status_code == 401
-
-
-async def test_the_sdk_sees_a_not_found_error_for_legacy_completions(stack: Stack) -> None:
+async def test_a_callers_zone_lists_only_the_models_its_regions_serve(stack: Stack) -> None:
     async with async_client(stack) as client:
-        with pytest.raises(openai.NotFoundError) as refused:
-            await client.completions.create(model="auto", prompt="hi")
-    assert refused.value.code == "unsupported_endpoint"
+        tiny = next(m for m in (await client.models.list()).data if m.id == "llmmesh-tiny")
+    assert tiny.model_dump()["regions"] == ["us-east"]
+    # A tenant of a zone no region serves sees no model, and no model by name either.
+    book = stack.global_plane.tenants
+    tenant = await book.create_tenant("models-elsewhere", "eu", TenantTier.PRO)
+    _, secret = await book.create_api_key(tenant.id)
+    async with async_client(stack, secret) as elsewhere:
+        assert (await elsewhere.models.list()).data == []
+        with pytest.raises(openai.NotFoundError) as missing:
+            await elsewhere.models.retrieve("llmmesh-tiny")
+    assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
+    assert "not served in your zone (eu)" in missing.value.message

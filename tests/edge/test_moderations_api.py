@@ -14,7 +14,13 @@ from llmmesh.region.safety import OPENAI_CATEGORIES
 from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """One mesh for the module's tests: none leaves anything another reads."""
+    return shared_stack
 
 
 async def test_the_sdk_gets_openai_categories_and_scores(stack: Stack) -> None:
@@ -50,7 +56,7 @@ async def test_a_single_string_and_text_parts_are_served(stack: Stack) -> None:
         ({"input": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}, 400, "input"),
         ({"input": [{"type": "text", "text": 3}]}, 400, "input"),
         ({"input": "x", "model": 7}, 400, "model"),
-        ({"input": "x", "model": "omni-moderation-latest"}, 404, "model"),
+        ({"input": "x", "model": "omni-moderation-2024-09-26"}, 404, "model"),
         ({"input": "x", "threshold": 0.5}, 400, "threshold"),
     ],
 )
@@ -67,3 +73,15 @@ async def test_moderation_needs_a_key(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as http:
         resp = await http.post("/v1/moderations", json={"input": "x"})
     assert resp.status_code == 401
+
+
+@pytest.mark.parametrize(
+    "alias", ["omni-moderation-latest", "text-moderation-latest", "text-moderation-stable"]
+)
+async def test_openai_s_latest_aliases_are_answered_by_the_region_s_backends(
+    stack: Stack, alias: str
+) -> None:
+    async with async_client(stack) as client:
+        answer = await client.moderations.create(model=alias, input="I want to kill myself")
+    assert answer.model == "llmmesh-moderation"  # who answered, by its own name
+    assert answer.results[0].flagged

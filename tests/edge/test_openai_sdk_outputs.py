@@ -5,13 +5,16 @@ effect, not only acceptance."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import jsonschema  # type: ignore[import-untyped]
+import openai
 import pytest
 import pytest_asyncio
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
@@ -20,8 +23,20 @@ from openai.types.shared_params import ResponseFormatJSONSchema
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from tests.edge.sdk import async_client
 from tests.stack import DEV_KEY, Stack, running_stack
+from tests.strict_models import Everything, Tree
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack() -> AsyncIterator[Stack]:
+    """One mesh for the module's tests: none leaves anything another reads.
+    Its output filter reports PII without blocking, since structured output
+    of a model with an email field holds an email address."""
+    async with running_stack(with_edge=True, region_overrides={"safety_report_only": "pii"}) as running:
+        yield running
+
+
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something about meshes."}]
 LONG: dict[str, Any] = {"max_tokens": 40, "extra_body": {"ignore_eos": True}}
 PERSON = {
@@ -76,6 +91,60 @@ async def test_json_object_and_json_schema_replies_are_valid(stack: Stack) -> No
     for text in (strict.choices[0].message.content or "", streamed):
         jsonschema.validate(json.loads(text), PERSON)
     assert streamed == strict.choices[0].message.content
+
+
+async def test_parse_fills_a_model_of_every_strict_mode_feature(stack: Stack) -> None:
+    """``parse(response_format=Model)``: formats, a pattern with a length
+    bound, bounds with a multiple, bounded lists, a nullable field, an enum,
+    a nested and a recursive model, all valid for pydantic."""
+    async with async_client(stack) as client:
+        replies = await asyncio.gather(
+            *(
+                client.chat.completions.parse(
+                    model="auto",
+                    messages=ASK,
+                    response_format=Everything,
+                    max_tokens=2000,
+                    temperature=1.0,
+                    seed=seed,
+                )
+                for seed in range(3)
+            )
+        )
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="auto",
+                messages=ASK,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "odd", "schema": {"type": "object", "if": {"required": ["a"]}}},
+                },
+            )
+    documents = set()
+    for reply in replies:
+        parsed = reply.choices[0].message.parsed
+        assert isinstance(parsed, Everything) and reply.choices[0].finish_reason == "stop"
+        assert parsed.when.tzinfo is not None and parsed.id.version == 4
+        assert re.fullmatch(r"[A-Z]{2}-\d{3,5}", parsed.code) and len(parsed.code) <= 7
+        assert parsed.count > 0 and parsed.count % 5 == 0 and 0 <= parsed.ratio < 1
+        assert 1 <= len(parsed.numbers) <= 3 and isinstance(parsed.tree, Tree)
+        documents.add(reply.choices[0].message.content)
+    assert len(documents) == len(replies)
+    assert refused.value.param == "response_format.json_schema.schema"
+    assert "keyword 'if' at #" in refused.value.message
+
+
+async def test_responses_parse_fills_the_same_model(stack: Stack) -> None:
+    """``responses.parse(text_format=Model)`` over the Responses API: the
+    same strict-mode model, valid for pydantic."""
+    async with async_client(stack) as client:
+        reply = await client.responses.parse(
+            model="auto", input="Say something about meshes.", text_format=Everything, max_output_tokens=2000
+        )
+    parsed = reply.output_parsed
+    assert isinstance(parsed, Everything) and reply.status == "completed"
+    assert parsed.when.tzinfo is not None and parsed.id.version == 4
+    assert parsed.count > 0 and parsed.count % 5 == 0 and isinstance(parsed.tree, Tree)
 
 
 async def test_logprobs_and_top_logprobs_whole_and_streamed(stack: Stack) -> None:
@@ -165,7 +234,7 @@ async def test_max_completion_tokens_bounds_the_reply_over_max_tokens(stack: Sta
     assert completion.choices[0].finish_reason == "length"
 
 
-@pytest_asyncio.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def slow() -> AsyncIterator[Stack]:
     async with running_stack(with_edge=True, sim_inter_token_s=0.05) as running:
         yield running

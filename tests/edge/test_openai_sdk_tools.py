@@ -16,7 +16,15 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from tests.edge.sdk import async_client, function_tool, object_schema, sync_client
 from tests.stack import Stack
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """One mesh for the module's tests: none leaves anything another reads."""
+    return shared_stack
+
+
 CITY = object_schema(city={"type": "string"})
 CLOCK = object_schema(zone={"type": "string", "enum": ["utc", "cet"]})
 TOOLS: list[ChatCompletionToolParam] = [

@@ -15,12 +15,7 @@ from llmmesh.edge.mesh_client import MeshClient
 from llmmesh.edge.openapi.document import openapi_document
 from llmmesh.edge.settings import EdgeSettings
 
-# Answered only to say the Responses API is not served; /v1/responses is documented.
-UNDOCUMENTED = {
-    ("GET", "/v1/responses/{rest}"),
-    ("POST", "/v1/responses/{rest}"),
-    ("DELETE", "/v1/responses/{rest}"),
-}
+UNDOCUMENTED: set[tuple[str, str]] = set()
 
 
 async def app_operations() -> set[tuple[str, str]]:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from llmmesh.edge.ratelimit_headers import ratelimit_headers, reset_text
-from llmmesh.v1 import chat_service_pb2
-from llmmesh.region.gateway import rate_limit_status
+from llmmesh.region.admission.rate_limit_status import rate_limit_status
 from llmmesh.region.admission.ratelimit import Reservation
+from llmmesh.v1 import chat_service_pb2
 from tests.edge.test_conversations_api import new_tenant
 from tests.stack import DEV_KEY, Stack
 

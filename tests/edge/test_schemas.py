@@ -86,3 +86,46 @@ def test_ignore_eos_reaches_the_sampling_parameters() -> None:
     with pytest.raises(OpenAIError) as err:
         parse_chat_request({**body, "ignore_eos": "yes"})
     assert err.value.param == "ignore_eos"
+
+
+def test_a_reply_echoed_back_with_its_empty_fields_is_accepted() -> None:
+    """``messages.append(reply.model_dump())`` sends every field of the
+    reply, null or empty: none of them is an error, nor an empty metadata."""
+    echoed: dict[str, object] = {
+        "role": "assistant",
+        "content": "Hello!",
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": None,
+    }
+    body = {"model": "auto", "metadata": {}, "messages": [{"role": "user", "content": "Hi"}, echoed]}
+    request = parse_chat_request(body)
+    request.check_supported()
+    assert [m.content for m in request.to_messages()] == ["Hi", "Hello!"]
+    echoed["annotations"] = []
+    assert len(parse_chat_request(body).to_messages()) == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "code"),
+    [
+        (
+            {"role": "assistant", "content": "x", "annotations": [{"type": "url_citation"}]},
+            "annotations",
+            "unsupported_parameter",
+        ),
+        (
+            {"role": "user", "content": "x", "annotations": [{"type": "url_citation"}]},
+            "annotations",
+            "unknown_parameter",
+        ),
+    ],
+)
+def test_annotations_with_content_are_refused_naming_them(
+    message: dict[str, object], param: str, code: str
+) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        parse_chat_request({"model": "auto", "messages": [message]}).to_messages()
+    assert (refused.value.param, refused.value.code) == (f"messages[0].{param}", code)

@@ -158,6 +158,7 @@ def examples(
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_generated_requests_find_no_server_errors(stack: Stack) -> None:
     assert stack.edge is not None

@@ -15,9 +15,9 @@ import pytest_asyncio
 import redis.asyncio
 import redis.exceptions
 
+from llmmesh.core.tasks import cancel_and_wait
 from llmmesh.edge.streams.log import LogEntry, StreamInfo, StreamLogError
 from llmmesh.edge.streams.log_redis import RedisStreamLog, open_redis
-from llmmesh.core.tasks import cancel_and_wait
 
 pytestmark = pytest.mark.asyncio
 

@@ -26,6 +26,8 @@ from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 pytestmark = pytest.mark.asyncio
 AUTH = {"authorization": f"Bearer {DEV_KEY}"}
 RESUMABLE = {"x-llmmesh-resumable": "true"}
+# Event ids without detaching the stream from its connection.
+EVENT_IDS = {"x-llmmesh-event-ids": "true"}
 PROMPT = [{"role": "user", "content": "Tell me about resumable streams."}]
 # Slow enough that a stream is still being produced when a test resumes it.
 SLOW_POD: dict[str, Any] = {"sim_inter_token_s": 0.02}
@@ -35,6 +37,16 @@ SLOW_POD: dict[str, Any] = {"sim_inter_token_s": 0.02}
 # only once what follows has been checked with it): each comes as a delta.
 STALLED_POD: dict[str, Any] = {"sim_stall_after_tokens": 3}
 UNFILTERED = {"safety_backends": "none"}
+
+
+def data(events: list[Event]) -> list[str]:
+    """The events' data, whatever their framing."""
+    return [e.data for e in events]
+
+
+def texts(events: list[Event]) -> list[str]:
+    """Each chunk's delta text, or finish reason, or usage, without ids."""
+    return [text for _, text in content(events)]
 
 
 def content(events: list[Event]) -> list[tuple[int | None, str]]:
@@ -153,8 +165,8 @@ async def test_chunks_follow_openai_conventions(slow: tuple[Stack, httpx.AsyncCl
     # A delta may carry several tokens (the region's output filter releases text in pieces).
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= len(chunks) - 3
     assert all(c["usage"] is None for c in chunks[:-1])
-    # Role 0, the deltas 1..n (their sequence numbers), then finish and usage.
-    assert [e.id for e in events[:-1]] == list(range(len(events) - 1))
+    # OpenAI's framing: no ids (an opted-in client's are in test_stream_framing).
+    assert {e.id for e in events} == {None}
 
 
 async def test_a_filtered_reply_ends_with_content_filter_and_its_categories() -> None:
@@ -184,7 +196,9 @@ async def test_an_error_mid_stream_is_an_error_event_and_no_done() -> None:
     async with running_stack(with_edge=True, sim_error_rate=1.0) as stack:
         assert stack.edge is not None
         async with httpx.AsyncClient(base_url=stack.edge.url, timeout=30) as client:
-            resp, events = await read_stream(client, "POST", "/v1/chat/completions", json=body())
+            resp, events = await read_stream(
+                client, "POST", "/v1/chat/completions", json=body(), headers=EVENT_IDS
+            )
     assert resp.status_code == 200
     assert "[DONE]" not in [e.data for e in events]
     error = events[-1].json()["error"]
@@ -215,10 +229,12 @@ async def test_curl_streams_and_resumes(slow: tuple[Stack, httpx.AsyncClient]) -
     )  # fmt: skip
     assert "text/event-stream" in head
     events = parse_events(text)
-    assert events[-1].data == "[DONE]"
+    assert events[-1].data == "[DONE]" and {e.id for e in events} == {None}
     stream_id = events[0].json()["id"]
+    # An SSE client resuming by Last-Event-ID gets ids (the events are numbered from 0 all the same).
     _, resumed = await curl("-H", "Last-Event-ID: 2", f"{stack.edge.url}/v1/streams/{stream_id}")
-    assert parse_events(resumed) == events[3:]
+    assert data(parse_events(resumed)) == data(events[3:])
+    assert [e.id for e in parse_events(resumed)][:-1] == list(range(3, len(events) - 1))
 
 
 # ---------------------------------------------------------------- resume
@@ -243,12 +259,14 @@ async def test_a_resume_after_a_drop_gets_exactly_the_missing_events(
     )
     resp, rest = await read_stream(client, "GET", f"/v1/streams/{stream_id}", params=params, headers=headers)
     assert resp.status_code == 200 and resp.headers["x-request-id"] == stream_id
-    assert content(first + rest) == content(whole)
+    assert texts(first + rest) == texts(whole)
     assert [e.data for e in first + rest].count("[DONE]") == 1
     assert {e.json()["id"] for e in first + rest if e.data != "[DONE]"} == {stream_id}
+    # Ids on a resume by Last-Event-ID; OpenAI's framing on one by count.
+    assert {e.id for e in rest[:-1]} == ({None} if via == "starting_after" else set(range(5, len(whole) - 1)))
     # The whole stream stays replayable from the start.
     _, again = await read_stream(client, "GET", f"/v1/streams/{stream_id}")
-    assert again == first + rest
+    assert data(again) == data(first + rest)
 
 
 async def test_resume_refuses_other_keys_unknown_ids_and_bad_positions(
@@ -298,12 +316,12 @@ async def test_a_resume_on_another_edge_sharing_redis_gets_the_missing_events(re
             edge_b, "GET", f"/v1/streams/{stream_id}", headers={"Last-Event-ID": str(first[-1].id)}
         )
         assert resp.status_code == 200 and resp.headers["x-llmmesh-region"] == "us-east"
-        assert content(first + rest) == content(whole)
+        assert texts(first + rest) == texts(whole)
         assert [e.data for e in rest].count("[DONE]") == 1
         _, again = await read_stream(
             edge_b, "GET", f"/v1/streams/{stream_id}", params={"starting_after": "2"}
         )
-        assert again == (first + rest)[3:]
+        assert data(again) == data((first + rest)[3:])
 
 
 # ---------------------------------------------------------------- cancel
@@ -394,7 +412,11 @@ async def test_a_client_disconnect_aborts_the_engine_request(
     await wait_until(lambda: sim(stack).scheduler.running == 0, what="engine request aborted")
     # The log still tells how the stream ended.
     _, rest = await read_stream(
-        client, "GET", f"/v1/streams/{resp.headers['x-request-id']}", params={"starting_after": "1"}
+        client,
+        "GET",
+        f"/v1/streams/{resp.headers['x-request-id']}",
+        params={"starting_after": "1"},
+        headers=EVENT_IDS,
     )
     assert [text for _, text in content(rest)][-2:] == ["cancelled", "[DONE]"]
     assert [e.id for e in rest][:-1] == list(range(2, len(rest) + 1))
@@ -498,11 +520,13 @@ async def test_the_in_process_log_forgets_finished_streams_beyond_its_bounds() -
         await anext(log.follow("c", -1))
 
 
-async def test_an_unreachable_redis_refuses_streams_but_not_whole_completions() -> None:
+async def test_an_unreachable_redis_leaves_streams_unresumable_and_refuses_resumes() -> None:
     async with running_stack() as stack, edge_on(stack, redis_url="redis://127.0.0.1:1/0") as (_, client):
-        refused = await client.post("/v1/chat/completions", json=body(), headers=AUTH)
+        resp, events = await read_stream(client, "POST", "/v1/chat/completions", json=body())
+        assert resp.status_code == 200 and events[-1].data == "[DONE]"
+        assert resp.headers["x-llmmesh-resumable"] == "false"
+        refused = await client.get("/v1/streams/chatcmpl-x", headers=AUTH)
         assert refused.status_code == 503
-        assert refused.json()["error"]["code"] == "unavailable"
-        assert (await client.get("/v1/streams/chatcmpl-x", headers=AUTH)).status_code == 503
+        assert refused.json()["error"]["code"] == "stream_log_unavailable"
         whole = await client.post("/v1/chat/completions", json={**body(), "stream": False}, headers=AUTH)
         assert whole.status_code == 200 and whole.json()["choices"][0]["message"]["content"]

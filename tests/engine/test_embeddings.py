@@ -9,11 +9,11 @@ import grpc
 import grpc.aio
 import pytest
 
+from llmmesh.core.errors import InvalidArgument, NotFound
 from llmmesh.engine.embedding import Embedder, normalised
 from llmmesh.engine.embedding_sim import SimEmbeddingBackend, hashed_vector
 from llmmesh.engine.server import start_engine
 from llmmesh.engine.settings import EngineSettings
-from llmmesh.core.errors import InvalidArgument, NotFound
 from llmmesh.v1 import embedding_service_pb2 as pb
 from llmmesh.v1 import embedding_service_pb2_grpc as pb_grpc
 

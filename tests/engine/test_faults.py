@@ -20,13 +20,13 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from llmmesh.core.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.backend import GenerationRequest, SamplingOptions
 from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.engine.sim.faults import CRASH_EXIT_CODE, RETRY_AFTER_S, FaultPlan
-from llmmesh.core.errors import Reason, Unavailable, from_rpc_error
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
@@ -274,7 +274,7 @@ async def wait_for_ready(process: asyncio.subprocess.Process, ready: Path, log: 
 
 @pytest.mark.asyncio
 async def test_the_pod_process_exits_with_70_on_an_injected_crash(tmp_path: Path) -> None:
-    ready, log = tmp_path / "llmmesh.engine.json", tmp_path / "llmmesh.engine.log"
+    ready, log = tmp_path / "engine.json", tmp_path / "engine.log"
     flags = ["--port", "0", "--ready-file", str(ready), "--sim-crash-after-generations", "1", "--insecure"]
     with log.open("w") as out:
         # A file, not a pipe: nobody drains a pipe while the test waits.

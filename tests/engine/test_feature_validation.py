@@ -21,7 +21,7 @@ from tests.engine.test_servicer_features import CLOCK, REQUIRED, generate, start
 pytestmark = pytest.mark.asyncio
 __all__ = ["stub"]  # the fixture, imported to be used here
 
-BAD_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})
+BAD_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)"}}})
 
 
 @pytest.mark.parametrize(

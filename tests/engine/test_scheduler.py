@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
+from llmmesh.core.errors import AlreadyExists, Reason
 from llmmesh.engine.backend import FinishReason, GenerationRequest, GenerationStarted
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.core.errors import AlreadyExists, Reason
 from tests.engine.support import FAST, SLOW, collect
 
 PROMPT = tuple(range(300, 340))

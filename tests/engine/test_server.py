@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from llmmesh.engine.server import BackendNotAvailable, create_backend, serve
-from llmmesh.engine.settings import EngineSettings
 from llmmesh.core.config import add_arguments, load
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.engine.server import BackendNotAvailable, create_backend, serve
+from llmmesh.engine.settings import EngineSettings
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
 from tests.engine.support import FAST
@@ -62,7 +62,7 @@ def test_default_timing_streams_a_short_reply_well_under_a_second() -> None:
 
 @pytest.mark.asyncio
 async def test_serve_writes_the_ready_file_and_drains_on_sigterm(tmp_path: Path) -> None:
-    ready = tmp_path / "llmmesh.engine.json"
+    ready = tmp_path / "engine.json"
     task = asyncio.create_task(serve(dataclasses.replace(FAST, ready_file=str(ready), pod_id="pod-9")))
     for _ in range(1000):
         if ready.exists() or task.done():

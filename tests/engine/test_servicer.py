@@ -12,11 +12,11 @@ import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmmesh.core.errors import from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.engine.servicer import SERVICE_NAME
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.core.errors import from_rpc_error
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

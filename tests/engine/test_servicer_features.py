@@ -13,8 +13,8 @@ import grpc.aio
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.core.errors import from_rpc_error
+from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.v1 import common_pb2 as c
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

@@ -12,9 +12,9 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.server import EnginePod
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

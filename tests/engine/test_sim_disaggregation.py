@@ -14,13 +14,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.errors import from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.backend import GeneratedTokens, GenerationRequest, KvTransferSpec, SamplingOptions
 from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.engine.sim.kv_blocks import full_block_hashes
-from llmmesh.core.errors import from_rpc_error
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

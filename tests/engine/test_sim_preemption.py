@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.engine.backend import (
     FinishReason,
     GeneratedTokens,
@@ -24,7 +25,6 @@ from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.engine.sim.sampler import DeterministicSampler
 from llmmesh.engine.sim.sequence import SimSequence
 from llmmesh.engine.sim.tokenizer import SimTokenizer
-from llmmesh.core.errors import InvalidArgument, Reason
 from tests.engine.support import FAST, Generation, SteppedSimulator, collect
 
 SAMPLER = DeterministicSampler(SimTokenizer())

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmmesh.core.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec, tokenizer_response, tokenizer_spec
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.sim.vocabulary import SPECIAL_TOKENS, VOCAB_SIZE, WORDS
-from llmmesh.core.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec, tokenizer_response, tokenizer_spec
 
 TOKENIZER = SimTokenizer()
 valid_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200)

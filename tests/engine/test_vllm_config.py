@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from llmmesh.core.errors import InvalidArgument
 from llmmesh.engine.backend import ResponseFormatSpec, ResponseFormatType, SamplingOptions
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.vllm_engine import features
 from llmmesh.engine.vllm_engine.config import VllmEngineConfig
 from llmmesh.engine.vllm_engine.features import UnsupportedFeature
-from llmmesh.core.errors import InvalidArgument
 
 MODEL = Path("/models/tiny")
 

@@ -16,9 +16,9 @@ from google.protobuf import timestamp_pb2
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.globalplane.server import GlobalPlane, start_global_plane
 from llmmesh.globalplane.settings import GlobalSettings
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,

@@ -6,6 +6,7 @@ from decimal import Decimal
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.errors import InvalidArgument, NotFound, PermissionDenied, Reason
 from llmmesh.globalplane.model_catalog import (
     SIM_FAMILY,
     Model,
@@ -18,7 +19,6 @@ from llmmesh.globalplane.model_catalog import (
 from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import InvalidArgument, NotFound, PermissionDenied, Reason
 
 BIG = Model(
     "llmmesh-big",

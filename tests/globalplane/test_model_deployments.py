@@ -13,18 +13,16 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.globalplane.model_catalog import Model, ModelDeployment, ModelTier
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import model_registry_service_pb2 as mpb
-from llmmesh.v1 import model_registry_service_pb2_grpc
+from llmmesh.engine.server import EnginePod
+from llmmesh.globalplane.model_catalog import Model, ModelDeployment, ModelTier
+from llmmesh.globalplane.server import GlobalPlane
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.heartbeat import model_pods
-from llmmesh.region.server import RegionPlane, start_region
-from tests.stack import DEV_KEY, region_settings, wait_until
+from llmmesh.region.server import RegionPlane
+from llmmesh.v1 import model_registry_service_pb2 as mpb
+from llmmesh.v1 import model_registry_service_pb2_grpc
+from tests.stack import MeshBuilder, region_settings, wait_until
 
 SMALL, LARGE = "llmmesh-small", "llmmesh-large"
 
@@ -56,27 +54,16 @@ class Mesh:
 
 @pytest_asyncio.fixture
 async def mesh() -> AsyncIterator[Mesh]:
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=100, database_url="sqlite://", insecure=True)
-    )
-    pods: list[EnginePod] = []
-    region = None
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane(heartbeat_interval_ms=100)
         for name, tier in ((SMALL, ModelTier.SMALL), (LARGE, ModelTier.LARGE)):
             await glob.catalog.upsert_model(Model(name, tier, 4096, Decimal("0.001"), Decimal("0.002")))
-        for n, name in enumerate((SMALL, SMALL, LARGE)):
-            pods.append(
-                await start_engine(EngineSettings(pod_id=f"us-east-pod-{n}", model=name, insecure=True))
-            )
-        region = await start_region(region_settings(glob.address, pods, heartbeat_interval_ms=100))
+        pods = [
+            await build.pod(f"us-east-pod-{n}", model=name) for n, name in enumerate((SMALL, SMALL, LARGE))
+        ]
+        region = await build.region(region_settings(glob.address, pods, heartbeat_interval_ms=100))
         await wait_until(lambda: len(region.pool.healthy_pods) == 3, what="the region knows its pods")
         yield Mesh(glob, pods, region)
-    finally:
-        if region is not None:
-            await region.stop(0.5)
-        for pod in pods:
-            await pod.stop(0.5)
-        await glob.stop(0.5)
 
 
 async def deployments(channel: grpc.aio.Channel, name: str) -> list[tuple[str, int]]:

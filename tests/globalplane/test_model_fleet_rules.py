@@ -10,12 +10,12 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from llmmesh.globalplane import schema
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, Reason
+from llmmesh.globalplane.migrations import baseline
 from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier, default_model
 from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import FailedPrecondition, InvalidArgument, Reason
 
 LARGE = Model("llmmesh-large", ModelTier.LARGE, 4096, Decimal("0.002"), Decimal("0.004"))
 
@@ -107,7 +107,8 @@ async def test_an_older_models_table_gains_the_fleet_columns(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path / 'global.db'}"
     engine = sa.create_engine(url)
     old = sa.MetaData()
-    for table in schema.metadata.sorted_tables:
+    # The tables of the last release before migrations (the baseline's), models without the fleet's columns.
+    for table in baseline.tables.sorted_tables:
         if table.name == "models":
             added = ("retired", "canary_of", "canary_percent")
             kept = [

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from llmmesh.globalplane.region_directory import (
     GeoPoint,
     LocationHint,
@@ -14,7 +15,6 @@ from llmmesh.globalplane.region_directory import (
     RegionHealth,
     RegionReport,
 )
-from llmmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Reason
 from tests.globalplane.manual_clock import ManualClock
 
 PARIS = GeoPoint(48.86, 2.35)
@@ -93,10 +93,16 @@ def test_serving_before_degraded_and_draining_excluded(directory: RegionDirector
 def test_model_filter(directory: RegionDirectory) -> None:
     directory.heartbeat(_report("eu-south", models=("big",)))
     assert _names(directory, model="big") == ["eu-south"]
-    with pytest.raises(FailedPrecondition) as info:
+    # The zone's regions deploy no such model: no wait would change that.
+    with pytest.raises(NotFound) as unknown:
         directory.route("eu", model="none")
+    assert (unknown.value.reason, unknown.value.metadata["param"]) == (Reason.UNKNOWN_MODEL, "model")
+    assert "model 'none' is not served in zone 'eu'; its regions serve big" in unknown.value.message
+    # A zone without a region serving now is a residency refusal, model or not.
+    with pytest.raises(FailedPrecondition) as info:
+        directory.route("mars", model="big")
     assert info.value.reason == Reason.NO_REGION_IN_ZONE
-    assert info.value.metadata["zone"] == "eu"
+    assert info.value.metadata["zone"] == "mars"
 
 
 def test_missed_heartbeats_mark_a_region_down(directory: RegionDirectory, clock: ManualClock) -> None:
@@ -310,3 +316,41 @@ def test_pods_of_a_model_are_as_reported_else_the_region_s_total() -> None:
     assert report.engine_pods_of("other") == 0
     # A region that does not count per model (an older one) runs every model on all its pods.
     assert _report("eu-central").engine_pods_of("m") == 2
+
+
+def test_merged_heartbeats_of_other_replicas_count_and_a_silence_of_the_whole_mesh_is_forgiven() -> None:
+    clock = ManualClock()
+    directory = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    start = clock()
+    directory.merge([(_report("us-east"), start), (_report("us-west"), start)], start)
+    assert _health(directory) == {"us-east": RegionHealth.SERVING, "us-west": RegionHealth.SERVING}
+    # No replica hears any region: every replica keeps what regions last said.
+    clock.advance(seconds=5)
+    directory.merge([(_report("us-east"), start), (_report("us-west"), start)], clock())
+    assert _health(directory) == {"us-east": RegionHealth.SERVING, "us-west": RegionHealth.SERVING}
+    # Hearing resumes (at another replica): us-west gets a full down_after from then.
+    clock.advance(seconds=1)
+    resumed = clock()
+    directory.merge([(_report("us-east"), resumed), (_report("us-west"), start)], resumed)
+    clock.advance(seconds=2.5)
+    directory.merge([(_report("us-east"), clock()), (_report("us-west"), start)], clock())
+    assert _health(directory)["us-west"] == RegionHealth.SERVING
+    clock.advance(seconds=0.5)
+    directory.merge([(_report("us-east"), clock()), (_report("us-west"), start)], clock())
+    assert _health(directory) == {"us-east": RegionHealth.SERVING, "us-west": RegionHealth.DOWN}
+
+
+def test_a_region_removed_at_another_replica_is_forgotten_unless_just_heard() -> None:
+    clock = ManualClock()
+    directory = RegionDirectory(interval_ms=1000, missed_until_down=3, clock=clock)
+    directory.merge([(_report("us-east"), clock())], clock())
+    clock.advance(seconds=0.5)
+    directory.heartbeat(_report("us-west"))
+    # us-west's heartbeat is not in the store yet; us-east was removed there.
+    clock.advance(seconds=1)
+    directory.merge([], clock())
+    assert _health(directory) == {"us-west": RegionHealth.SERVING}
+
+
+def _health(directory: RegionDirectory) -> dict[str, RegionHealth]:
+    return {s.report.region: s.effective_health for s in directory.list_regions().items}

@@ -1,5 +1,6 @@
 """Regions' heartbeats in the global store: a restarted global plane routes at
-once, and an operator removes a region for good (audited)."""
+once, replicas on one store route on the heartbeats any of them received,
+and an operator removes a region for good (audited)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ import grpc
 import grpc.aio
 import pytest
 
+from llmmesh.core.errors import from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.globalplane.audit import AuditLog
+from llmmesh.globalplane.protoconv import health_from_proto
 from llmmesh.globalplane.region_directory import GeoPoint, RegionHealth, RegionReport
 from llmmesh.globalplane.region_reports import RegionReportBook
 from llmmesh.globalplane.server import GlobalPlane, start_global_plane
 from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.globalplane.store import GlobalStore
-from llmmesh.core.errors import from_rpc_error
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2_grpc, policy_service_pb2_grpc
 from llmmesh.v1 import geo_routing_service_pb2 as gpb
 from llmmesh.v1 import policy_service_pb2 as ppb
+from tests.globalplane.manual_clock import ManualClock
 
 DEV_KEY = "sk-llmmesh-reports"
 SEEN = datetime(2031, 5, 17, 12, 0, tzinfo=UTC)
@@ -49,8 +52,8 @@ async def test_the_book_keeps_each_regions_last_heartbeat(store: GlobalStore) ->
     assert [r.region for r, _ in await book.load()] == ["us-west"]
 
 
-def _settings(tmp_path: Path) -> GlobalSettings:
-    url = f"sqlite:///{tmp_path / 'global.db'}"
+def _settings(tmp_path: Path, url: str = "") -> GlobalSettings:
+    url = url or f"sqlite:///{tmp_path / 'global.db'}"
     return GlobalSettings(port=0, insecure=True, database_url=url, dev_key=DEV_KEY, metrics_port=-1)
 
 
@@ -62,8 +65,9 @@ async def _heartbeat(plane: GlobalPlane, region: str) -> None:
         health=common_pb2.HEALTH_STATE_SERVING,
         capacity=8,
         models=["llmmesh-tiny"],
-        engine_pods=1,
+        engine_pods=2,
         healthy_engine_pods=1,
+        model_pods=[gpb.ModelPods(model="llmmesh-tiny", engine_pods=1, healthy_engine_pods=1)],
     )
     async with open_channel(plane.address) as channel:
         geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
@@ -103,3 +107,48 @@ async def test_a_restarted_global_plane_routes_at_once_and_forgets_removed_regio
         assert await _route(restarted) == ["us-east"]
     finally:
         await restarted.stop()
+
+
+async def _health(plane: GlobalPlane) -> dict[str, RegionHealth]:
+    async with open_channel(plane.address) as channel:
+        geo = geo_routing_service_pb2_grpc.GeoRoutingServiceStub(channel)
+        listed = await geo.ListRegions(gpb.ListRegionsRequest(), timeout=10)
+    return {s.report.region: health_from_proto(s.effective_health) for s in listed.regions}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+async def test_replicas_on_one_store_route_on_the_heartbeats_any_of_them_received(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("postgres_schema_url") if database == "postgresql" else ""
+    clock = ManualClock()
+    interval = timedelta(milliseconds=_settings(tmp_path).heartbeat_interval_ms)
+    a = await start_global_plane(_settings(tmp_path, url), clock)
+    b = await start_global_plane(_settings(tmp_path, url), clock)
+    running = [a, b]
+    try:
+        # us-east's connection reaches replica A only; within an interval B routes it too.
+        await _heartbeat(a, "us-east")
+        clock.advance(seconds=interval.total_seconds())
+        assert await _route(b) == ["us-east"]
+        assert b.directory.status("us-east") == a.directory.status("us-east")
+        # us-west reports to B only; us-east falls silent. A hears no region
+        # itself, yet is not deaf: the store's heartbeats are its peers' hearing.
+        for _ in range(a.directory.missed_until_down - 1):
+            clock.advance(seconds=interval.total_seconds())
+            await _heartbeat(b, "us-west")
+        silent = a.directory.status("us-east")
+        assert silent is not None and clock() - silent.last_heartbeat_time == a.directory.down_after
+        for plane in (a, b):
+            assert await _health(plane) == {"us-east": RegionHealth.DOWN, "us-west": RegionHealth.SERVING}
+            assert await _route(plane) == ["us-west"]
+        await running.pop().stop()
+        # A restarted replica starts from the store: us-west routed, us-east still DOWN.
+        b = await start_global_plane(_settings(tmp_path, url), clock)
+        running.append(b)
+        assert await _health(b) == {"us-east": RegionHealth.DOWN, "us-west": RegionHealth.SERVING}
+        assert await _route(b) == ["us-west"]
+    finally:
+        for plane in running:
+            await plane.stop()

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.core.end_user import end_user_pseudonym
 from llmmesh.globalplane import schema
+from llmmesh.globalplane.migrations import baseline
 from llmmesh.globalplane.model_catalog import ModelCatalog, default_model
 from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.globalplane.store import GlobalStore
@@ -21,13 +23,14 @@ from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
 
 
 def _old_shape(keyed_by_tenant: bool = False) -> sa.MetaData:
-    """``usage_records`` as it was: the request id alone the primary key, no
+    """The tables as the last release before migrations made them (the
+    baseline's), with ``usage_records`` as it was: the request id alone the primary key, no
     continuations and no end users; or, ``keyed_by_tenant``, as the version
     before end users were kept."""
     old = sa.MetaData()
     key = {"request_id", "tenant_id"} if keyed_by_tenant else {"request_id"}
     dropped = {"end_user"} if keyed_by_tenant else {"end_user", "continues_request_id"}
-    for table in schema.metadata.sorted_tables:
+    for table in baseline.tables.sorted_tables:
         if table.name == "usage_records":
             columns = [
                 sa.Column(c.name, c.type, primary_key=c.name in key, nullable=c.nullable)
@@ -90,17 +93,18 @@ async def _upgrade_and_bill(url: str, keyed_by_tenant: bool = False) -> None:
         assert outcome.accepted == 1
         assert (await ledger.usage(other.id, "")).output_tokens == 6
         assert await ledger.reconcile(["req-1"], other.id) == []
-        # The kept record names no end user; a new one does, and is found by it.
+        # The kept record names no end user; a new one does (by its pseudonym), and is found by it.
+        someone = end_user_pseudonym(b"k" * 32, "ten_a", "user-9f2c")
         await ledger.record(
-            [UsageRecord("req-2", "ten_a", "llmmesh-tiny", "us-east", 7, 8, end_user="user-9f2c")]
+            [UsageRecord("req-2", "ten_a", "llmmesh-tiny", "us-east", 7, 8, end_user=someone)]
         )
-        mine = await ledger.usage("ten_a", "", end_user="user-9f2c")
+        mine = await ledger.usage("ten_a", "", end_user=someone)
         assert (mine.requests, mine.input_tokens, mine.output_tokens) == (1, 7, 8)
         with store.engine.connect() as conn:
             users = conn.execute(
                 sa.text("SELECT request_id, end_user FROM usage_records WHERE tenant_id = 'ten_a'")
             )
-            assert sorted(tuple(r) for r in users) == [("req-1", None), ("req-2", "user-9f2c")]
+            assert sorted(tuple(r) for r in users) == [("req-1", None), ("req-2", someone)]
     finally:
         store.dispose()
 

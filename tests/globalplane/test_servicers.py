@@ -11,10 +11,11 @@ import pytest_asyncio
 from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llmmesh.globalplane.server import SERVICE_NAMES, GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.core.end_user import end_user_pseudonym
 from llmmesh.core.errors import MeshError, Reason, from_rpc_error
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.globalplane.server import SERVICE_NAMES, GlobalPlane, start_global_plane
+from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -178,17 +179,29 @@ async def test_billing_keeps_and_filters_by_end_user(plane: GlobalPlane, channel
             model="llmmesh-tiny",
             region="eu-west",
             usage=common_pb2.TokenUsage(input_tokens=tokens, output_tokens=tokens),
-            end_user=user,
+            end_user=end_user_pseudonym(b"k" * 32, dev.id, user),
         )
         for user, tokens in (("user-a", 10), ("user-b", 20), ("", 40))
     ]
     await billing.RecordUsage(bpb.RecordUsageRequest(records=records))
-    one = await billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user="user-b"))
+    b = end_user_pseudonym(b"k" * 32, dev.id, "user-b")
+    one = await billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user=b))
     assert (one.requests, one.input_tokens, one.output_tokens) == (1, 20, 20)
     everyone = await billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id))
     assert (everyone.requests, everyone.input_tokens) == (3, 70)
     bad = await _fails(billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user="a\x00b")))
     assert (bad.code, bad.metadata["param"]) == (grpc.StatusCode.INVALID_ARGUMENT, "end_user")
+    # A raw end-user id never leaves its zone: billing is asked by pseudonym only.
+    raw = await _fails(billing.GetUsage(bpb.GetUsageRequest(tenant_id=dev.id, end_user="user-b")))
+    assert (raw.code, raw.reason, raw.metadata["param"]) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "END_USER_NOT_PSEUDONYMOUS",
+        "end_user",
+    )
+    assert "pseudonymous outside their zone" in raw.message
+    record = bpb.UsageRecord(request_id="req_raw", tenant_id=dev.id, model="llmmesh-tiny", end_user="zed")
+    refused = await _fails(billing.RecordUsage(bpb.RecordUsageRequest(records=[record])))
+    assert (refused.code, refused.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "END_USER_NOT_PSEUDONYMOUS")
 
 
 @pytest.mark.asyncio

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.core.errors import AlreadyExists
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier
 from llmmesh.globalplane.server import ensure_dev_tenant
@@ -23,7 +24,6 @@ from llmmesh.globalplane.store import GlobalStore, create_store_engine, default_
 from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.core.errors import AlreadyExists
 from tests.globalplane.conftest import StoreFactory
 from tests.globalplane.manual_clock import ManualClock
 

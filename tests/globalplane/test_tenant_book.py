@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Connection
 
+from llmmesh.core import apikeys
+from llmmesh.core.errors import AlreadyExists, InvalidArgument, NotFound, Reason, Unauthenticated
 from llmmesh.globalplane.policy_records import TenantUpdate
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core import apikeys
-from llmmesh.core.errors import AlreadyExists, InvalidArgument, NotFound, Reason, Unauthenticated
 from tests.globalplane.manual_clock import ManualClock
 
 

@@ -15,6 +15,7 @@ from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.v1 import policy_service_pb2
 from tests.globalplane.manual_clock import ManualClock
+from tests.globalplane.older_store import as_before_migrations
 
 pytestmark = pytest.mark.asyncio
 
@@ -35,6 +36,7 @@ async def test_an_older_tenants_table_gets_memory_off(store: GlobalStore) -> Non
     tenant = await book.create_tenant("old", "us", TenantTier.FREE, memory_enabled=True)
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"ALTER TABLE {schema.tenants.name} DROP COLUMN memory_enabled")
+        as_before_migrations(conn)
     store.create_schema()
     with store.engine.connect() as conn:
         assert "memory_enabled" in {c["name"] for c in sa.inspect(conn).get_columns(schema.tenants.name)}

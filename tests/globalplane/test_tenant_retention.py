@@ -8,14 +8,15 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from llmmesh.core.errors import InvalidArgument
 from llmmesh.globalplane import schema
 from llmmesh.globalplane.policy_records import TenantUpdate
 from llmmesh.globalplane.policy_servicer import tenant_to_proto
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.errors import InvalidArgument
 from tests.globalplane.manual_clock import ManualClock
+from tests.globalplane.older_store import as_before_migrations
 
 pytestmark = pytest.mark.asyncio
 
@@ -42,6 +43,7 @@ async def test_an_older_tenants_table_gets_the_column(store: GlobalStore) -> Non
     tenant = await book.create_tenant("old", "us", TenantTier.FREE, conversation_retention_days=3)
     with store.engine.begin() as conn:
         conn.exec_driver_sql(f"ALTER TABLE {schema.tenants.name} DROP COLUMN conversation_retention_days")
+        as_before_migrations(conn)
     store.create_schema()
     store.create_schema()  # a current table is left alone
     with store.engine.connect() as conn:

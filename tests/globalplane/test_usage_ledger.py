@@ -8,16 +8,22 @@ from decimal import Decimal
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.end_user import end_user_pseudonym
+from llmmesh.core.errors import InvalidArgument, NotFound, Reason
+from llmmesh.core.pricing import format_usd
 from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier
 from llmmesh.globalplane.store import GlobalStore
 from llmmesh.globalplane.tenant_book import TenantBook
 from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.globalplane.usage_ledger import UsageLedger, UsageRecord
-from llmmesh.core.errors import InvalidArgument, NotFound, Reason
-from llmmesh.core.pricing import format_usd
 from tests.globalplane.manual_clock import ManualClock
 
 MODEL = Model("m", ModelTier.SMALL, 4096, Decimal("0.0005"), Decimal("0.0015"))
+
+
+def _pseudonym(end_user: str) -> str:
+    """A pseudonym as a zone ships it (the key and tenant here are the test's)."""
+    return end_user_pseudonym(b"k" * 32, "ten_test", end_user)
 
 
 @pytest.fixture
@@ -163,11 +169,13 @@ async def test_one_request_id_of_two_tenants_bills_both(tenants: TenantBook, led
 
 @pytest.mark.asyncio
 async def test_an_end_users_usage_is_kept_and_found(tenants: TenantBook, ledger: UsageLedger) -> None:
-    """An operator finds what one end user of a tenant cost, turns continued
-    elsewhere counted once; another tenant's end user of the same id is not theirs."""
+    """An operator finds what one end user of a tenant cost (by the pseudonym its zone
+    shipped), turns continued elsewhere counted once; another tenant's end user of the
+    same pseudonym is not theirs."""
     tid = await _tenant_id(tenants)
     other = (await tenants.create_tenant("globex", "us", TenantTier.PRO)).id
-    abuser = dataclasses.replace(_record(tid, "r1", 10, 4), end_user="user-7f3a")
+    seven, zero = _pseudonym("user-7f3a"), _pseudonym("user-0000")
+    abuser = dataclasses.replace(_record(tid, "r1", 10, 4), end_user=seven)
     continued = dataclasses.replace(
         abuser, request_id="r1-r2", input_tokens=0, output_tokens=6, continues_request_id="r1"
     )
@@ -177,32 +185,46 @@ async def test_an_end_users_usage_is_kept_and_found(tenants: TenantBook, ledger:
             abuser,
             continued,
             april,
-            dataclasses.replace(_record(tid, "r2", 1000, 1000), end_user="user-0000"),
+            dataclasses.replace(_record(tid, "r2", 1000, 1000), end_user=zero),
             _record(tid, "r3", 50, 50),
-            dataclasses.replace(_record(other, "r1", 99, 99), end_user="user-7f3a"),
+            dataclasses.replace(_record(other, "r1", 99, 99), end_user=seven),
         ]
     )
-    mine = await ledger.usage(tid, "", end_user="user-7f3a")
+    mine = await ledger.usage(tid, "", end_user=seven)
     assert (mine.period, mine.requests, mine.input_tokens, mine.output_tokens) == ("2031-05", 1, 10, 10)
     assert mine.cost_usd == Decimal("0.0005") * 10 / 1000 + Decimal("0.0015") * 10 / 1000
-    assert (await ledger.usage(tid, "2031-04", end_user="user-7f3a")).requests == 1
-    assert (await ledger.usage(tid, "", end_user="nobody")).requests == 0
+    assert (await ledger.usage(tid, "2031-04", end_user=seven)).requests == 1
+    assert (await ledger.usage(tid, "", end_user=_pseudonym("nobody"))).requests == 0
     everyone = await ledger.usage(tid)
     assert (everyone.requests, everyone.input_tokens) == (3, 1060)
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("end_user", ["x" * 257, "user\nforged log line", "tab\there"])
-async def test_a_malformed_end_user_is_invalid(
+@pytest.mark.parametrize(
+    "end_user",
+    [
+        "user-7f3a",  # a raw id: it never leaves its zone
+        "x" * 257,
+        "user\nforged log line",
+        "eup1_" + "A" * 26,
+        "eup1_" + "a" * 25,
+        "eup1_" + "a" * 26 + "\n",
+    ],
+)
+async def test_an_end_user_that_is_no_pseudonym_is_invalid(
     tenants: TenantBook, ledger: UsageLedger, end_user: str
 ) -> None:
     tid = await _tenant_id(tenants)
     with pytest.raises(InvalidArgument) as recorded:
         await ledger.record([_record(tid, "ok"), dataclasses.replace(_record(tid, "bad"), end_user=end_user)])
     assert recorded.value.metadata["param"] == "end_user"
+    assert recorded.value.reason == Reason.END_USER_NOT_PSEUDONYMOUS
     assert await ledger.reconcile(["ok"]) == ["ok"]
     with pytest.raises(InvalidArgument) as asked:
         await ledger.usage(tid, "", end_user=end_user)
     assert asked.value.metadata["param"] == "end_user"
-    await ledger.record([dataclasses.replace(_record(tid, "ok"), end_user="x" * 256)])
-    assert (await ledger.usage(tid, "", end_user="x" * 256)).requests == 1
+    assert "pseudonymous outside their zone" in asked.value.message
+    with pytest.raises(InvalidArgument):
+        await ledger.usage_by_model(tid, "", end_user=end_user)
+    await ledger.record([dataclasses.replace(_record(tid, "ok"), end_user=_pseudonym("x"))])
+    assert (await ledger.usage(tid, "", end_user=_pseudonym("x"))).requests == 1

@@ -15,9 +15,9 @@ from llmmesh.engine.server import EnginePod
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.engine.sim.kv_blocks import full_block_hashes
-from llmmesh.v1 import common_pb2, engine_service_pb2, engine_service_pb2_grpc
 from llmmesh.region.admission.fair_queue import FairQueue, Ticket
 from llmmesh.region.placement.kv_index import PrefixIndex, ResetReason
+from llmmesh.v1 import common_pb2, engine_service_pb2, engine_service_pb2_grpc
 from tests.engine.support import FAST
 
 BLOCK = FAST.block_size

@@ -17,17 +17,17 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from llmmesh.core.errors import Reason, ResourceExhausted
-from llmmesh.v1 import billing_service_pb2, common_pb2, policy_service_pb2
 from llmmesh.region.admission.control import Admission
 from llmmesh.region.admission.fair_queue import FairQueue
-from llmmesh.region.turn.filtered_output import FilteredOutput
-from llmmesh.region.policy_cache import Caller
 from llmmesh.region.admission.quota import QuotaLedger, month_start
 from llmmesh.region.admission.ratelimit import LocalRateLimiter
 from llmmesh.region.admission.ratelimit_redis import RedisRateLimiter
+from llmmesh.region.policy_cache import Caller
 from llmmesh.region.safety import RulesBackend, StreamingOutputFilter
+from llmmesh.region.turn.filtered_output import FilteredOutput
 from llmmesh.region.zone_store import UsageKey, ZoneStore
 from llmmesh.region.zone_store.rows import AssistantMessage
+from llmmesh.v1 import billing_service_pb2, common_pb2, policy_service_pb2
 
 pytestmark = pytest.mark.asyncio
 

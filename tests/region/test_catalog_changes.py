@@ -13,12 +13,12 @@ from typing import cast
 import grpc
 import pytest
 
-from llmmesh.globalplane.model_catalog import Model, ModelTier
 from llmmesh.core.errors import MeshError
 from llmmesh.core.model_resolver import ModelResolver
+from llmmesh.globalplane.model_catalog import Model, ModelTier
+from llmmesh.region.heartbeat import Heartbeater
 from llmmesh.v1 import common_pb2, geo_routing_service_pb2, geo_routing_service_pb2_grpc
 from llmmesh.v1 import model_registry_service_pb2_grpc as registry_grpc
-from llmmesh.region.heartbeat import Heartbeater
 from tests.common.test_model_resolver import CountingRegistry
 from tests.stack import running_stack
 

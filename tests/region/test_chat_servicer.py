@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from llmmesh.core.errors import MeshError, from_rpc_error, from_stream_error
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.region import metrics as region_metrics
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,
@@ -96,7 +97,8 @@ async def test_billed_usage_equals_streamed_tokens(stack: Stack) -> None:
 
 
 async def test_the_end_user_of_a_turn_reaches_its_usage_record_and_billing(stack: Stack) -> None:
-    """OpenAI's ``user`` rides in the zone's usage outbox and lands in billing, where it finds the turn."""
+    """OpenAI's ``user`` rides in the zone's usage outbox as given and lands in billing as its
+    zone's pseudonym, which finds the turn there."""
     request = start(max_tokens=6)
     request.start.user = "user-5e1d"
     events = await run_turn(stack, request)
@@ -110,7 +112,8 @@ async def test_the_end_user_of_a_turn_reaches_its_usage_record_and_billing(stack
         ).scalar_one()
     assert billing_service_pb2.UsageRecord.FromString(payload).end_user == "user-5e1d"
     tenant = stack.region.policy.authenticate(DEV_KEY).tenant_id
-    theirs = await stack.global_plane.ledger.usage(tenant, "", end_user="user-5e1d")
+    pseudonym = await stack.region.shipper.pseudonyms.of(tenant, "user-5e1d")
+    theirs = await stack.global_plane.ledger.usage(tenant, "", end_user=pseudonym)
     streamed = sum(len(e.delta.token_ids) for e in events if e.HasField("delta"))
     assert (theirs.requests, theirs.output_tokens) == (1, streamed)
 
@@ -334,28 +337,65 @@ async def test_no_serving_pod_is_unavailable_with_retry_info(stack: Stack) -> No
     assert error.retry_after_s is not None and error.retry_after_s > 0
 
 
-async def test_a_pod_dying_mid_turn_fails_its_turns_and_the_next_goes_elsewhere() -> None:
-    async with running_stack(pods=2) as stack:
+async def _cut_mid_turn(
+    stack: Stack, request: chat_service_pb2.ChatRequest, after_deltas: int
+) -> tuple[chat_service_pb2.ChatStarted, list[chat_service_pb2.ChatResponse]]:
+    """Run ``request``, stop its pod at once after ``after_deltas`` deltas;
+    the started event and every event after it."""
+    async with open_channel(stack.region.address) as channel:
+        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
+        await call.write(request)
+        await call.done_writing()
+        started = (await call.read()).started
+        events = [await call.read() for _ in range(after_deltas)]
+        assert all(event.HasField("delta") for event in events), events
+        dying = next(pod for pod in stack.engines if pod.backend.info().pod_id == started.pod_id)
+        await dying.stop(0)
+        while (event := await call.read()) is not grpc.aio.EOF:
+            events.append(event)
+    return started, events
+
+
+async def test_a_pod_dying_mid_turn_hands_the_turn_to_another_pod_with_no_token_lost() -> None:
+    async with running_stack(pods=2, sim_inter_token_s=0.01) as stack:
         await wait_until(lambda: len(stack.region.pool.healthy_pods) == 2, what="both pods up")
-        async with open_channel(stack.region.address) as channel:
-            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
-            await call.write(start(max_tokens=2000))
-            started = (await call.read()).started
-            assert (await call.read()).HasField("delta")
-            dying = next(pod for pod in stack.engines if pod.backend.info().pod_id == started.pod_id)
-            await dying.stop(0)
-            rest = []
-            while (event := await call.read()) is not grpc.aio.EOF:
-                rest.append(event)
-        assert rest[-1].HasField("error"), "the turn did not end with an error event"
-        error = rest[-1].error
-        assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE.value[0], "ENGINE_FAILED")
+        moved = region_metrics.TURNS_MOVED.labels("llmmesh-tiny")
+        moved_before = moved._value.get()
+        request = start("Tell me a long story about the mesh.", max_tokens=60, ignore_eos=True)
+        started, events = await _cut_mid_turn(stack, request, after_deltas=5)
+        deltas = [event.delta for event in events if event.HasField("delta")]
+        kinds = [event.WhichOneof("event") for event in events]
+        assert "error" not in kinds and kinds[-2:] == ["usage", "finished"], kinds
+        # One unbroken stream: numbered on, every token once, the whole turn's usage.
+        assert [delta.sequence for delta in deltas] == list(range(1, len(deltas) + 1))
+        received = [token for delta in deltas for token in delta.token_ids]
+        assert len(received) == 60
+        usage = next(event.usage.usage for event in events if event.HasField("usage"))
+        assert usage.output_tokens == 60
+        # The same turn, unbroken, on the pod that is left: the same tokens and prompt.
+        whole = await run_turn(
+            stack, start("Tell me a long story about the mesh.", max_tokens=60, ignore_eos=True)
+        )
+        assert [t for e in whole if e.HasField("delta") for t in e.delta.token_ids] == received
+        whole_usage = next(event.usage.usage for event in whole if event.HasField("usage"))
+        assert usage.input_tokens == whole_usage.input_tokens
+        assert moved._value.get() == moved_before + 1
         assert await billed(stack, started.request_id)
-        # The region learns the pod is gone at once or at its next health check;
-        # either way the next turn is served.
-        events = await run_turn(stack, start(max_tokens=4))
-        assert events[0].started.pod_id != started.pod_id
-        assert events[-1].HasField("finished")
+        stored = await stack.global_plane.ledger.usage(
+            stack.region.policy.authenticate(DEV_KEY).tenant_id, ""
+        )
+        assert stored.output_tokens == 120  # each turn billed once, whole
+
+
+async def test_a_pod_dying_mid_turn_with_no_other_pod_of_its_model_ends_the_turn_with_engine_failed() -> None:
+    async with running_stack(pods=1) as stack:
+        request = start(max_tokens=2000)
+        started, events = await _cut_mid_turn(stack, request, after_deltas=1)
+        assert events[-1].HasField("error"), "the turn did not end with an error event"
+        error = events[-1].error
+        assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE.value[0], "ENGINE_FAILED")
+        # What was delivered is billed; the edge goes on with the rest in another region.
+        assert await billed(stack, started.request_id)
 
 
 async def test_two_running_turns_with_one_request_id_refuse_the_second(stack: Stack) -> None:

@@ -12,12 +12,12 @@ import pytest_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.engine.server import start_engine
 from llmmesh.core.errors import InvalidArgument, Reason
-from llmmesh.v1 import common_pb2
-from llmmesh.region.turn.context_builder import MIN_OUTPUT_TOKENS, FittedContext, fit_context, split_turns
+from llmmesh.engine.server import start_engine
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.region.turn.context_builder import MIN_OUTPUT_TOKENS, FittedContext, fit_context, split_turns
+from llmmesh.v1 import common_pb2
 from tests.region.support import chat, pod_settings
 
 SYSTEM = common_pb2.CHAT_ROLE_SYSTEM

@@ -21,12 +21,12 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.region.zone_store import AssistantMessage, Role, ZoneStore
 from llmmesh.region.zone_store import schema as zs
 from llmmesh.region.zone_store.rows import ContinuedTurn, TurnStart
+from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.stack import Stack, running_stack
 
 pytestmark = pytest.mark.asyncio

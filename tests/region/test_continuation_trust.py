@@ -1,7 +1,8 @@
 """A ``ChatStart.continuation`` as an attacker with a valid key sends it
 straight to a region: it is accepted only for a turn the zone store knows
-was started for the same tenant and model, once, carrying no more tokens
-than that turn could produce; its prompt counts against the key's TPM
+was started for the same tenant and model, by one continuation at a time
+(a later one replaces it only carrying as much, and the replaced one
+cannot start), carrying no more tokens than that turn could produce; its prompt counts against the key's TPM
 beyond what the original turn counted, never as 0; and a turn continued
 after its region died counts as one request in billing.
 
@@ -22,8 +23,6 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.globalplane.policy_records import TenantUpdate
 from llmmesh.core.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -35,9 +34,12 @@ from llmmesh.core.errors import (
     from_rpc_error,
 )
 from llmmesh.core.sqlstore import create_store_engine
-from llmmesh.v1 import chat_service_pb2
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.policy_records import TenantUpdate
 from llmmesh.region.zone_store import AcceptedTurn, TurnStart, ZoneStore
 from llmmesh.region.zone_store import schema as zs
+from llmmesh.region.zone_store.turn_starts import MAX_CONTINUATIONS
+from llmmesh.v1 import chat_service_pb2
 from tests.region.test_continuation import (
     SAMPLING,
     UNFILTERED_FAST,
@@ -104,20 +106,27 @@ async def test_only_a_started_turn_of_the_same_tenant_and_model_is_continued(
     assert accepted == AcceptedTurn(counted_prompt_tokens=12)
 
 
-async def test_a_turn_is_continued_once(regions: tuple[ZoneStore, ZoneStore]) -> None:
+async def test_a_turn_has_one_continuation_at_a_time(regions: tuple[ZoneStore, ZoneStore]) -> None:
     east, west = regions
     await started(east, "req-a")
     first = marker("req-a-r2", continues="req-a", carried=3)
     await west.accept_turn(first)
     # The continuing region failed before it streamed: its retry elsewhere takes the same attempt over.
-    await east.accept_turn(marker("req-a-r2", continues="req-a", carried=3))
+    retried = marker("req-a-r2", continues="req-a", carried=3)
+    await east.accept_turn(retried)
     assert not await west.mark_started(A, "req-a-r2", first.holder)
-    for turn in (
-        marker("req-a-r3", continues="req-a", carried=5),
-        marker("req-a-r9", continues="req-a", carried=0),
-    ):
-        with pytest.raises(AlreadyExists, match="already continued"):
-            await west.accept_turn(turn)
+    # A replayed older continuation, carrying less than the turn's, is refused.
+    with pytest.raises(AlreadyExists, match="already continued by 'req-a-r2', which carries 3 tokens"):
+        await west.accept_turn(marker("req-a-r9", continues="req-a", carried=2))
+    # The continuing region failed too: the next attempt takes its place; the one it replaced cannot start.
+    latest = marker("req-a-r3", continues="req-a", carried=3)
+    await west.accept_turn(latest)
+    assert not await east.mark_started(A, "req-a-r2", retried.holder)
+    assert await west.mark_started(A, "req-a-r3", latest.holder)
+    for n in range(4, 4 + MAX_CONTINUATIONS - 2):
+        await west.accept_turn(marker(f"req-a-r{n}", continues="req-a", carried=5))
+    with pytest.raises(AlreadyExists, match=f"{MAX_CONTINUATIONS} times"):
+        await west.accept_turn(marker("req-a-r99", continues="req-a", carried=5))
     # A continuation names its turn's original, never another continuation.
     with pytest.raises(InvalidArgument, match="original request id"):
         await west.accept_turn(marker("req-a-r2-r2", continues="req-a-r2"))
@@ -131,31 +140,33 @@ async def test_a_continuation_continues_its_tenants_own_turn_of_the_id(
     mine = TurnStart("req-c", A, "m", 30, 40, uuid.uuid4().hex)
     await east.accept_turn(mine)
     assert await east.mark_started(A, "req-c", mine.holder)
-    assert await west.accept_turn(marker("req-c-r2", continues="req-c")) == AcceptedTurn(30)
+    assert await west.accept_turn(marker("req-c-r2", continues="req-c", carried=2)) == AcceptedTurn(30)
     # B's turn was not continued by A's continuation: B may continue it, under the same id.
     assert await west.accept_turn(marker("req-c-r2", B, continues="req-c")) == AcceptedTurn(12)
     with pytest.raises(AlreadyExists, match="already continued"):
-        await west.accept_turn(marker("req-c-r3", continues="req-c"))
+        await west.accept_turn(marker("req-c-r3", continues="req-c", carried=1))
 
 
 @pytest.mark.services
-async def test_concurrent_continuations_on_postgresql_accept_one(postgres_schema_url: str) -> None:
+async def test_of_concurrent_continuations_on_postgresql_one_starts(postgres_schema_url: str) -> None:
     stores = [ZoneStore(create_store_engine(postgres_schema_url), "us", f"us-r{n}") for n in range(6)]
     stores[0].create_schema()
     try:
         for _ in range(5):
             original = f"req-{uuid.uuid4().hex[:8]}"
             await started(stores[0], original)
+            turns = [marker(f"{original}-r{n + 2}", continues=original) for n in range(len(stores))]
             outcomes = await asyncio.gather(
-                *(
-                    store.accept_turn(marker(f"{original}-r{n + 2}", continues=original))
-                    for n, store in enumerate(stores)
-                ),
+                *(store.accept_turn(turn) for store, turn in zip(stores, turns, strict=True)),
                 return_exceptions=True,
             )
-            accepted = [o for o in outcomes if isinstance(o, AcceptedTurn)]
-            assert len(accepted) == 1, outcomes
-            assert all(isinstance(o, AlreadyExists) for o in outcomes if o not in accepted), outcomes
+            accepted = [n for n, o in enumerate(outcomes) if isinstance(o, AcceptedTurn)]
+            assert accepted, outcomes
+            assert all(isinstance(o, AlreadyExists) for n, o in enumerate(outcomes) if n not in accepted)
+            began = [
+                await stores[n].mark_started(A, turns[n].request_id, turns[n].holder) for n in accepted
+            ]
+            assert began.count(True) == 1, (outcomes, began)
     finally:
         for store in stores:
             store.dispose()
@@ -244,15 +255,16 @@ async def test_carried_output_must_fit_the_original_turn(stack: Stack) -> None:
     )
 
 
-async def test_a_turn_is_continued_once_through_the_region(stack: Stack) -> None:
+async def test_a_replayed_older_continuation_is_refused_by_the_region(stack: Stack) -> None:
     _, secret = await new_tenant(stack)
     cut = await run(stack.region.address, secret, start("req-y"), cancel_after=2)
     delivered = deltas(cut)
     token_ids = [t for d in delivered for t in d.token_ids]
     carried = continuation("req-y", token_ids, "".join(d.text for d in delivered), delivered[-1].sequence)
     rest = await run(stack.region.address, secret, start("req-y-r2", continuation=carried))
-    assert rest[-1].HasField("finished")
-    error = await refusal(stack, secret, start("req-y-r3", continuation=carried))
+    assert rest[-1].HasField("finished") and len(delivered) >= 2
+    older = continuation("req-y", list(delivered[0].token_ids), delivered[0].text, delivered[0].sequence)
+    error = await refusal(stack, secret, start("req-y-r3", continuation=older))
     assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
 
 

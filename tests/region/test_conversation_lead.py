@@ -1,5 +1,5 @@
 """A conversation turn's lead (the mesh's own context: retrieval excerpts,
-remembered facts) in :func:`region.conversation_turns.conversation_context`,
+remembered facts) in :func:`region.turn.conversation_context.conversation_context`,
 on a zone store in an SQLite file: it follows the conversation's system
 prompt, is kept whole when history is cut to fit the window, and a
 regeneration's question is the stored one it answers again."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from llmmesh.core.sqlstore import create_store_engine
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.turn.conversation_context import conversation_context, turn_question
 from llmmesh.region.zone_store import AssistantMessage, ZoneStore
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 pytestmark = pytest.mark.asyncio
 A = "tenant-a"

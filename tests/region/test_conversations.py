@@ -14,7 +14,6 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.core import apikeys
 from llmmesh.core.errors import (
     InvalidArgument,
@@ -29,6 +28,11 @@ from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.ids import ConversationId
 from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.core.sqlstore import create_store_engine
+from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.region.conversations import ConversationService, decode_message_position, encode_message_position
+from llmmesh.region.policy_cache import PolicyCache
+from llmmesh.region.settings import RegionSettings
+from llmmesh.region.zone_store import AssistantMessage, ZoneStore
 from llmmesh.v1 import (
     chat_service_pb2,
     chat_service_pb2_grpc,
@@ -37,10 +41,6 @@ from llmmesh.v1 import (
     policy_service_pb2,
     policy_service_pb2_grpc,
 )
-from llmmesh.region.conversations import ConversationService, decode_message_position, encode_message_position
-from llmmesh.region.policy_cache import PolicyCache
-from llmmesh.region.settings import RegionSettings
-from llmmesh.region.zone_store import AssistantMessage, ZoneStore
 from tests.stack import DEV_KEY, Stack, running_stack
 
 pytestmark = pytest.mark.asyncio
@@ -352,6 +352,8 @@ async def test_another_tenant_sees_nothing_it_could_tell_from_a_missing_id(
         ("conv_nonsense", Reason.INVALID_REQUEST),
         (str(ConversationId.new("us", "us-east")), Reason.WRONG_ZONE),
     ],
+    # Ids that name the case, not the random id: every run (and every worker) collects the same tests.
+    ids=["empty", "nonsense", "another-zone"],
 )
 async def test_ids_are_checked_before_the_store_is_asked(
     service: ConversationService, conversation_id: str, reason: Reason

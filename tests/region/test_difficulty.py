@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.v1 import common_pb2
 from llmmesh.region.modelchoice.difficulty import FRONTIER, LARGE, SMALL, Difficulty, RuleScorer, features_of
+from llmmesh.v1 import common_pb2
 
 PRO, FREE = common_pb2.TIER_PRO, common_pb2.TIER_FREE
 

@@ -14,13 +14,13 @@ import pytest_asyncio
 
 from llmmesh.core.errors import FailedPrecondition, NotFound, Reason
 from llmmesh.core.model_resolver import ModelResolver
-from llmmesh.v1 import chat_service_pb2, common_pb2, policy_service_pb2
-from llmmesh.v1 import model_registry_service_pb2 as mpb
-from llmmesh.region.modelchoice.difficulty_route import FleetPolicy, ModelRouter
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.metrics import REGISTRY
-from llmmesh.region.policy_cache import Caller
+from llmmesh.region.modelchoice.difficulty_route import FleetPolicy, ModelRouter
 from llmmesh.region.placement.router import LoadBoard
+from llmmesh.region.policy_cache import Caller
+from llmmesh.v1 import chat_service_pb2, common_pb2, policy_service_pb2
+from llmmesh.v1 import model_registry_service_pb2 as mpb
 
 HARD = "Implement a Python function and prove that it solves the equation 2 * x = 6, step by step."
 

@@ -11,18 +11,16 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.engine.server import EnginePod
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.globalplane.server import GlobalPlane
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.placement.disaggregation import phased_pod
+from llmmesh.region.server import RegionPlane
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as engine_pb
-from llmmesh.region.placement.disaggregation import phased_pod
-from llmmesh.region.metrics import REGISTRY
-from llmmesh.region.server import RegionPlane, start_region
-from tests.stack import DEV_KEY, region_settings, wait_until
+from tests.stack import DEV_KEY, MeshBuilder, region_settings, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,23 +43,16 @@ class PdMesh:
 
 @pytest_asyncio.fixture
 async def mesh() -> AsyncIterator[PdMesh]:
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
-    )
-    prefill = await start_engine(EngineSettings(pod_id="us-east-prefill-0", pod_role="prefill", **POD))  # type: ignore[arg-type]
-    decode = await start_engine(EngineSettings(pod_id="us-east-decode-0", pod_role="decode", **POD))  # type: ignore[arg-type]
-    region = await start_region(region_settings(glob.address, [prefill, decode]))
-    pool = region.pool
-    await wait_until(
-        lambda: len(pool.healthy_pods) == 2 and all(p.info.role for p in pool.pods), what="pods known"
-    )
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane()
+        prefill = await build.pod("us-east-prefill-0", pod_role="prefill", **POD)
+        decode = await build.pod("us-east-decode-0", pod_role="decode", **POD)
+        region = await build.region(region_settings(glob.address, [prefill, decode]))
+        pool = region.pool
+        await wait_until(
+            lambda: len(pool.healthy_pods) == 2 and all(p.info.role for p in pool.pods), what="pods known"
+        )
         yield PdMesh(glob, prefill, decode, region)
-    finally:
-        await region.stop(0.5)
-        for pod in (prefill, decode):
-            await pod.stop(0.5)
-        await glob.stop(0.5)
 
 
 async def chat(address: str, text: str) -> list[chat_service_pb2.ChatResponse]:

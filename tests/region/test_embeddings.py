@@ -13,13 +13,14 @@ import grpc
 import grpc.aio
 import pytest
 
+from llmmesh.core.embedding_tokens import TOKEN_IDS_HEADER
 from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.region.safety import OPENAI_CATEGORIES
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import embedding_service_pb2 as epb
 from llmmesh.v1 import embedding_service_pb2_grpc as epb_grpc
 from llmmesh.v1 import moderation_service_pb2 as mpb
 from llmmesh.v1 import moderation_service_pb2_grpc as mpb_grpc
-from llmmesh.region.safety import OPENAI_CATEGORIES
 from tests.region.support import every_slot_held
 from tests.region.test_chat_servicer import auth
 from tests.stack import DEV_KEY, Stack, running_stack
@@ -30,12 +31,15 @@ AUTH = auth()
 
 
 async def _create(
-    stack: Stack, request: epb.CreateEmbeddingsRequest, key: str = DEV_KEY
+    stack: Stack,
+    request: epb.CreateEmbeddingsRequest,
+    key: str = DEV_KEY,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> epb.CreateEmbeddingsResponse:
     async with grpc.aio.insecure_channel(stack.region.address) as channel:
         stub = epb_grpc.RegionEmbeddingServiceStub(channel)
         response: epb.CreateEmbeddingsResponse = await stub.CreateEmbeddings(
-            request, metadata=auth(key), timeout=10
+            request, metadata=auth(key) + extra, timeout=10
         )
         return response
 
@@ -76,7 +80,8 @@ async def test_embeddings_are_metered_recorded_and_billed(stack: Stack) -> None:
     billed = await stack.global_plane.ledger.usage(tenant, "")
     assert billed.input_tokens == used and billed.output_tokens == 0
     assert str(billed.cost_usd.normalize()) == str(Decimal(answer.cost_usd).normalize())
-    assert (await stack.global_plane.ledger.usage(tenant, "", end_user="user-e1")).input_tokens == used
+    pseudonym = await stack.region.shipper.pseudonyms.of(tenant, "user-e1")
+    assert (await stack.global_plane.ledger.usage(tenant, "", end_user=pseudonym)).input_tokens == used
 
 
 async def test_a_reused_request_id_gets_no_second_answer(stack: Stack) -> None:
@@ -86,11 +91,15 @@ async def test_a_reused_request_id_gets_no_second_answer(stack: Stack) -> None:
     assert (code, reason) == (grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
 
 
-async def test_dimensions_and_token_inputs_reach_the_pod(stack: Stack) -> None:
+async def test_dimensions_and_declared_token_inputs_reach_the_pod(stack: Stack) -> None:
     tokens = epb.EmbeddingInput(tokens=epb.EmbeddingTokens(ids=[10, 11, 12]))
-    answer = await _create(stack, epb.CreateEmbeddingsRequest(model=MODEL, inputs=[tokens], dimensions=32))
+    request = epb.CreateEmbeddingsRequest(model=MODEL, inputs=[tokens], dimensions=32)
+    answer = await _create(stack, request, extra=((TOKEN_IDS_HEADER, MODEL),))
     assert len(answer.embeddings[0].values) == 32
     assert answer.embeddings[0].input_tokens == 3
+    # Undeclared ids may be another tokenizer's (tiktoken's): refused, naming input.
+    code, _, param = await _refusal(stack, request)
+    assert (code, param) == (grpc.StatusCode.INVALID_ARGUMENT, "input")
 
 
 @pytest.mark.parametrize(
@@ -174,7 +183,7 @@ async def test_moderation_answers_with_openai_categories(stack: Stack) -> None:
 async def test_moderation_refuses_other_models_and_empty_batches(stack: Stack) -> None:
     for request, code, param in (
         (
-            mpb.ModerateRequest(model="omni-moderation-latest", inputs=["x"]),
+            mpb.ModerateRequest(model="omni-moderation-2024-09-26", inputs=["x"]),
             grpc.StatusCode.NOT_FOUND,
             "model",
         ),
@@ -220,3 +229,19 @@ async def test_embeddings_and_moderation_do_not_wait_for_chat_slots(stack: Stack
         assert len(embedded.embeddings) == 1 and embedded.usage.input_tokens > 0
         assert len(moderated.results) == 1
         assert queue.stats().total_waiting == 0
+
+
+async def test_a_pod_whose_first_answer_was_late_is_asked_before_a_refusal(stack: Stack) -> None:
+    # As if the pod's answer to the start-up probe had timed out: the region
+    # knows no embedding model until a request asks the pods again.
+    pods = stack.region.embedding_pods
+    pods._known.clear()
+    assert pods.models == []
+    request = epb.CreateEmbeddingsRequest(request_id="emb-late-info", model=MODEL, inputs=_texts("late"))
+    answer = await _create(stack, request)
+    assert answer.model == MODEL and pods.models == [MODEL]
+    # A chat model no pod embeds with is still refused by name after asking.
+    pods._known.clear()
+    chat_model = epb.CreateEmbeddingsRequest(model="llmmesh-tiny", inputs=_texts("x"))
+    code, _, param = await _refusal(stack, chat_model)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and param == "model" and pods.models == [MODEL]

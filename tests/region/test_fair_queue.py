@@ -12,8 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmmesh.core.errors import ResourceExhausted
+from llmmesh.region.admission.fair_queue import (
+    DEFAULT_TIER_WEIGHTS,
+    FairQueue,
+    Ticket,
+    engine_priority,
+    tier_name,
+)
 from llmmesh.v1 import common_pb2
-from llmmesh.region.admission.fair_queue import DEFAULT_TIER_WEIGHTS, FairQueue, Ticket, engine_priority, tier_name
 
 
 class FakeClock:

@@ -16,20 +16,18 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
+from llmmesh.core.model_family import LARGE, SMALL, FamilyModel
+from llmmesh.engine.server import EnginePod
 from llmmesh.globalplane.model_catalog import Model as CatalogModel
 from llmmesh.globalplane.model_catalog import ModelTier
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
+from llmmesh.globalplane.server import GlobalPlane
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.core.model_family import LARGE, SMALL, FamilyModel
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.modelchoice.difficulty_route import FALLBACK, ROUTE_DECISIONS, FleetPolicy
-from llmmesh.region.server import RegionPlane, start_region
+from llmmesh.region.server import RegionPlane
 from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.region.test_region_turns import Outcome, turn
-from tests.stack import DEV_KEY, region_settings, wait_until
+from tests.stack import DEV_KEY, MeshBuilder, region_settings, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -59,32 +57,22 @@ def catalog_model(member: FamilyModel) -> CatalogModel:
 @asynccontextmanager
 async def running_fleet(*, warm: bool) -> AsyncIterator[Fleet]:
     """The fleet; ``warm``: after a turn on each model (the region has learnt both tokenizers)."""
-    glob = await start_global_plane(
-        GlobalSettings(dev_key=DEV_KEY, heartbeat_interval_ms=200, database_url="sqlite://", insecure=True)
-    )
-    pods: dict[str, EnginePod] = {}
-    region = None
-    try:
+    async with MeshBuilder() as build:
+        glob = await build.global_plane()
         for member in (SMALL, LARGE):
             await glob.catalog.upsert_model(catalog_model(member))
-        for n, member in enumerate((SMALL, LARGE)):
-            pods[member.name] = await start_engine(
-                EngineSettings(pod_id=f"us-east-pod-{n}", model=member.name, insecure=True)
-            )
+        pods = {
+            member.name: await build.pod(f"us-east-pod-{n}", model=member.name)
+            for n, member in enumerate((SMALL, LARGE))
+        }
         # Health checks a minute apart: a pod stopped now is still thought healthy at the next turn.
         settings = region_settings(glob.address, list(pods.values()), engine_health_interval_ms=60_000)
-        region = await start_region(settings)
+        region = await build.region(settings)
         await wait_until(lambda: len(region.pool.healthy_pods) == 2, what="the region knows both pods")
         for member in (SMALL, LARGE) if warm else ():
             done = await turn(region.address, DEV_KEY, request("Hello there.", model=member.name))
             assert done.error is None, done.error
         yield Fleet(glob, pods, region)
-    finally:
-        if region is not None:
-            await region.stop(0.5)
-        for pod in pods.values():
-            await pod.stop(0.5)
-        await glob.stop(0.5)
 
 
 @pytest_asyncio.fixture
@@ -164,7 +152,7 @@ async def test_with_no_other_model_up_the_turn_is_unavailable(fleet: Fleet) -> N
 async def test_a_turn_whose_model_cannot_tokenize_its_prompt_falls_back_too() -> None:
     async with running_fleet(warm=False) as fleet:
         # A region that asks its pods to tokenize (it knows no tokenizer of its own).
-        fleet.region.gateway._tokenizer = TokenizerClient(fleet.region.pool, local=False)
+        fleet.region.gateway.preparation.prompts._tokenizer = TokenizerClient(fleet.region.pool, local=False)
         await stop_large_pod_unnoticed(fleet)
         outcome = await turn(fleet.region.address, DEV_KEY, request(HARD))
         assert outcome.error is None, outcome.error

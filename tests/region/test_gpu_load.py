@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.region.placement.router import PodLoad, RoutingTuning, gpu_utilization
+from llmmesh.v1 import engine_service_pb2 as pb
 
 TUNING = RoutingTuning()
 

@@ -12,21 +12,18 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.engine.settings import EngineSettings
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.globalplane.server import start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
-from llmmesh.core.grpcserver import open_channel
+from llmmesh.region.engine_pool import EnginePool, PodView
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.placement.hedging import HedgingPolicy
+from llmmesh.region.placement.router import KvAffinityRouter, RoutingPolicy
+from llmmesh.region.tokenizer_client import TokenizerClient
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import engine_service_pb2 as pb
-from llmmesh.region.engine_pool import EnginePool, PodView
-from llmmesh.region.placement.hedging import HedgingPolicy
-from llmmesh.region.metrics import REGISTRY
-from llmmesh.region.placement.router import KvAffinityRouter, RoutingPolicy
-from llmmesh.region.server import start_region
-from llmmesh.region.tokenizer_client import TokenizerClient
-from tests.stack import DEV_KEY, region_settings, wait_until
+from tests.stack import DEV_KEY, MeshBuilder, region_settings, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -120,21 +117,13 @@ async def test_a_negative_deadline_is_refused() -> None:
 
 
 async def test_a_region_hedges_an_enterprise_turn_and_bills_the_winner_once() -> None:
-    glob = await start_global_plane(
-        GlobalSettings(
-            dev_key=DEV_KEY,
-            dev_tier="enterprise",
-            heartbeat_interval_ms=200,
-            database_url="sqlite://",
-            insecure=True,
+    async with MeshBuilder() as build:
+        glob = await build.global_plane(dev_tier="enterprise")
+        slow = await build.pod("us-east-slow", sim_prefill_per_token_s=0.05, **POD)
+        fast = await build.pod("us-east-fast", sim_prefill_per_token_s=0.00001, **POD)
+        region = await build.region(
+            region_settings(glob.address, [slow, fast], routing_policy="round_robin", hedge_ttft_ms=200)
         )
-    )
-    slow = await start_engine(EngineSettings(pod_id="us-east-slow", sim_prefill_per_token_s=0.05, **POD))  # type: ignore[arg-type]
-    fast = await start_engine(EngineSettings(pod_id="us-east-fast", sim_prefill_per_token_s=0.00001, **POD))  # type: ignore[arg-type]
-    region = await start_region(
-        region_settings(glob.address, [slow, fast], routing_policy="round_robin", hedge_ttft_ms=200)
-    )
-    try:
         await wait_until(lambda: len(region.pool.healthy_pods) == 2, what="pods up")
         request = chat_service_pb2.ChatRequest(
             start=chat_service_pb2.ChatStart(
@@ -156,8 +145,3 @@ async def test_a_region_hedges_an_enterprise_turn_and_bills_the_winner_once() ->
         assert usage.output_tokens == 8
         assert usage.input_tokens == sim(fast).pool.query_tokens
         await wait_until(lambda: sim(slow).load().running + sim(slow).load().waiting == 0, what="abort")
-    finally:
-        await region.stop(0.5)
-        for pod in (slow, fast):
-            await pod.stop(0.5)
-        await glob.stop(0.5)

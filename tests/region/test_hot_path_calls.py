@@ -1,5 +1,5 @@
 """What a region calls on a turn's path, read from its traces: once the
-region has warmed its model lookups (:mod:`region.lookup_warmer`), no turn,
+region has warmed its model lookups (:mod:`region.modelchoice.lookup_warmer`), no turn,
 the first included, calls ``ResolveModel``; only the first learns the pods'
 tokenizer (``GetTokenizer``), and no later turn calls either; a name the
 registry refuses is asked about once; an in-process mesh with an in-memory

@@ -11,14 +11,14 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.grpcserver import GrpcServer, open_channel
 from llmmesh.engine.backend import ChatTurn, GenerationRequest, SamplingOptions
 from llmmesh.engine.server import start_engine
 from llmmesh.engine.servicer import SERVICE_NAME, EngineServicer
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.core.grpcserver import GrpcServer, open_channel
-from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from llmmesh.region.placement.kv_events_feed import Backoff, KvEventSubscriber
 from llmmesh.region.placement.kv_index import ApplyOutcome, InMemoryPrefixIndex
+from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from tests.engine.support import collect
 from tests.region.support import (
     POD,

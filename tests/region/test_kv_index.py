@@ -19,9 +19,8 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import engine_service_pb2
+from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.region.placement.kv_index import (
     InMemoryPrefixIndex,
     PodCursor,
@@ -31,6 +30,7 @@ from llmmesh.region.placement.kv_index import (
 )
 from llmmesh.region.placement.kv_index_redis import RedisPrefixIndex
 from llmmesh.region.placement.recent_prefixes import RecentPrefixes
+from llmmesh.v1 import engine_service_pb2
 from tests.region.support import (
     BLOCK,
     POD,

@@ -20,6 +20,12 @@ import sqlalchemy as sa
 
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.sqlstore import create_store_engine
+from llmmesh.region.lifecycle.purge import ConversationPurge
+from llmmesh.region.lifecycle.retry import RecordRetries
+from llmmesh.region.lifecycle.spool import RecordSpool, SpooledTurn, usage_rows
+from llmmesh.region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
+from llmmesh.region.zone_store import schema as zs
+from llmmesh.region.zone_store.rows import ContinuedTurn
 from llmmesh.v1 import (
     billing_service_pb2,
     chat_service_pb2,
@@ -27,12 +33,6 @@ from llmmesh.v1 import (
     common_pb2,
     policy_service_pb2,
 )
-from llmmesh.region.lifecycle.purge import ConversationPurge
-from llmmesh.region.lifecycle.retry import RecordRetries
-from llmmesh.region.lifecycle.spool import RecordSpool, SpooledTurn, usage_rows
-from llmmesh.region.zone_store import AssistantMessage, Role, ToolCallRow, ZoneStore
-from llmmesh.region.zone_store import schema as zs
-from llmmesh.region.zone_store.rows import ContinuedTurn
 from tests.stack import DEV_KEY, running_stack
 
 pytestmark = pytest.mark.asyncio
@@ -134,7 +134,7 @@ async def test_deleted_conversations_are_purged_after_their_tenants_retention(
 async def test_a_record_the_store_refused_for_a_moment_is_written_once() -> None:
     async with running_stack() as stack:
         store = stack.region.store
-        assert stack.region.gateway.record_retries is not None
+        assert stack.region.lifecycle.retries is not None
         failures: list[str] = []
 
         def hook(cursor: Any, statement: str, parameters: Any, context: Any) -> bool:

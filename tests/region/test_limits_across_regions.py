@@ -1,15 +1,18 @@
 """A key's rate limits across the regions of its zone: regions that share
 one Redis count the key once, however its turns are spread over them; with
 Redis unreachable each region counts alone, so the key gets its limit per
-region, and no more. Real gRPC servers in this process, turns sent
-straight to each region's ChatService (no edge)."""
+region, and no more. A tenant's monthly quota holds across them too.
+Real gRPC servers in this process, turns sent straight to each region's
+ChatService (no edge)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -20,9 +23,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
-from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.core.errors import DOMAIN, Reason
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.multiregion import MultiRegionMesh, RegionSpec, running_multiregion
 
@@ -70,12 +73,14 @@ def _refusal(err: grpc.aio.AioRpcError) -> Refusal:
     return Refusal(err.code(), infos, retry)
 
 
-async def turn(mesh: MultiRegionMesh, region: str, secret: str) -> Outcome:
+async def turn(
+    mesh: MultiRegionMesh, region: str, secret: str, sampling: common_pb2.SamplingParams | None = None
+) -> Outcome:
     request = chat_service_pb2.ChatRequest(
         start=chat_service_pb2.ChatStart(
             model="auto",
             messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="Hi!")],
-            sampling=common_pb2.SamplingParams(max_tokens=2),
+            sampling=sampling or common_pb2.SamplingParams(max_tokens=2),
         )
     )
     outcome = Outcome(region)
@@ -180,3 +185,39 @@ async def test_with_redis_down_each_region_limits_alone(tmp_path: Path) -> None:
     for outcome in outcomes:
         if outcome.refusal is not None:
             assert_rate_limited(outcome.refusal)
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+async def test_a_monthly_quota_holds_across_the_regions_of_a_zone(
+    tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
+    """Eight concurrent turns of up to 400 tokens against a 2,000-token quota,
+    four at each of two regions: the zone store counts every region's running
+    turns as it accepts one, so the month ends at most one turn past the
+    quota (each region alone would have admitted its four: 3,200 and more).
+    On PostgreSQL the acceptances of one tenant take turns on an advisory lock."""
+    names = region_names()
+    specs = [RegionSpec(name, "us", engine=FAST_POD) for name in names]
+    urls = {"us": request.getfixturevalue("postgres_schema_url")} if store == "postgresql" else {}
+    async with running_multiregion(specs, store_dir=tmp_path, store_urls=urls) as mesh:
+        book = mesh.global_plane.tenants
+        tenant = await book.create_tenant(
+            f"t-{uuid.uuid4().hex[:10]}", "us", TenantTier.PRO, monthly_token_quota=2000
+        )
+        _, secret = await book.create_api_key(tenant.id)
+        for running in mesh.zone_regions("us"):
+            assert await running.plane.policy.refresh()
+        sampling = common_pb2.SamplingParams(max_tokens=400, ignore_eos=True)
+        outcomes = await asyncio.gather(*(turn(mesh, names[n % 2], secret, sampling) for n in range(8)))
+        for region in mesh.zone_regions("us"):
+            await region.plane.gateway.drain()
+        billed = await mesh.store("us").tenant_tokens(tenant.id, datetime(2000, 1, 1, tzinfo=UTC))
+    finished = [o for o in outcomes if o.finished]
+    refused = [o.refusal for o in outcomes if o.refusal is not None]
+    assert len(finished) + len(refused) == 8
+    assert refused and all(r.code == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
+    assert all(any(i.reason == Reason.QUOTA_EXCEEDED.value for i in r.infos) for r in refused)
+    # Both regions admitted turns; the month ends at most one turn (its prompt and 400) past the quota.
+    assert {o.region for o in finished} == set(names)
+    prompt = (billed - 400 * len(finished)) // len(finished)
+    assert 2000 <= billed <= 2000 + prompt + 400, billed

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from llmmesh.core.model_resolver import ModelResolver
-from llmmesh.v1 import common_pb2, model_registry_service_pb2
 from llmmesh.region.modelchoice.lookup_warmer import LookupWarmer
+from llmmesh.v1 import common_pb2, model_registry_service_pb2
 from tests.common.test_model_resolver import CountingRegistry
 from tests.stack import wait_until
 

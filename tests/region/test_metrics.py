@@ -15,13 +15,13 @@ from prometheus_client.samples import Sample
 
 from llmmesh.core.errors import Reason, ResourceExhausted
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
 from llmmesh.region.admission.control import Admission
 from llmmesh.region.admission.fair_queue import FairQueue
-from llmmesh.region.metrics import REGISTRY
-from llmmesh.region.policy_cache import Caller
 from llmmesh.region.admission.quota import QuotaLedger
 from llmmesh.region.admission.ratelimit import LocalRateLimiter
+from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.policy_cache import Caller
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2, policy_service_pb2
 from tests.stack import DEV_KEY, Stack, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio

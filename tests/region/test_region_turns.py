@@ -18,13 +18,15 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.core.errors import MeshError, Reason, from_rpc_error
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
+from llmmesh.engine.sim.backend import SimBackend
+from llmmesh.engine.sim.sequence import SimSequence
+from llmmesh.engine.sim.step_plan import StepPlan
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.region.server import RegionPlane, start_region
 from llmmesh.region.zone_store import schema
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.stack import Stack, region_settings, running_stack, wait_until
 
 pytestmark = pytest.mark.asyncio
@@ -210,19 +212,43 @@ async def test_a_free_flood_delays_a_pro_turn_by_about_one_engine_step() -> None
 
 
 async def _steps_to_first_token(stack: Stack, secret: str) -> int:
-    """Engine steps from sending a turn until its first token arrives."""
+    """Engine steps from the turn's arrival at the pod until the step that
+    produced its first token: counted by the scheduler itself, so the time
+    the turn spends passing through the region (long on a loaded machine)
+    does not count."""
     scheduler = sim(stack).scheduler
-    async with open_channel(stack.region.address) as channel:
-        call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(secret))
-        steps_at_send = scheduler.steps
-        await call.write(start("pro question", max_tokens=24, seed=5))
-        await call.done_writing()
-        first: int | None = None
-        async for event in call:
-            if event.HasField("delta") and first is None:
-                first = scheduler.steps
-    assert first is not None
-    return first - steps_at_send
+    request_id = f"req-pro-{uuid.uuid4().hex[:12]}"
+    ours: list[SimSequence] = []
+    arrived: list[int] = []
+    first: list[int] = []
+    submit, finish_step = scheduler.submit, scheduler.finish_step
+
+    def counted_submit(sequence: SimSequence) -> None:
+        if sequence.request_id.startswith(request_id) and not ours:
+            ours.append(sequence)
+            arrived.append(scheduler.steps)
+        submit(sequence)
+
+    def counted_finish_step(plan: StepPlan) -> None:
+        finish_step(plan)
+        if ours and not first and ours[0].output_tokens > 0:
+            first.append(scheduler.steps)
+
+    scheduler.submit = counted_submit  # type: ignore[method-assign]
+    scheduler.finish_step = counted_finish_step  # type: ignore[method-assign]
+    try:
+        async with open_channel(stack.region.address) as channel:
+            call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth(secret))
+            request = start("pro question", max_tokens=24, seed=5)
+            request.start.request_id = request_id
+            await call.write(request)
+            await call.done_writing()
+            events = [event async for event in call]
+    finally:
+        del scheduler.submit, scheduler.finish_step
+    assert any(event.HasField("delta") for event in events), events
+    assert arrived and first, (arrived, first)
+    return first[0] - arrived[0]
 
 
 async def _flood_then_pro(stack: Stack) -> None:

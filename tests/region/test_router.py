@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator, Collection, Sequence
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.core.errors import Unavailable
-from llmmesh.v1 import common_pb2, engine_service_pb2
+from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.region.engine_pool import EnginePodHandle, EnginePool
 from llmmesh.region.placement.kv_events_feed import Backoff, KvEventFeeds
 from llmmesh.region.placement.kv_index import InMemoryPrefixIndex, PrefixIndexError
 from llmmesh.region.placement.router import KvAffinityRouter, RoutingDecision, RoutingPolicy, RoutingTuning
 from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.v1 import common_pb2, engine_service_pb2
 from tests.region.support import BLOCK, Reply, chat, generate, pod_settings, sim
 from tests.stack import wait_until
 
@@ -144,12 +144,15 @@ async def test_hot_spot_guard_spreads_a_flood_of_one_system_prompt(region: Regio
     assert Counter(d.pod_id for d in pinned) == {warm.pod_id: 12}
     for decision in pinned:
         decision.pod.in_flight -= 1
-    # With it, the flood spreads once the cache pod's queue is 4 deeper.
+    # With it, the flood spreads once a turn waits behind the cache pod's
+    # full batch: the guard sends one turn to a calm pod, whose copy of the
+    # prefix (the router's own placement, until the pod's events confirm
+    # it) then draws the next turns by score, until it runs hot in turn.
     flood = [await place(router, chat(SYSTEM, f"Flood question {n} about plums?")) for n in range(12)]
     counts = Counter(d.pod_id for d in flood)
-    assert set(counts) == {"pod-0", "pod-1", "pod-2", "pod-3"}
-    assert counts.most_common(1)[0] == (warm.pod_id, 6)
-    assert sum(1 for d in flood if d.score_parts["guard"]) == 6
+    assert counts[warm.pod_id] == 5
+    assert sorted(counts.values(), reverse=True) == [5, 4, 3]
+    assert sum(1 for d in flood if d.score_parts["guard"]) == 2
 
     async def finish(decision: RoutingDecision, n: int) -> None:
         try:
@@ -171,6 +174,8 @@ async def test_a_full_kv_cache_report_trips_the_guard(region: Region) -> None:
     router.loads.record(engine_service_pb2.LoadReport(pod_id=warm.pod_id, kv_cache_usage=0.95))
     busy = await router.choose(MODEL, prompt)
     assert busy.pod_id != warm.pod_id and busy.score_parts["guard"] == 1.0
+    # That turn never ran: the router must not count on its prefix there.
+    router.pending.forget_pod(busy.pod_id)
     router.loads.record(engine_service_pb2.LoadReport(pod_id=warm.pod_id, kv_cache_usage=0.2))
     calm = await router.choose(MODEL, prompt)
     assert calm.pod_id == warm.pod_id and calm.resident_tokens > 0

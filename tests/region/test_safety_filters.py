@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmmesh.core.errors import PermissionDenied, Reason, Unavailable
-from llmmesh.region.turn.filtered_output import FilteredOutput
 from llmmesh.region.safety import (
     InputFilter,
     LlmJudgeBackend,
@@ -25,6 +24,7 @@ from llmmesh.region.safety import (
     build_filters,
 )
 from llmmesh.region.safety.verdict import CheckKind
+from llmmesh.region.turn.filtered_output import FilteredOutput
 from tests.region.safety_texts import matches, rules, texts
 
 PHRASE = "forbidden phrase"
@@ -187,6 +187,28 @@ async def test_the_first_clean_delta_is_released_at_once() -> None:
     assert await mid_word.feed(", world!") == OutputDecision("Hello, world!")
     delivered = await FilteredOutput(StreamingOutputFilter([RulesBackend()])).feed("Yes! ", (7, 8))
     assert (delivered.text, delivered.token_ids) == ("Yes! ", (7, 8))
+
+
+@pytest.mark.asyncio
+async def test_a_first_token_no_rule_can_begin_in_goes_out_in_its_own_step() -> None:
+    # Personal data reported only: no rule can begin in "2024" (no term starts
+    # with a digit, no card or phone is checked), though its word may go on.
+    def rules_no_pii() -> RulesBackend:
+        return RulesBackend(deny_terms={"violence": [PHRASE]}, builtin=False, report_only=["pii"])
+
+    assert await StreamingOutputFilter([rules_no_pii()]).feed("2024") == OutputDecision("2024")
+    delivered = await FilteredOutput(StreamingOutputFilter([rules_no_pii()])).feed("2024", (9,))
+    assert (delivered.text, delivered.token_ids) == ("2024", (9,))
+    # Held from where a rule could still begin: a prefix of the phrase ...
+    output = StreamingOutputFilter([rules_no_pii()])
+    assert await output.feed("2024 forb") == OutputDecision("2024 ")
+    assert await output.feed("idden") == OutputDecision("")
+    assert (await output.feed(" phrase.")).stopped is not None
+    # ... or digits that may yet grow into a card number, with personal data blocking.
+    assert await StreamingOutputFilter([RulesBackend()]).feed("2024") == OutputDecision("")
+    # A model judge cannot tell: nothing goes out past what it checked.
+    judged = StreamingOutputFilter([rules_no_pii(), RecordingBackend()], 64, 16)
+    assert await judged.feed("2024") == OutputDecision("")
 
 
 @pytest.mark.asyncio

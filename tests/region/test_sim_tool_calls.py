@@ -14,9 +14,9 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.turn.tool_calls import tool_call_id
 from llmmesh.region.zone_store import ToolCallRow
+from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.region.test_continuation import began_and_died, deltas, new_tenant, run, usage
 from tests.region.test_tool_turns import arguments, refusal, start, tool_stack
 from tests.stack import Stack

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.region.zone_store import schema as zs
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.stack import DEV_KEY, running_stack
 
 pytestmark = pytest.mark.asyncio

@@ -14,13 +14,13 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.sim.vocabulary import DIGITS, PUNCTUATION, SPECIAL_TOKENS, WORDS
 from llmmesh.core.chat_tokenizer import HfTokenizerSpec, chat_role_name, tokenizer_response, tokenizer_spec
 from llmmesh.core.errors import InvalidArgument
-from llmmesh.v1 import common_pb2, engine_service_pb2
+from llmmesh.engine.server import EnginePod, start_engine
+from llmmesh.engine.sim.vocabulary import DIGITS, PUNCTUATION, SPECIAL_TOKENS, WORDS
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.tokenizer_client import TokenizerClient, local_tokenizer
+from llmmesh.v1 import common_pb2, engine_service_pb2
 from tests.region.support import chat, pod_settings, tokenize
 
 MODEL = "llmmesh-tiny"

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.v1 import common_pb2
+from llmmesh.region.safety import RulesBackend, StreamingOutputFilter
 from llmmesh.region.turn.filtered_output import FilteredOutput
 from llmmesh.region.turn.prompt_render import TOOLS_HEADER, plain_turns, template_messages, template_tools
-from llmmesh.region.safety import RulesBackend, StreamingOutputFilter
 from llmmesh.region.turn.tool_calls import ToolCallLog, merge_parts, rewrite_ids, tool_call_id
+from llmmesh.v1 import common_pb2
 
 Part = common_pb2.ToolCallDelta
 USER, ASSISTANT, TOOL = common_pb2.CHAT_ROLE_USER, common_pb2.CHAT_ROLE_ASSISTANT, common_pb2.CHAT_ROLE_TOOL

@@ -12,14 +12,14 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.core.chat_tokenizer import HfTokenizerSpec, tokenizer_response
 from llmmesh.core.errors import FailedPrecondition
-from llmmesh.v1 import common_pb2
+from llmmesh.engine.server import EnginePod, start_engine
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.hf_chat_tokenizer import HfChatTokenizer
-from llmmesh.region.turn.prompt_render import plain_turns, template_messages, template_tools
 from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.region.turn.prompt_render import plain_turns, template_messages, template_tools
+from llmmesh.v1 import common_pb2
 from tests.region.support import pod_settings
 
 MODEL = "llmmesh-tiny"

@@ -21,10 +21,10 @@ import pytest_asyncio
 from llmmesh.core.chat_tokenizer import PieceTokenizer, chat_role_name
 from llmmesh.core.errors import MeshError, from_rpc_error
 from llmmesh.core.grpcserver import open_channel
-from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.region.turn.prompt_render import plain_turns
 from llmmesh.region.turn.tool_calls import tool_call_id
 from llmmesh.region.zone_store import Role, ToolCallRow
+from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.region.test_continuation import (
     UNFILTERED_FAST,
     began_and_died,

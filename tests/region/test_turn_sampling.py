@@ -1,4 +1,4 @@
-"""The sampling a region decides for a turn (:mod:`region.turn_sampling`):
+"""The sampling a region decides for a turn (:mod:`region.turn.sampling`):
 a regeneration without a temperature is sampled at OpenAI's default, a
 sampled turn without a seed gets one from its request id, so two turns draw
 apart while a failover continuation resumes exactly, in a real in-process
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.turn.sampling import REGENERATE_TEMPERATURE, fresh_draw, turn_seed
+from llmmesh.v1 import chat_service_pb2, common_pb2
 from tests.region.test_continuation import (
     USER,
     USER_TEXT,

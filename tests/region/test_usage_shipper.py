@@ -19,10 +19,10 @@ import pytest
 import sqlalchemy as sa
 
 from llmmesh.core.grpcserver import GrpcServer, open_channel
-from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc, common_pb2
 from llmmesh.region.usage_shipper import Shipment, UsageShipper
 from llmmesh.region.zone_store import AssistantMessage, UsageKey, ZoneStore
 from llmmesh.region.zone_store import schema as zs
+from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc, common_pb2
 
 pytestmark = pytest.mark.asyncio
 

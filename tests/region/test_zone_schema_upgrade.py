@@ -16,7 +16,6 @@ import sqlalchemy as sa
 
 from llmmesh.core.errors import AlreadyExists
 from llmmesh.core.ids import ConversationId
-from llmmesh.v1 import billing_service_pb2
 from llmmesh.region.zone_store import (
     AssistantMessage,
     PendingUsage,
@@ -29,6 +28,7 @@ from llmmesh.region.zone_store import (
 )
 from llmmesh.region.zone_store import schema as zs
 from llmmesh.region.zone_store.migrations.adopt import outdated_tables
+from llmmesh.v1 import billing_service_pb2
 
 pytestmark = pytest.mark.asyncio
 

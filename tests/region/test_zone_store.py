@@ -22,9 +22,16 @@ import sqlalchemy as sa
 from llmmesh.core.errors import InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.core.ids import ConversationId
 from llmmesh.core.sqlstore import create_store_engine
-from llmmesh.v1 import billing_service_pb2, common_pb2
-from llmmesh.region.zone_store import AssistantMessage, ConversationRow, PendingUsage, Role, UsageKey, ZoneStore
+from llmmesh.region.zone_store import (
+    AssistantMessage,
+    ConversationRow,
+    PendingUsage,
+    Role,
+    UsageKey,
+    ZoneStore,
+)
 from llmmesh.region.zone_store import schema as zs
+from llmmesh.v1 import billing_service_pb2, common_pb2
 
 pytestmark = pytest.mark.asyncio
 

@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from llmmesh.v1 import billing_service_pb2, common_pb2
 from llmmesh.region.conversations import message_proto
 from llmmesh.region.zone_store import AssistantMessage, Role, ToolCallRow, ToolResult, ZoneStore
 from llmmesh.region.zone_store.rows import ContinuedTurn
+from llmmesh.v1 import billing_service_pb2, common_pb2
 
 pytestmark = pytest.mark.asyncio
 

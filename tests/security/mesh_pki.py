@@ -13,18 +13,15 @@ from pathlib import Path
 
 import grpc.aio
 
-from llmmesh.edge.server import EdgeServer, start_edge
-from llmmesh.edge.settings import EdgeSettings
-from llmmesh.engine.server import EnginePod, start_engine
-from llmmesh.engine.settings import EngineSettings
-from llmmesh.globalplane.server import GlobalPlane, start_global_plane
-from llmmesh.globalplane.settings import GlobalSettings
-from llmmesh.certs import CertFiles, CertificateAuthority
+from llmmesh.core.certs import CertFiles, CertificateAuthority
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.identity import PlaneIdentity, Role
 from llmmesh.core.mtls import MeshSecurity
-from llmmesh.region.server import RegionPlane, start_region
-from tests.stack import DEV_KEY, region_settings
+from llmmesh.edge.server import EdgeServer
+from llmmesh.engine.server import EnginePod
+from llmmesh.globalplane.server import GlobalPlane
+from llmmesh.region.server import RegionPlane
+from tests.stack import MeshBuilder, region_settings
 
 GLOBAL = PlaneIdentity(Role.GLOBAL, "global")
 EDGE = PlaneIdentity(Role.EDGE, "edge")
@@ -65,7 +62,8 @@ class Pki:
 
 
 def make_pki(root: Path) -> Pki:
-    return Pki(CertificateAuthority.open(root / "mesh"), CertificateAuthority.open(root / "foreign"))
+    mesh = CertificateAuthority.open(root / "mesh", ca_dir=root / "mesh-ca")
+    return Pki(mesh, CertificateAuthority.open(root / "foreign", ca_dir=root / "foreign-ca"))
 
 
 @dataclass
@@ -83,35 +81,13 @@ async def secure_stack(
 ) -> AsyncIterator[SecureStack]:
     """The global plane, one pod, region us-east and optionally the edge, all on mTLS."""
     pki = make_pki(root)
-    glob = await start_global_plane(
-        GlobalSettings(
-            dev_key=DEV_KEY,
-            heartbeat_interval_ms=200,
-            database_url="sqlite://",
-            **pki.settings(GLOBAL),  # type: ignore[arg-type]
-        )
-    )
-    engine = await start_engine(EngineSettings(pod_id=POD.name, **pki.settings(POD)))  # type: ignore[arg-type]
-    region = await start_region(
-        region_settings(glob.address, [engine], insecure=False, **pki.settings(US_EAST), **region_overrides)
-    )
-    edge = (
-        await start_edge(
-            EdgeSettings(
-                port=0,
-                global_address=glob.address,
-                auth_cache_ms=0,
-                **pki.settings(EDGE),  # type: ignore[arg-type]
+    async with MeshBuilder() as build:
+        glob = await build.global_plane(insecure=False, **pki.settings(GLOBAL))
+        engine = await build.pod(POD.name, insecure=False, **pki.settings(POD))
+        region = await build.region(
+            region_settings(
+                glob.address, [engine], insecure=False, **pki.settings(US_EAST), **region_overrides
             )
         )
-        if with_edge
-        else None
-    )
-    try:
+        edge = await build.edge(glob.address, insecure=False, **pki.settings(EDGE)) if with_edge else None
         yield SecureStack(pki, glob, engine, region, edge)
-    finally:
-        if edge is not None:
-            await edge.stop()
-        await region.stop(0.5)
-        await engine.stop(0.5)
-        await glob.stop(0.5)

@@ -14,9 +14,9 @@ from collections.abc import Collection, Mapping
 from google.protobuf import descriptor_pool
 
 import llmmesh.v1
+from llmmesh.core.identity import Role
 from llmmesh.engine.server import ENGINE_ACCESS
 from llmmesh.globalplane.access import GLOBAL_ACCESS
-from llmmesh.core.identity import Role
 from llmmesh.region.server import REGION_ACCESS
 
 
@@ -34,7 +34,14 @@ PLANES: dict[str, tuple[Mapping[str, Collection[Role]], tuple[str, ...]]] = {
     "engine": (ENGINE_ACCESS, ("EngineService", "EmbeddingService")),
     "region": (
         REGION_ACCESS,
-        ("ChatService", "RegionEmbeddingService", "ModerationService", "RetrievalService", "MemoryService"),
+        (
+            "ChatService",
+            "RegionEmbeddingService",
+            "ModerationService",
+            "RetrievalService",
+            "MemoryService",
+            "EndUserService",
+        ),
     ),
     "global": (
         GLOBAL_ACCESS,
@@ -87,11 +94,20 @@ def test_tenant_content_is_reached_only_as_turns_are() -> None:
             assert not {Role.ENGINE, Role.REGION, Role.GLOBAL} & set(roles), method
 
 
+def test_only_an_operator_may_ask_for_an_end_user_s_pseudonym() -> None:
+    """Any other holder of the oracle could test guesses of raw end-user ids against the pseudonyms."""
+    for method in _methods("EndUserService"):
+        assert set(REGION_ACCESS[method]) == {Role.ADMIN}, method
+
+
 def test_registry_and_directory_changes_are_an_operator_s() -> None:
     for method in ("UpsertModel", "RemoveRegion", "CreateTenant", "UpdateTenant", "CreateApiKey"):
         assert set(GLOBAL_ACCESS[method]) == {Role.ADMIN}, method
 
 
-def test_only_the_owning_region_or_an_operator_reach_a_pod() -> None:
+def test_only_the_owning_region_makes_a_pod_work_and_an_operator_may_look() -> None:
+    work = {"Generate", "GenerateSession", "CancelGeneration", "Embed"}
     for method in _methods("EngineService") + _methods("EmbeddingService"):
-        assert set(ENGINE_ACCESS[method]) == {Role.REGION, Role.ADMIN}, method
+        expected = {Role.REGION} if method in work else {Role.REGION, Role.ADMIN}
+        assert set(ENGINE_ACCESS[method]) == expected, method
+    assert work <= set(ENGINE_ACCESS)

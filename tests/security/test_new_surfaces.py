@@ -19,6 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llmmesh.bench.processes import free_port
 from llmmesh.core.errors import Reason, from_rpc_error
 from llmmesh.core.identity import PlaneIdentity, Role, role_name
+from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.retrieval import MAX_STORE_FILES
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -38,8 +40,6 @@ from llmmesh.v1 import memory_service_pb2 as mem
 from llmmesh.v1 import model_registry_service_pb2 as mpb
 from llmmesh.v1 import policy_service_pb2 as ppb
 from llmmesh.v1 import retrieval_service_pb2 as rpb
-from llmmesh.region.knowledge.memory_store import MemoryStore
-from llmmesh.region.knowledge.retrieval import MAX_STORE_FILES
 from tests.security.mesh_pki import (
     ADMIN,
     CLIENT,

@@ -21,12 +21,12 @@ from cryptography import x509
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from llmmesh.edge.server import start_edge
-from llmmesh.edge.settings import EdgeSettings
 from llmmesh.core.errors import DOMAIN, MeshError, Reason, from_rpc_error
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.identity import PlaneIdentity, Role, role_name
 from llmmesh.core.mtls import MeshTlsSettings, TlsSetupError
+from llmmesh.edge.server import start_edge
+from llmmesh.edge.settings import EdgeSettings
 from llmmesh.v1 import billing_service_pb2 as bpb
 from llmmesh.v1 import (
     billing_service_pb2_grpc,
@@ -144,6 +144,22 @@ async def test_only_the_owning_region_drives_a_pod(stack: SecureStack) -> None:
             generate = stub.Generate()
             error = await _denied(generate.read())
             assert holder.uri in error.message or holder.uri == error.metadata["peer"]
+
+
+@pytest.mark.asyncio
+async def test_an_operator_may_look_at_a_pod_but_never_make_it_work(stack: SecureStack) -> None:
+    """Work on a pod is metered, queued and billed only through its region:
+    the admin certificate reads the pod's description, load and tokenizer,
+    and is refused generation and embedding."""
+    async with stack.pki.channel(stack.engine.address, ADMIN, POD_NAME) as ch:
+        stub = engine_service_pb2_grpc.EngineServiceStub(ch)
+        info = await stub.GetEngineInfo(engine_service_pb2.GetEngineInfoRequest(), timeout=5)
+        assert info.pod_id == POD.name
+        tokens = await stub.Tokenize(engine_service_pb2.TokenizeRequest(text="hello"), timeout=5)
+        assert len(tokens.token_ids) > 0
+        for call in (stub.Generate(), stub.GenerateSession()):
+            error = await _denied(call.read())
+            assert ADMIN.uri in error.message or ADMIN.uri == error.metadata["peer"]
 
 
 # ------------------------------------------------------------ regions
@@ -392,7 +408,7 @@ async def test_a_rotated_certificate_is_served_without_a_restart(stack: SecureSt
 def test_an_identity_names_its_place() -> None:
     region = PlaneIdentity.parse("spiffe://llmmesh/region/us/us-east/us-east")
     assert region == US_EAST
-    assert region.dns_names == ["llmmesh.region.llmmesh", "us.region.llmmesh", "us-east.us.region.llmmesh"]
+    assert region.dns_names == ["region.llmmesh", "us.region.llmmesh", "us-east.us.region.llmmesh"]
     with pytest.raises(ValueError, match="zone and a region"):
         PlaneIdentity(Role.REGION, "us-east")
     with pytest.raises(ValueError, match="not an identity of this mesh"):

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.globalplane.tiers import TenantTier
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc, common_pb2
 from tests.conftest import fresh_schema
@@ -157,6 +157,7 @@ async def _scenario(attempts: Sequence[Attempt], database_url: str, zone_store_u
         assert all(streamed_ids), "a turn streamed tokens before naming its request id"
 
 
+@pytest.mark.slow
 @pytest.mark.services
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(attempts=st.lists(_attempt(), min_size=1, max_size=8))

@@ -38,6 +38,7 @@ def _landed_proto_revisions(limit: int = 20) -> list[str]:
     return result.stdout.split()
 
 
+@pytest.mark.slow
 def test_buf_breaking_against_landed_protos() -> None:
     """No change breaks the contract of any recent commit that touched it."""
     revisions = _landed_proto_revisions()

@@ -43,6 +43,8 @@ def build_model(command: str, out: Path) -> Path:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    # The weights are readable by an engine running as another user (the image's uid 10001).
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
     return out
 
 
@@ -54,7 +56,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start_pod(model_dir: Path, run_dir: Path, *flags: str) -> VllmPod:
     """Start ``llmmesh engine --backend vllm`` and wait for its ready file."""
     ready = run_dir / "ready.json"
-    log_path = run_dir / "llmmesh.engine.log"
+    log_path = run_dir / "engine.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [

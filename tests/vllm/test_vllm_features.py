@@ -20,8 +20,15 @@ import grpc.aio
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import pytest_asyncio
+from openai.lib._pydantic import to_strict_json_schema
+from pydantic import BaseModel
 from transformers import AutoTokenizer
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import StructuredOutputsParams
 
+from llmmesh.core.errors import Internal, InvalidArgument, from_rpc_error
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine import tiny_model
 from llmmesh.engine.backend import (
     FinishReason,
@@ -38,11 +45,10 @@ from llmmesh.engine.vllm_engine import resumed_grammar
 from llmmesh.engine.vllm_engine.auto_tools import AutoToolCalls, tool_parser_for_template
 from llmmesh.engine.vllm_engine.replies import ReplyStream
 from llmmesh.engine.vllm_engine.sampling import JSON_OBJECT_SCHEMA, sampling_params
-from llmmesh.core.errors import Internal, InvalidArgument, from_rpc_error
-from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
+from tests.strict_models import MODELS, XGRAMMAR_REFUSES, Event
 from tests.vllm.conftest import VllmPod
 
 pytestmark = pytest.mark.vllm
@@ -266,6 +272,78 @@ async def test_json_schema_output_validates(stub: pb_grpc.EngineServiceStub) -> 
     assert reply.finished is not None and reply.finished.reason == common.FINISH_REASON_STOP, reply
     jsonschema.validate(json.loads(reply.text), schema)
     assert not reply.calls
+
+
+def strict_format(model: type[BaseModel]) -> common.ResponseFormat:
+    """The response format the openai SDK's ``parse(response_format=model)`` sends."""
+    return common.ResponseFormat(
+        type=common.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
+        schema_name=model.__name__,
+        schema_json=json.dumps(to_strict_json_schema(model)),
+        strict=True,
+    )
+
+
+# Event's email and fractional seconds have no length bound in xgrammar's
+# grammar, and the random weights never close them; that vLLM compiles its
+# schema is checked below.
+FINISHING_MODELS = tuple(model for model in MODELS if model is not Event)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("model", FINISHING_MODELS, ids=lambda model: model.__name__)
+async def test_strict_models_validate_or_are_refused_by_keyword(
+    stub: pb_grpc.EngineServiceStub, model: type[BaseModel]
+) -> None:
+    request_id = f"strict-{model.__name__}"
+    if model in XGRAMMAR_REFUSES:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await generate(stub, request_id, max_tokens=8, response_format=strict_format(model))
+        error = from_rpc_error(raised.value)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.metadata.get("param") == "response_format.json_schema.schema"
+        assert XGRAMMAR_REFUSES[model] in str(raised.value.details())
+        return
+    reply = await generate(stub, request_id, max_tokens=400, response_format=strict_format(model))
+    assert reply.finished is not None and reply.finished.reason == common.FINISH_REASON_STOP, reply
+    model.model_validate_json(reply.text)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("model", MODELS, ids=lambda model: model.__name__)
+def test_the_schema_check_refuses_by_name_what_vllm_refuses(model: type[BaseModel]) -> None:
+    """What passes the check compiles in vLLM; what vLLM refuses unnamed,
+    the check refuses by keyword first."""
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    response_format = ResponseFormatSpec(
+        ResponseFormatType.JSON_SCHEMA, model.__name__, json.dumps(to_strict_json_schema(model))
+    )
+    vllm_takes = True
+    try:
+        validate_xgrammar_grammar(
+            SamplingParams(structured_outputs=StructuredOutputsParams(json=response_format.schema_json))
+        )
+    except VLLMValidationError:
+        vllm_takes = False
+    if model not in XGRAMMAR_REFUSES:
+        assert vllm_takes
+        assert params_for(response_format=response_format).structured_outputs is not None
+        return
+    assert not vllm_takes
+    with pytest.raises(InvalidArgument) as refused:
+        params_for(response_format=response_format)
+    assert refused.value.metadata["param"] == "response_format.json_schema.schema"
+    assert XGRAMMAR_REFUSES[model] in str(refused.value)
+
+
+def test_tool_schemas_xgrammar_cannot_follow_are_refused_by_name() -> None:
+    odd = {"type": "object", "properties": {"a": {"type": "string"}}, "if": {"required": ["a"]}}
+    tools = (ToolSpec("get_time", "", json.dumps(TIME)), ToolSpec("odd", "", json.dumps(odd)))
+    with pytest.raises(InvalidArgument) as refused:
+        params_for(tools=tools, tool_choice=ToolChoiceSpec(ToolChoiceMode.REQUIRED))
+    assert refused.value.metadata["param"] == "tools[1].function.parameters"
+    assert "keyword 'if' at #" in str(refused.value)
 
 
 @pytest.mark.asyncio

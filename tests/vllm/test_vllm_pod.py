@@ -22,10 +22,10 @@ import pytest_asyncio
 from llmmesh.core.chat_tokenizer import chat_role_name, tokenizer_spec
 from llmmesh.core.errors import from_rpc_error
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.region.tokenizer_client import local_tokenizer
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc
-from llmmesh.region.tokenizer_client import local_tokenizer
 from tests.vllm.conftest import VllmPod
 
 pytestmark = pytest.mark.vllm

@@ -21,10 +21,10 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from llmmesh.engine import tiny_model
-from llmmesh.engine.sim.vocabulary import WORDS
 from llmmesh.core.errors import from_rpc_error
 from llmmesh.core.grpcserver import open_channel
+from llmmesh.engine import tiny_model
+from llmmesh.engine.sim.vocabulary import WORDS
 from llmmesh.v1 import common_pb2 as common
 from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.v1 import engine_service_pb2_grpc as pb_grpc

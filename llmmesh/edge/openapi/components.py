@@ -24,7 +24,9 @@ from llmmesh.edge.conversation_objects import (
     MessageObject,
     RegenerateRequest,
 )
+from llmmesh.edge.response_request import ResponseRequest
 from llmmesh.edge.schemas import ChatCompletionRequest
+from llmmesh.edge.text_completions import TextCompletionRequest
 
 Schema = dict[str, Any]
 """A JSON Schema, or any other object of the document."""
@@ -226,6 +228,21 @@ _WRITTEN_OUT: dict[str, Schema] = {
             "output_tokens": INT,
             "cost_usd": {"type": "string", "description": "An exact decimal string."},
             "requests": INT,
+            "lines": {
+                "type": "array",
+                "description": "The totals by model and purpose: the tenant's turns, or the mesh's "
+                "background work for its conversations (summary, memory), which adds tokens, not requests.",
+                "items": _object(
+                    {
+                        "model": STRING,
+                        "purpose": {"enum": ["turn", "summary", "memory"]},
+                        "input_tokens": INT,
+                        "output_tokens": INT,
+                        "cost_usd": {"type": "string", "description": "An exact decimal string."},
+                        "requests": INT,
+                    }
+                ),
+            },
         }
     ),
     "PathHealth": {
@@ -237,7 +254,18 @@ _WRITTEN_OUT: dict[str, Schema] = {
         },
         "required": ["status", "global_plane", "regions"],
     },
-    "Readiness": _object({"status": {"enum": ["ok", "unavailable"]}}),
+    "Readiness": _object(
+        {
+            "status": {"enum": ["ok", "unavailable"]},
+            # By dependency (redis, global_plane): up, whether readiness needs it, and why not when down.
+            "dependencies": {
+                "type": "object",
+                "additionalProperties": _object(
+                    {"up": {"type": "boolean"}, "required": {"type": "boolean"}, "reason": STRING}
+                ),
+            },
+        }
+    ),
     "StreamCancel": _object(
         {
             "id": STRING,
@@ -249,6 +277,8 @@ _WRITTEN_OUT: dict[str, Schema] = {
 
 _MODELS: list[type[BaseModel]] = [
     ChatCompletionRequest,
+    TextCompletionRequest,
+    ResponseRequest,
     CreateConversationRequest,
     ConversationMessageRequest,
     RegenerateRequest,

@@ -5,6 +5,8 @@ network): every operation with its parameters, its request body's fields
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from functools import cache
@@ -18,6 +20,14 @@ _STYLE = (
     "td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}"
     "code{font-size:.9em}"
 )
+
+
+DOCS_POLICY = (
+    "default-src 'none'; "
+    f"style-src 'sha256-{base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()}'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+"""The page's Content-Security-Policy: its one inline style (by its hash), nothing else."""
 
 
 def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:

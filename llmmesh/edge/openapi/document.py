@@ -1,6 +1,6 @@
 """The edge's OpenAPI 3.1 document, served at ``GET /openapi.json``: every
 operation, its parameters, request body and answers, errors included (as the
-OpenAI error object). The schemas are in :mod:`edge.openapi_components`.
+OpenAI error object). The schemas are in :mod:`edge.openapi.components`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from functools import cache
 
 from pydantic import BaseModel
 
-from llmmesh.edge import openapi_files, openapi_vectors, openapi_web
+from llmmesh import __version__
 from llmmesh.edge.conversation_objects import (
     BranchObject,
     ConversationMessageRequest,
@@ -22,9 +22,15 @@ from llmmesh.edge.conversation_objects import (
     RegenerateRequest,
 )
 from llmmesh.edge.conversations import DEFAULT_LIMIT, MAX_LIMIT
+from llmmesh.edge.openapi import files as openapi_files
+from llmmesh.edge.openapi import responses as openapi_responses
+from llmmesh.edge.openapi import text as openapi_text
+from llmmesh.edge.openapi import vectors as openapi_vectors
+from llmmesh.edge.openapi import web as openapi_web
 from llmmesh.edge.openapi.components import INT, STRING, Schema, component_schemas, ref
+from llmmesh.edge.response_request import ResponseRequest
 from llmmesh.edge.schemas import ChatCompletionRequest
-from llmmesh import __version__
+from llmmesh.edge.text_completions import TextCompletionRequest
 
 _REQUEST_ID: Schema = {
     "description": "The client's own x-request-id when it sent a plain token"
@@ -42,6 +48,11 @@ def _error(description: str) -> Schema:
             "x-request-id": _REQUEST_ID,
             "retry-after": {
                 "description": "Seconds to wait before retrying (429 and 503).",
+                "schema": {"type": "string"},
+            },
+            "retry-after-ms": {
+                "description": "Milliseconds to wait before retrying: retry-after's wait plus up to a "
+                "quarter more at random, so clients refused together spread out.",
                 "schema": {"type": "string"},
             },
         },
@@ -81,8 +92,9 @@ _TURN_HEADERS: dict[str, Schema] = {
 
 # OpenAPI 3.1 has the schema of an event stream describe each of its events.
 _SSE: Schema = {
-    "description": "`chat.completion.chunk` events (components/schemas/ChatCompletionChunk), each"
-    " with an `id:`, ending in `data: [DONE]`.",
+    "description": "`chat.completion.chunk` events (components/schemas/ChatCompletionChunk), ending"
+    " in `data: [DONE]`; each with an `id:` line only for a client that opts into event ids"
+    " (x-llmmesh-event-ids or x-llmmesh-resumable: true, or Last-Event-ID on a resume).",
     "schema": {
         "type": "object",
         "properties": {"data": STRING, "id": STRING, "event": STRING, "retry": INT},
@@ -99,12 +111,12 @@ def _json(description: str, schema: Schema) -> Schema:
     }
 
 
-def _turn_responses() -> dict[str, Schema]:
+def _turn_responses(whole: str = "ChatCompletion", sse: Schema = _SSE) -> dict[str, Schema]:
     return {
         "200": {
-            "description": "The reply: one `chat.completion`, or an SSE stream when `stream` is true.",
+            "description": f"The reply: one `{whole}`, or an SSE stream when `stream` is true.",
             "headers": _TURN_HEADERS,
-            "content": {"application/json": {"schema": ref("ChatCompletion")}, "text/event-stream": _SSE},
+            "content": {"application/json": {"schema": ref(whole)}, "text/event-stream": sse},
         },
         **_ERRORS,
     }
@@ -158,10 +170,6 @@ _MODEL: Schema = {
     "description": "The model's name, as GET /v1/models lists it.",
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:/-]*$", "maxLength": 128},
     "example": "llmmesh-tiny",
-}
-_UNSUPPORTED: dict[str, Schema] = {
-    "401": _ERRORS["401"],
-    "404": _error("Not supported: code unsupported_endpoint."),
 }
 _STREAM_ID: Schema = {
     "name": "stream_id",
@@ -243,16 +251,12 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
         },
         "/v1/completions": {
             "post": _operation(
-                "Not supported (legacy prompt completions): 404 unsupported_endpoint; use chat completions.",
-                _UNSUPPORTED,
+                "Create a legacy text completion (the prompt is sent as one user message).",
+                _turn_responses("TextCompletion", openapi_text.SSE),
+                body=(models[TextCompletionRequest], openapi_text.EXAMPLE),
             )
         },
-        "/v1/responses": {
-            "post": _operation(
-                "Not supported (the Responses API): 404 unsupported_endpoint; use chat completions.",
-                _UNSUPPORTED,
-            )
-        },
+        **openapi_responses.paths(models[ResponseRequest], _ERRORS),
         "/v1/usage": {
             "get": _operation(
                 "The key's tenant's billed usage in one month.",
@@ -335,7 +339,8 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
                     {
                         "name": "starting_after",
                         "in": "query",
-                        "description": "Replay the events after this event id.",
+                        "description": "Replay the events after this one. Events are numbered from 0"
+                        " with or without id: lines, so a client that read K events sends K-1.",
                         "schema": {"type": "integer", "minimum": 0},
                     },
                     {
@@ -366,7 +371,8 @@ def _paths(models: Mapping[type[BaseModel], Schema]) -> dict[str, Schema]:
         },
         "/readyz": {
             "get": _operation(
-                "Readiness: the global plane serves.",
+                "Readiness: the stream log's Redis answers, and the global plane has not been "
+                "unreachable past global_outage_grace_s; each dependency with its reason.",
                 {"200": _json("Ready.", ref("Readiness")), "503": _json("Not ready.", ref("Readiness"))},
                 public=True,
             )
@@ -405,6 +411,7 @@ def openapi_document() -> Schema:
             "title": "llmmesh edge",
             "version": __version__,
             "description": "OpenAI-compatible chat completions (tools, structured output, logprobs),"
+            " legacy text completions, responses,"
             " embeddings, moderations, conversations and resumable streams.",
         },
         "paths": _paths(model_refs),
@@ -413,6 +420,8 @@ def openapi_document() -> Schema:
                 **schemas,
                 **openapi_vectors.SCHEMAS,
                 **openapi_files.SCHEMAS,
+                **openapi_text.SCHEMAS,
+                **openapi_responses.SCHEMAS,
                 **openapi_web.SCHEMAS,
             },
             "securitySchemes": {

@@ -1,7 +1,8 @@
-"""The OpenAPI description of ``/v1/files``, ``/v1/vector_stores`` and
-``/v1/memories`` (:mod:`edge.files`, :mod:`edge.vector_stores`,
-:mod:`edge.memories`), merged into the edge's
-document by :mod:`edge.openapi`."""
+"""The OpenAPI description of ``/v1/files``, ``/v1/vector_stores`` (with
+their file batches) and ``/v1/memories`` (:mod:`edge.files`,
+:mod:`edge.vector_stores`, :mod:`edge.file_batches`, :mod:`edge.memories`),
+merged into the edge's
+document by :mod:`edge.openapi.document`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ _CHUNKING: Schema = {
         },
     ],
 }
+_BATCH_COUNTS = ("in_progress", "completed", "failed", "cancelled", "total")
 _REFUSED: Schema = {"description": "Refused (400 unsupported_parameter) unless null."}
 
 
@@ -128,6 +130,50 @@ SCHEMAS: dict[str, Schema] = {
         "type": "object",
         "properties": {"file_id": STRING, "chunking_strategy": _CHUNKING, "attributes": _REFUSED},
         "required": ["file_id"],
+        "additionalProperties": False,
+    },
+    "VectorStoreFileBatch": {
+        "type": "object",
+        "properties": {
+            "id": STRING,
+            "object": {"const": "vector_store.files_batch"},
+            "created_at": INT,
+            "vector_store_id": STRING,
+            "status": {
+                "enum": ["in_progress", "completed", "cancelled", "failed"],
+                "description": "completed when returned: files are embedded before the answer.",
+            },
+            "file_counts": {
+                "type": "object",
+                "properties": dict.fromkeys(_BATCH_COUNTS, INT),
+                "required": list(_BATCH_COUNTS),
+            },
+        },
+        "required": ["id", "object", "created_at", "vector_store_id", "status", "file_counts"],
+    },
+    "CreateVectorStoreFileBatchRequest": {
+        "type": "object",
+        "description": "file_ids (with one chunking_strategy) or files, not both.",
+        "properties": {
+            "file_ids": {"type": "array", "items": STRING, "minItems": 1, "maxItems": 500},
+            "files": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 500,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "file_id": STRING,
+                        "chunking_strategy": _CHUNKING,
+                        "attributes": _REFUSED,
+                    },
+                    "required": ["file_id"],
+                    "additionalProperties": False,
+                },
+            },
+            "chunking_strategy": {**_CHUNKING, "description": "With file_ids only; refused with files."},
+            "attributes": _REFUSED,
+        },
         "additionalProperties": False,
     },
     "VectorStoreSearchRequest": {
@@ -244,6 +290,7 @@ def paths(errors: Mapping[str, Schema]) -> dict[str, Schema]:
         },
     }
     store_file = _path_param("file_id", "A file of the vector store.")
+    batch = _path_param("batch_id", 'A file batch id, "vsfb_<zone>_<random>".')
     return {
         "/v1/files": {
             "post": upload,
@@ -291,6 +338,38 @@ def paths(errors: Mapping[str, Schema]) -> dict[str, Schema]:
                 parameters=[_STORE_ID, store_file],
             ),
         },
+        "/v1/vector_stores/{vector_store_id}/file_batches": {
+            "post": op(
+                "Add files as one batch, each chunked and embedded before the answer (completed).",
+                "VectorStoreFileBatch",
+                body="CreateVectorStoreFileBatchRequest",
+                parameters=[_STORE_ID],
+            )
+        },
+        "/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}": {
+            "get": op(
+                "One file batch of the vector store.", "VectorStoreFileBatch", parameters=[_STORE_ID, batch]
+            )
+        },
+        "/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}/cancel": {
+            "post": op(
+                "Cancel a batch in progress; a finished one (every batch, once created) is a 400.",
+                "VectorStoreFileBatch",
+                parameters=[_STORE_ID, batch],
+            )
+        },
+        "/v1/vector_stores/{vector_store_id}/file_batches/{batch_id}/files": {
+            "get": op(
+                "The batch's files still in the vector store, newest first.",
+                "VectorStoreFileList",
+                parameters=[
+                    _STORE_ID,
+                    batch,
+                    *_PAGING,
+                    _query("filter", "in_progress, completed, failed or cancelled."),
+                ],
+            )
+        },
         "/v1/memories": {
             "get": op(
                 "llmmesh: the facts kept about one end user (memory), newest first.",
@@ -305,9 +384,12 @@ def paths(errors: Mapping[str, Schema]) -> dict[str, Schema]:
         },
         "/v1/memories/{memory_id}": {
             "delete": op(
-                "llmmesh: delete one fact.",
+                "llmmesh: delete one fact (with user, only if it is about that end user).",
                 "MemoriesDeleted",
-                parameters=[_path_param("memory_id", 'A memory id, "mem_<random>".')],
+                parameters=[
+                    _path_param("memory_id", 'A memory id, "mem_<random>".'),
+                    _query("user", "The end user the fact must be about."),
+                ],
             )
         },
         "/v1/vector_stores/{vector_store_id}/search": {

@@ -1,7 +1,7 @@
 """The OpenAPI description of ``POST /v1/embeddings`` and ``POST
 /v1/moderations`` (:mod:`edge.embeddings`, :mod:`edge.moderations`): their
 request bodies and answers, merged into the edge's document by
-:mod:`edge.openapi`."""
+:mod:`edge.openapi.document`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ streams. A reader that falls behind what its stream still holds gets
 
 Each entry records the id of the event before it, so a reader detects a gap
 from the entries alone, whatever the backend. This module has the contract
-and the in-process log (embedded meshes); :mod:`edge.stream_log_redis` is
+and the in-process log (embedded meshes); :mod:`edge.streams.log_redis` is
 the shared one (deployments with several edges).
 """
 
@@ -135,6 +135,10 @@ class StreamLog(ABC):
     async def publish_cancel(self, stream_id: str) -> None:
         """Ask the edge producing the stream to cancel it."""
 
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise StreamLogError when the log's store does not answer now (readiness)."""
+
 
 _Held = tuple[int, int, bytes, bool]
 """A retained entry as a plain tuple of plain values, which the garbage
@@ -184,6 +188,9 @@ class InProcessStreamLog(StreamLog):
     async def close(self) -> None:
         self._on_cancel = None
 
+    async def ping(self) -> None:
+        return
+
     def _forget_old(self) -> None:
         now = self._clock()
         while self._finished:
@@ -196,6 +203,10 @@ class InProcessStreamLog(StreamLog):
     def _get(self, stream_id: str) -> _Stream | None:
         self._forget_old()
         return self._streams.get(stream_id)
+
+    def holds(self, stream_id: str) -> bool:
+        """Whether the log knows the stream now."""
+        return self._get(stream_id) is not None
 
     def held(self, stream_id: str) -> int:
         """Entries the log holds for a stream now (0 when unknown)."""

@@ -38,6 +38,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import Pipeline, PubSub
 
+from llmmesh.core.tasks import cancel_and_wait, wait_event
 from llmmesh.edge.streams.log import (
     CancelListener,
     EventsGone,
@@ -47,7 +48,6 @@ from llmmesh.edge.streams.log import (
     StreamLog,
     StreamLogError,
 )
-from llmmesh.core.tasks import cancel_and_wait, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,9 @@ class RedisStreamLog(StreamLog):
     async def has_reader(self, stream_id: str) -> bool:
         key = self._key(stream_id, "reader")
         return bool(await self._run(lambda: self._redis.exists(key)))
+
+    async def ping(self) -> None:
+        await self._run(self._redis.ping)
 
     async def publish_cancel(self, stream_id: str) -> None:
         await self._run(lambda: self._redis.publish(self._channel, stream_id))

@@ -10,6 +10,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from prometheus_client import CollectorRegistry
 
+from llmmesh.core.chat_tokenizer import TokenizerSpec
+from llmmesh.core.errors import InvalidArgument, MeshError, Reason, Unavailable
+from llmmesh.core.tasks import cancel_and_wait
 from llmmesh.engine.backend import (
     ChatTurn,
     EngineBackend,
@@ -32,28 +35,38 @@ from llmmesh.engine.sim.disaggregation import (
 )
 from llmmesh.engine.sim.faults import CrashCallback, FaultPlan
 from llmmesh.engine.sim.kv_blocks import KvBlockPool
+from llmmesh.engine.sim.model_tokenizer import PromptTokenizer, prompt_tokenizer_of
 from llmmesh.engine.sim.sampler import DeterministicSampler
 from llmmesh.engine.sim.scheduler import ContinuousBatchScheduler
 from llmmesh.engine.sim.sequence import SimSequence
 from llmmesh.engine.sim.timing import SimTimingModel
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.sim.vocabulary import BYTE_OFFSET
-from llmmesh.core.chat_tokenizer import TokenizerSpec
-from llmmesh.core.errors import InvalidArgument, MeshError, Reason, Unavailable
-from llmmesh.core.tasks import cancel_and_wait
 
 
 class SimBackend(EngineBackend):
     """A simulated vLLM engine with one scheduler task.
 
+    With ``model_path`` set it tokenizes prompts with that model's tokenizer
+    (:mod:`engine.sim.model_tokenizer`), so its counts are the model's.
+
     The ``sim_*`` fault settings inject failures (:mod:`engine.sim.faults`);
     ``on_crash`` is what the crash fault calls, required when it is set.
+    ``gpu`` reads the GPUs the pod reports (NVML by default; a pod in a
+    virtual-time run passes one that reads none, so no machine's GPUs
+    reach its load reports).
     """
 
-    def __init__(self, settings: EngineSettings, on_crash: CrashCallback | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, on_crash: CrashCallback | None = None, *, gpu: NvmlProbe | None = None
+    ) -> None:
         self._settings = settings
         self.faults = FaultPlan.from_settings(settings, on_crash)
         self.tokenizer = SimTokenizer()
+        # The served model's tokenizer reads prompts when the pod has one
+        # (engine.sim.model_tokenizer); the simulator's pieces write replies.
+        model_prompts = prompt_tokenizer_of(settings.model_path)
+        self.prompts: PromptTokenizer = model_prompts or self.tokenizer
         self.kv_event_log = KvEventLog(settings.kv_event_retention)
         self.pool = KvBlockPool(settings.kv_blocks, settings.block_size, self.kv_event_log)
         self.timing = SimTimingModel(
@@ -73,7 +86,7 @@ class SimBackend(EngineBackend):
         )
         self._sampler = DeterministicSampler(self.tokenizer)
         self._arrivals = itertools.count()
-        self._gpu = NvmlProbe()
+        self._gpu = gpu or NvmlProbe()
         self.scheduler.metrics.registry.register(GpuCollector(self._gpu))
         self._task: asyncio.Task[None] | None = None
         self._info = EngineInfo(
@@ -85,7 +98,8 @@ class SimBackend(EngineBackend):
             block_size=settings.block_size,
             max_num_seqs=settings.max_num_seqs,
             kv_blocks_total=settings.kv_blocks,
-            vocab_size=self.tokenizer.vocab_size,
+            # Prompt ids are the model's, reply ids the simulator's: both must validate.
+            vocab_size=max(self.prompts.vocab_size, self.tokenizer.vocab_size),
             role=settings.pod_role,
         )
         self.transfers = KvTransferModel(
@@ -159,6 +173,7 @@ class SimBackend(EngineBackend):
             tokenizer=self.tokenizer,
             context_window=self._settings.context_window,
             faults=self.faults,
+            prompts=self.prompts,
         )
         # Blocks are taken as the reply grows, so only the prompt and the KV
         # slot of the first output token must fit; a reply that outgrows the
@@ -189,16 +204,16 @@ class SimBackend(EngineBackend):
 
     async def tokenize(self, prompt: str | Sequence[ChatTurn], add_generation_prompt: bool) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode_prompt(prompt)
+            return self.prompts.encode_prompt(prompt)
         try:
-            return self.tokenizer.render_chat(
+            return self.prompts.render_chat(
                 ((turn.role, turn.content) for turn in prompt), add_generation_prompt
             )
         except ValueError as exc:
             raise InvalidArgument(Reason.INVALID_REQUEST, str(exc), metadata={"param": "messages"}) from exc
 
     def tokenizer_spec(self) -> TokenizerSpec:
-        return self.tokenizer.spec
+        return self.prompts.spec
 
     def info(self) -> EngineInfo:
         return self._info

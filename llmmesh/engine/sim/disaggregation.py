@@ -3,7 +3,7 @@
 A pod has a role (``pod_role``): ``both`` serves whole turns; ``prefill``
 computes prompts' KV caches; ``decode`` takes a KV cache a prefill pod
 computed and generates from it (and can serve a whole turn itself). The
-region's router places each phase (:mod:`region.disaggregation`).
+region's router places each phase (:mod:`region.placement.disaggregation`).
 
 The prefill phase (``prefill_only``) runs the prompt through the pod's
 scheduler like any generation limited to one token (vLLM's prefill

@@ -32,9 +32,9 @@ import struct
 from collections.abc import Callable
 from typing import NoReturn
 
+from llmmesh.core.errors import Reason, Unavailable
 from llmmesh.engine.backend import GenerationRequest
 from llmmesh.engine.settings import EngineSettings
-from llmmesh.core.errors import Reason, Unavailable
 
 log = logging.getLogger(__name__)
 

@@ -30,14 +30,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.engine.backend import ResponseFormatType, SamplingOptions, ToolChoiceMode, ToolSpec
 from llmmesh.engine.sim.distribution import SampledToken
 from llmmesh.engine.sim.json_schema import CompiledSchema, FreeObjectNode, SchemaNotSupported, compile_schema
 from llmmesh.engine.sim.json_writer import JsonWriter
+from llmmesh.engine.sim.model_tokenizer import PromptTokenizer
 from llmmesh.engine.sim.sampler import DeterministicSampler, ReplyPlan
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.tool_calls import parameters_schema
-from llmmesh.core.errors import InvalidArgument, Reason
 
 MAX_PARALLEL_CALLS = 3
 
@@ -59,9 +60,11 @@ def guided_reply(
     plan: ReplyPlan,
     sampler: DeterministicSampler,
     tokenizer: SimTokenizer,
+    prompts: PromptTokenizer | None = None,
 ) -> GuidedReply | None:
-    """The guided reply of a request, or None for free text. Raises
-    ``InvalidArgument`` for a schema outside the supported subset."""
+    """The guided reply of a request, or None for free text; ``prompts``
+    reads the prompt (``tokenizer``, which writes the reply, by default).
+    Raises ``InvalidArgument`` for a schema outside the supported subset."""
     mode = sampling.tool_choice.mode
     response_format = sampling.response_format
     json_content = response_format is not None and response_format.type != ResponseFormatType.TEXT
@@ -78,7 +81,9 @@ def guided_reply(
         if mode == ToolChoiceMode.REQUIRED:
             calls = [writer.choose(len(sampling.tools)) for _ in range(1 + writer.choose(limit))]
         else:
-            calls = _named_in_last_user_message(sampling.tools, prompt_token_ids, tokenizer)[:limit]
+            calls = _named_in_last_user_message(sampling.tools, prompt_token_ids, prompts or tokenizer)[
+                :limit
+            ]
         if calls:
             writer.forced("[")
             for n, i in enumerate(calls):
@@ -128,20 +133,14 @@ def _write(writer: JsonWriter, schema: CompiledSchema, param: str) -> None:
 
 
 def _named_in_last_user_message(
-    tools: Sequence[ToolSpec], prompt_token_ids: Sequence[int], tokenizer: SimTokenizer
+    tools: Sequence[ToolSpec], prompt_token_ids: Sequence[int], prompts: PromptTokenizer
 ) -> list[int]:
     """Indexes of the tools whose names the last user message names, none
     when a tool message follows it; a prompt not rendered as chat counts as
     one user message."""
-    text = tokenizer.decode(prompt_token_ids)
-    start = text.rfind("<|user|>")
-    if start >= 0:
-        text = text[start + len("<|user|>") :]
-        end = text.find("<|end|>")
-        if end >= 0:
-            if "<|tool|>" in text[end:]:
-                return []
-            text = text[:end]
+    text = prompts.last_user_message(prompt_token_ids)
+    if text is None:
+        return []
     return [
         i
         for i, tool in enumerate(tools)

@@ -4,20 +4,25 @@ The simulator's guided decoding: what the grammar forces (braces, keys,
 quotes, separators, ``null``) is emitted with probability 1; each free
 choice is a deterministic draw from the reply plan's digest, so the
 document is a function of (prompt, seed) and a continuation rebuilds it
-exactly. Words inside strings are sampled like free text
+exactly. Words inside plain strings are sampled like free text
 (:mod:`engine.sim.distribution`: logit bias, penalties, temperature, log
-probabilities), from word pieces only, which a JSON string always allows;
-a value among ``n`` fixed alternatives (an enum member, a boolean, one of
-101 evenly spaced numbers in the schema's range) is drawn uniformly, its
-first token carrying log(1/n). Shape choices (an ``anyOf`` branch, an
-array's length, which optional properties appear) are uniform draws too,
-and the tokens they lead to are reported like forced ones: the log
-probabilities follow the grammar's token choices, not every draw. Where
-one token is possible, the top list holds that token only. The layout is
-``json.dumps``'s: ``", "`` and ``": "`` separators. Nesting deeper than
-:data:`MAX_DEPTH` takes small instances (no optional properties, the
-fewest items, a branch that is not a reference); a schema with no
-instance within :data:`DEPTH_LIMIT` levels is refused.
+probabilities), from word pieces only, which a JSON string always allows,
+as many as ``minLength``/``maxLength`` leave room for (a string too short
+after that is padded with ``x``). A value among ``n`` fixed alternatives
+(an enum member, a boolean, one of at most 101 evenly spaced numbers in
+the schema's range, a string of a format or pattern, see
+:mod:`engine.sim.json_numbers` and :mod:`engine.sim.json_strings`) is
+drawn uniformly, its first token carrying log(1/n). Shape choices (an
+``anyOf`` branch, an array's length, which optional properties appear)
+are uniform draws too, and the tokens they lead to are reported like
+forced ones: the log probabilities follow the grammar's token choices, not
+every draw. Where one token is possible, the top list holds that token
+only. The layout is ``json.dumps``'s: ``", "`` and ``": "`` separators.
+Nesting deeper than :data:`MAX_DEPTH` takes small instances (no optional
+properties, the fewest items, the branch of least height, see
+:func:`engine.sim.json_schema.heights`), so a recursive schema ends; one
+whose smallest instance is still deeper than :data:`DEPTH_LIMIT` is
+refused.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import math
 from collections import Counter
 
 from llmmesh.engine.sim.distribution import Adjustments, Pool, SampledToken, sample
+from llmmesh.engine.sim.json_numbers import NumberNode, number_text
 from llmmesh.engine.sim.json_schema import (
     AnyOfNode,
     ArrayNode,
@@ -39,6 +45,7 @@ from llmmesh.engine.sim.json_schema import (
     ScalarNode,
     SchemaNotSupported,
 )
+from llmmesh.engine.sim.json_strings import StringNode, shaped_text
 from llmmesh.engine.sim.sampler import ReplyPlan, draw_bytes, uniform
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.sim.vocabulary import WORDS
@@ -47,8 +54,7 @@ MAX_DEPTH = 6
 DEPTH_LIMIT = 24
 MAX_WORDS = 4
 DEFAULT_MAX_ITEMS = 3
-NUMBER_SPAN = 100.0
-"""The width of a number's range where the schema bounds it on one side or none."""
+PAD = "x"
 
 
 class JsonWriter:
@@ -115,13 +121,18 @@ class JsonWriter:
         elif isinstance(node, AnyOfNode):
             options = node.options
             if depth >= MAX_DEPTH:
-                options = tuple(option for option in options if not isinstance(option, RefNode)) or options
+                lowest = min(schema.height(option) for option in options)
+                options = tuple(option for option in options if schema.height(option) == lowest)
             self.value(schema, options[self.choose(len(options))], depth + 1)
         elif isinstance(node, EnumNode):
             index = self.choose(len(node.values))
             self.forced(json.dumps(node.values[index], ensure_ascii=False), len(node.values))
         elif isinstance(node, FreeObjectNode):
             self._free_object()
+        elif isinstance(node, StringNode):
+            self.string(node)
+        elif isinstance(node, NumberNode):
+            self.forced(*number_text(node, self.choose))
         else:
             self._scalar(node)
 
@@ -157,36 +168,34 @@ class JsonWriter:
         elif node.kind == "string":
             self.string()
         else:
-            self.forced(self._number(node), 101)
+            self.forced(*number_text(NumberNode(node.kind), self.choose))
 
-    def _number(self, node: ScalarNode) -> str:
-        """A number in the node's bounds; a bound alone opens a range of
-        :data:`NUMBER_SPAN` on its other side."""
-        if node.minimum is not None:
-            low = node.minimum
-        else:
-            low = node.maximum - NUMBER_SPAN if node.maximum is not None else 0.0
-        high = node.maximum if node.maximum is not None else low + NUMBER_SPAN
-        step = self.choose(101) / 100
-        if node.kind == "integer":
-            first, last = math.ceil(low), math.floor(high)
-            return str(first + round(step * (last - first)))
-        return json.dumps(min(max(round(low + step * (high - low), 2), low), high))
-
-    def string(self) -> None:
-        """A quoted string of one to :data:`MAX_WORDS` sampled words."""
+    def string(self, node: StringNode | None = None) -> None:
+        """A quoted string: a format's or pattern's, else one to
+        :data:`MAX_WORDS` sampled words within the node's length bounds."""
+        node = node or StringNode()
+        if node.format is not None or node.regex is not None:
+            text, choices = shaped_text(node, self.choose)
+            self.forced(json.dumps(text, ensure_ascii=False), choices)
+            return
         self.forced('"')
-        for i in range(1 + self.choose(MAX_WORDS)):
-            self._emit(
-                sample(
-                    self._spaced if i else self._bare,
-                    self._uniform(),
-                    adjustments=self._adjustments,
-                    counts=self._counts,
-                    temperature=self._plan.temperature,
-                    top=self._plan.top_logprobs,
-                )
+        words, length = 1 + self.choose(MAX_WORDS), 0
+        while (words > 0 or length < node.min_length) and length != node.max_length:
+            token = sample(
+                self._spaced if length else self._bare,
+                self._uniform(),
+                adjustments=self._adjustments,
+                counts=self._counts,
+                temperature=self._plan.temperature,
+                top=self._plan.top_logprobs,
             )
+            size = len(self._tokenizer.decode([token.token_id]))
+            if node.max_length is not None and length + size > node.max_length:
+                break
+            self._emit(token)
+            words, length = words - 1, length + size
+        if length < node.min_length:
+            self.forced(PAD * (node.min_length - length))
         self.forced('"')
 
     def _free_object(self) -> None:

@@ -182,18 +182,23 @@ class KvBlockPool:
         for block in self._take_empty(needed):
             self._acquire(block)
             allocation.blocks.append(block)
-        self._cache_full_blocks(allocation, token_ids[:num_tokens])
+        # The tokens up to num_tokens, without copying the whole sequence each step.
+        self._cache_full_blocks(allocation, token_ids, min(num_tokens, len(token_ids)))
         return True
 
-    def _cache_full_blocks(self, allocation: KvAllocation, token_ids: Sequence[int]) -> None:
-        """Hash the blocks of ``allocation`` that ``token_ids`` has filled since
-        the last call, cache them and announce them. A block whose hash is
-        already cached elsewhere stays private (uncached)."""
+    def _cache_full_blocks(
+        self, allocation: KvAllocation, token_ids: Sequence[int], num_tokens: int | None = None
+    ) -> None:
+        """Hash the blocks of ``allocation`` that the first ``num_tokens`` of
+        ``token_ids`` (all when None) have filled since the last call, cache
+        them and announce them. A block whose hash is already cached
+        elsewhere stays private (uncached)."""
+        filled = len(token_ids) if num_tokens is None else num_tokens
         parent = allocation.hashes[-1] if allocation.hashes else ROOT_PARENT_HASH
         run_parent = parent
         run_hashes: list[bytes] = []
         run_tokens: list[int] = []
-        for index in range(len(allocation.hashes), len(token_ids) // self.block_size):
+        for index in range(len(allocation.hashes), filled // self.block_size):
             start = index * self.block_size
             block_tokens = token_ids[start : start + self.block_size]
             block_hash = chain_hash(parent, block_tokens)

@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 
+from llmmesh.core.errors import AlreadyExists, Reason, Unavailable
 from llmmesh.engine.backend import FinishReason
 from llmmesh.engine.sim.faults import FaultPlan
 from llmmesh.engine.sim.kv_blocks import KvBlockPool
@@ -74,7 +75,6 @@ from llmmesh.engine.sim.metrics import SchedulerStats, SimEngineMetrics
 from llmmesh.engine.sim.sequence import SimSequence
 from llmmesh.engine.sim.step_plan import StepPlan
 from llmmesh.engine.sim.timing import SimTimingModel
-from llmmesh.core.errors import AlreadyExists, Reason, Unavailable
 
 
 class ContinuousBatchScheduler:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+from llmmesh.core.errors import InvalidArgument, MeshError, Reason
 from llmmesh.engine.backend import (
     FinishReason,
     GeneratedTokens,
@@ -24,10 +25,10 @@ from llmmesh.engine.sim.faults import FaultPlan, injected_failure
 from llmmesh.engine.sim.guided import guided_reply
 from llmmesh.engine.sim.kv_blocks import KvAllocation
 from llmmesh.engine.sim.metrics import RequestTimeline
+from llmmesh.engine.sim.model_tokenizer import PromptTokenizer
 from llmmesh.engine.sim.sampler import DeterministicSampler, OutputHistory
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.tool_calls import ToolCallParser
-from llmmesh.core.errors import InvalidArgument, MeshError, Reason
 
 # What the event queue carries: the backend's events, or the error that ends
 # a failed generation in place of its GenerationFinished.
@@ -46,7 +47,8 @@ class SimSequence:
     tool-call parts, not as text. With ``logprobs`` every token carries its
     log probabilities. Under a :class:`FaultPlan`
     it may instead fail (its last queue item is then a ``MeshError``) or
-    stall (it stops decoding and waits for an abort).
+    stall (it stops decoding and waits for an abort). ``prompts`` tokenized
+    the prompt (``tokenizer``, which writes the reply, by default).
 
     Progress is vLLM's: ``token_ids`` are the context and the output so far,
     ``computed_tokens`` of them have their KV in the cache. A step computes
@@ -65,6 +67,7 @@ class SimSequence:
         tokenizer: SimTokenizer,
         context_window: int,
         faults: FaultPlan | None = None,
+        prompts: PromptTokenizer | None = None,
     ) -> None:
         self.request = request
         self.arrival = arrival
@@ -90,7 +93,9 @@ class SimSequence:
         self._detokenizer = StopAwareDetokenizer(tokenizer, sampling.stop, request.resume_output_token_ids)
         self._position = len(request.resume_output_token_ids)
         natural_length, natural_reason = self._plan.natural_length, FinishReason.STOP
-        self._guided = guided_reply(request.prompt_token_ids, sampling, self._plan, sampler, tokenizer)
+        self._guided = guided_reply(
+            request.prompt_token_ids, sampling, self._plan, sampler, tokenizer, prompts
+        )
         self._tool_calls: ToolCallParser | None = None
         if self._guided is not None:
             guided_ids = tuple(token.token_id for token in self._guided.tokens)

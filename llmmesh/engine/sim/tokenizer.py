@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmmesh.engine.sim.vocabulary import BYTE_OFFSET, PIECE_OFFSET, PIECES, SPECIAL_TOKENS, VOCAB_SIZE
 from llmmesh.core.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec
+from llmmesh.engine.sim.vocabulary import BYTE_OFFSET, PIECE_OFFSET, PIECES, SPECIAL_TOKENS, VOCAB_SIZE
 
 # GPT-2-style pre-tokenization: an optional leading space joins the word,
 # digit or mark after it. Every character matches one alternative, so the
@@ -52,6 +52,19 @@ class SimTokenizer(PieceTokenizer):
     def encode_prompt(self, text: str) -> list[int]:
         """A plain-text prompt as a generation sees it: BOS, then the text."""
         return [self.bos_id, *self.encode(text)]
+
+    def last_user_message(self, prompt_token_ids: Sequence[int]) -> str | None:
+        """The text of the last user message of a rendered chat (the whole
+        text of a prompt that is not one), None when a tool message follows it."""
+        text = self.decode(prompt_token_ids)
+        start = text.rfind("<|user|>")
+        if start < 0:
+            return text
+        text = text[start + len("<|user|>") :]
+        end = text.find("<|end|>")
+        if end < 0:
+            return text
+        return None if "<|tool|>" in text[end:] else text[:end]
 
     def token_bytes(self, token_id: int, skip_special_tokens: bool = True) -> bytes:
         """The UTF-8 bytes one token stands for: a byte-fallback token's one

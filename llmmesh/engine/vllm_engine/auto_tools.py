@@ -29,8 +29,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmmesh.engine.backend import ToolCallPart, ToolSpec
 from llmmesh.core.errors import InvalidArgument, Reason
+from llmmesh.engine.backend import ToolCallPart, ToolSpec
 
 # The call markers of a template's tool-call syntax, and vLLM's parser for it.
 _PARSERS_BY_MARKER = (("<tool_call>", "hermes"),)

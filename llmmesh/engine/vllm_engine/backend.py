@@ -41,6 +41,9 @@ from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from llmmesh.core.chat_tokenizer import HfTokenizerSpec
+from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, Reason, Unavailable
+from llmmesh.core.tasks import cancel_and_wait
 from llmmesh.engine.backend import (
     ChatTurn,
     EngineBackend,
@@ -67,9 +70,6 @@ from llmmesh.engine.vllm_engine.replies import ReplyStream
 from llmmesh.engine.vllm_engine.sampling import guided_param, sampling_params
 from llmmesh.engine.vllm_engine.stats import LoadRecorder, SchedulerLoad
 from llmmesh.engine.vllm_engine.tokenizer_spec import hf_tokenizer_spec
-from llmmesh.core.chat_tokenizer import HfTokenizerSpec
-from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, Reason, Unavailable
-from llmmesh.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

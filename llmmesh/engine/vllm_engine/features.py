@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, get_args
 
+from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.engine.backend import GenerationRequest, SamplingOptions
 from llmmesh.engine.settings import EngineSettings
-from llmmesh.core.errors import InvalidArgument, Reason
 
 if TYPE_CHECKING:
     from llmmesh.engine.vllm_engine.config import VllmEngineConfig

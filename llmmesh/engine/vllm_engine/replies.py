@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmmesh.core.errors import Internal, Reason
 from llmmesh.engine.backend import (
     FinishReason,
     GeneratedTokens,
@@ -34,7 +35,6 @@ from llmmesh.engine.backend import (
 from llmmesh.engine.tool_calls import ToolCallParser, ToolCallSyntaxError
 from llmmesh.engine.vllm_engine.auto_tools import AutoToolCalls
 from llmmesh.engine.vllm_engine.logprobs import TokenBytes, token_logprobs
-from llmmesh.core.errors import Internal, Reason
 
 
 def call_id(request_id: str, index: int) -> str:

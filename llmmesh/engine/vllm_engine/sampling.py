@@ -15,10 +15,12 @@ Every option is honoured or refused here; none is dropped:
   (:mod:`engine.vllm_engine.auto_tools`: free text or valid calls; with a
   JSON response format, the JSON or valid calls). The pod's
   structured-output backend (xgrammar, see
-  :mod:`engine.vllm_engine.config`) compiles them; a schema feature it
-  lacks is refused by vLLM when the request is added, and the backend
-  names the parameter it came from (:func:`guided_param`: the tool's
-  parameters or the response format's schema).
+  :mod:`engine.vllm_engine.config`) compiles them. A schema keyword it
+  cannot follow is refused here, named with where it is and the parameter
+  it came from (:mod:`engine.vllm_engine.xgrammar_schema`); what vLLM
+  still refuses when the request is added is named by the parameter
+  (:func:`guided_param`: the tool's parameters or the response format's
+  schema).
 
 Refused, as ``INVALID_ARGUMENT`` naming the parameter, because vLLM cannot
 do them here: a JSON response format with a tool choice that forces calls
@@ -44,15 +46,24 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-from llmmesh.engine.backend import GenerationRequest, ResponseFormatType, SamplingOptions, ToolChoiceMode
-from llmmesh.engine.tool_calls import parameters_schema, tool_call_schema
-from llmmesh.engine.vllm_engine import resumed_grammar
-from llmmesh.engine.vllm_engine.auto_tools import AutoToolCalls
 from llmmesh.core.errors import InvalidArgument, Reason
+from llmmesh.engine.backend import GenerationRequest, ResponseFormatType, SamplingOptions, ToolChoiceMode
+from llmmesh.engine.schema_subset import SchemaNotSupported
+from llmmesh.engine.tool_calls import parameters_schema, tool_call_schema
+from llmmesh.engine.vllm_engine import resumed_grammar, xgrammar_schema
+from llmmesh.engine.vllm_engine.auto_tools import AutoToolCalls
 
 
 def _refuse(message: str, param: str) -> InvalidArgument:
     return InvalidArgument(Reason.INVALID_SAMPLING, message, metadata={"param": param})
+
+
+def _check_schema(schema: object, param: str) -> None:
+    """Refuse, naming ``param``, a schema xgrammar cannot follow."""
+    try:
+        xgrammar_schema.check_schema(schema)
+    except SchemaNotSupported as exc:
+        raise _refuse(f"vLLM's guided decoding (xgrammar) cannot follow this schema: {exc}", param) from exc
 
 
 def guided_param(sampling: SamplingOptions) -> str | None:
@@ -132,10 +143,19 @@ def guided_grammar(sampling: SamplingOptions, auto: AutoToolCalls | None = None)
         reply_schema = JSON_OBJECT_SCHEMA
     elif response_format is not None and response_format.type == ResponseFormatType.JSON_SCHEMA:
         try:
-            json.loads(response_format.schema_json)
+            parsed = json.loads(response_format.schema_json)
         except ValueError as exc:
             raise _refuse(f"the schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
+        _check_schema(parsed, "response_format.json_schema.schema")
         reply_schema = response_format.schema_json
+    if mode != ToolChoiceMode.NONE:
+        for index, tool in enumerate(sampling.tools):
+            param = f"tools[{index}].function.parameters"
+            try:
+                tool_schema = parameters_schema(tool)
+            except ValueError as exc:
+                raise _refuse(str(exc), param) from exc
+            _check_schema(tool_schema, param)
     if mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
         if reply_schema is not None:
             raise _refuse(

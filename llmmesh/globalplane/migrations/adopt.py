@@ -1,4 +1,8 @@
-"""Bringing a global store made by an earlier version up to the current schema.
+"""Revision 0001 online: a global store made before migrations existed, adopted.
+
+:func:`adopt` creates the baseline tables that are missing and converts
+the shapes of earlier releases in place, so an empty database and any
+earlier release's both end at the baseline (:mod:`.baseline`).
 
 ``usage_records`` was keyed by request id alone, so one tenant's request id
 could hide another tenant's turn from billing; it is now keyed by (request
@@ -17,9 +21,23 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.globalplane import schema
+from llmmesh.core.sqlstore import insert_new_rows
+from llmmesh.globalplane.migrations import baseline as schema
 
 log = logging.getLogger(__name__)
+
+
+def adopt(conn: Connection) -> None:
+    """Bring the database on ``conn`` to the baseline, keeping every row."""
+    schema.tables.create_all(conn, checkfirst=True)
+    upgrade_usage_records(conn)
+    upgrade_models(conn)
+    upgrade_tenants(conn)
+    for table in schema.tables.sorted_tables:
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
+    insert_new_rows(conn, schema.policy_version, [{"id": 1, "version": 0}])
+
 
 _TABLE = schema.usage_records.name
 _KEY = {"request_id", "tenant_id"}

@@ -23,9 +23,9 @@ import redis.exceptions
 from llmmesh.core.errors import MeshError
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region.admission.fair_queue import FairQueue, Ticket, tier_name
-from llmmesh.region.policy_cache import Caller
 from llmmesh.region.admission.quota import QuotaHold, QuotaLedger
 from llmmesh.region.admission.ratelimit import LocalRateLimiter, RateLimiter, RateLimits, Reservation
+from llmmesh.region.policy_cache import Caller
 
 log = logging.getLogger(__name__)
 

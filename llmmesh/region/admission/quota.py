@@ -11,7 +11,10 @@ A tenant's month-to-date usage, as a gateway sees it, is the sum of:
   (prompt plus ``max_tokens``, as for the TPM limit).
 
 A turn is refused with ``RESOURCE_EXHAUSTED`` (``QUOTA_EXCEEDED``) once that
-sum reaches the quota. The sum may count a row twice for a moment (shipped
+sum reaches the quota. That check is this region's; a chat turn is checked
+again as the zone store accepts it, against the turns running in every
+region of the zone (:meth:`QuotaLedger.zone_check`), so regions of a zone
+cannot each admit the room the others take. The sum may count a row twice for a moment (shipped
 between the read and billing's answer), never zero times, so the quota errs
 towards refusing; the overrun past the quota is at most what the turns
 already admitted then generate. While billing cannot be reached the last
@@ -32,9 +35,9 @@ import grpc
 import grpc.aio
 
 from llmmesh.core.errors import Reason, ResourceExhausted
-from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 from llmmesh.region.policy_cache import Caller
-from llmmesh.region.zone_store import ZoneStore
+from llmmesh.region.zone_store import QuotaCheck, ZoneStore
+from llmmesh.v1 import billing_service_pb2, billing_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,19 @@ class QuotaLedger:
             return local + self._held.get(tenant_id, 0)
         local = await self._store.tenant_tokens(tenant_id, month_start(now), shipped_after=billed.asked_at)
         return billed.tokens + local + self._held.get(tenant_id, 0)
+
+    async def zone_check(self, caller: Caller) -> QuotaCheck | None:
+        """What the zone store checks a turn of ``caller`` against as it
+        accepts it, counting the turns of every region of the zone
+        (:mod:`region.zone_store.turn_starts`); None for a tenant without a quota."""
+        quota = caller.tenant.monthly_token_quota
+        if quota <= 0:
+            return None
+        now = self._wall_clock()
+        billed = await self._billed_total(caller.tenant.id, now)
+        if billed is None:
+            return QuotaCheck(quota, month_start(now))
+        return QuotaCheck(quota, month_start(now), billed.tokens, billed.asked_at)
 
     async def hold(self, caller: Caller, tokens: int) -> QuotaHold:
         """Admit a turn that may use up to ``tokens`` and hold them until it

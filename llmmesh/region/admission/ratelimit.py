@@ -29,7 +29,7 @@ Sub-buckets, not an interpolated two-window counter: interpolation assumes
 uniform traffic inside the previous window and can over-admit a burst. The
 cost is ``buckets + 1`` small counters per active key.
 
-:class:`region.ratelimit_redis.RedisRateLimiter` keeps each key's counters in one Redis hash
+:class:`region.admission.ratelimit_redis.RedisRateLimiter` keeps each key's counters in one Redis hash
 (``r:<bucket>`` and ``t:<bucket>`` fields) and decides in a Lua script. The
 script reads Redis's own clock, so any number of gateway replicas share one
 exact count no matter how their clocks drift. The hash expires once its

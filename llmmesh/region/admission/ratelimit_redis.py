@@ -1,10 +1,10 @@
 """Per-key rate limits in Redis (:class:`RedisRateLimiter`), shared by every
 gateway replica of every region of a zone (the region keys them under
 ``llmmesh:<zone>:rl:``); the algorithm and its error bound are
-:mod:`region.ratelimit`'s.
+:mod:`region.admission.ratelimit`'s.
 
 When Redis cannot be reached a reservation raises the client's
-``RedisError`` and counts nothing. The gateway (:mod:`region.admission`)
+``RedisError`` and counts nothing. The gateway (:mod:`region.admission.control`)
 then counts the key in its own process, and tries Redis again 5 s later.
 So while Redis is down, in any window a key gets at most its limit once
 per gateway process of the zone (R regions of one replica each: R times

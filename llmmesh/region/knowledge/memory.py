@@ -5,7 +5,7 @@ the context of their later ones, when the tenant's policy enables memory
 
 What learns the facts, after the turn and off its path, in the region (so
 in the tenant's zone), as the region's ``memory_extractor`` setting says
-(:mod:`region.memory_model`): by default a rule extractor that reads the
+(:mod:`region.knowledge.memory_model`): by default a rule extractor that reads the
 turn's user messages for first-person statements ("my name is …", "I live
 in …", "I work as …", "I like …", "I'm allergic to …", "call me …",
 "remember that …") and keeps each as one sentence about the user; or the
@@ -26,9 +26,9 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 
-from llmmesh.v1 import chat_service_pb2, common_pb2
-from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.memory_store import MAX_FACTS_PER_USER, MemoryStore
 from llmmesh.region.policy_cache import Caller
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def extract_facts(texts: list[str]) -> list[str]:
     return list(facts)
 
 
-async def rules_extractor(texts: list[str]) -> list[str]:
-    """:func:`extract_facts`, as an extractor."""
+async def rules_extractor(tenant_id: str, texts: list[str]) -> list[str]:
+    """:func:`extract_facts`, as an extractor (no model call: nothing to bill)."""
     return extract_facts(texts)
 
 
@@ -85,10 +85,15 @@ def facts_message(facts: list[str]) -> common_pb2.ChatMessage:
 class UserMemory:
     """Learns facts after turns and recalls them into later ones."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        extract: Callable[[str, list[str]], Awaitable[list[str]]] = rules_extractor,
+    ) -> None:
+        """``extract`` finds the facts in a turn's user messages, for its
+        tenant (:mod:`region.knowledge.memory_model`)."""
         self.store = store
-        self.extract: Callable[[list[str]], Awaitable[list[str]]] = rules_extractor
-        """Finds the facts in a turn's user messages (:mod:`region.memory_model`)."""
+        self.extract = extract
         self._learning: set[asyncio.Task[None]] = set()
 
     @staticmethod
@@ -132,16 +137,17 @@ class UserMemory:
         said = [m.content for m in start.messages if m.role == common_pb2.CHAT_ROLE_USER]
         if not any(text.strip() for text in said):
             return
-        task = asyncio.create_task(self._learn(caller.tenant_id, start.user, said, request_id))
+        most = caller.tenant.max_memories_per_user or MAX_FACTS_PER_USER
+        task = asyncio.create_task(self._learn(caller.tenant_id, start.user, said, request_id, most))
         self._learning.add(task)
         task.add_done_callback(self._learning.discard)
 
-    async def _learn(self, tenant_id: str, user: str, said: list[str], request_id: str) -> None:
+    async def _learn(self, tenant_id: str, user: str, said: list[str], request_id: str, most: int) -> None:
         try:
-            facts = await self.extract(said)
+            facts = await self.extract(tenant_id, said)
             if not facts:
                 return
-            new = await self.store.remember(tenant_id, user, facts, request_id)
+            new = await self.store.remember(tenant_id, user, facts, request_id, most)
             log.info("turn %s: %d new facts about an end user of tenant %s", request_id, new, tenant_id)
         except Exception:
             log.exception("turn %s: facts could not be kept", request_id)

@@ -1,15 +1,16 @@
 """How a region learns end users' facts, chosen by ``memory_extractor``:
 
-- ``rules`` (the default): :func:`region.memory.extract_facts`, first-person
+- ``rules`` (the default): :func:`region.knowledge.memory.extract_facts`, first-person
   patterns ("my name is …", "I live in …"), in the region, no model call;
 - ``model``: after the turn, the zone's smallest chat model (or
   ``memory_model``) is asked, through the same engine path as conversation
-  summaries (:mod:`region.housekeeping`: the region's pods, behind every
-  tenant's turn, greedy, never billed to the tenant), for the user's
+  summaries (:mod:`region.lifecycle.housekeeping_model`: the region's pods, behind every
+  tenant's turn, greedy, billed to the tenant within its limits, skipped
+  when they leave no room), for the user's
   durable facts as guided JSON (``{"facts": [string]}``, a ``json_schema``
   response format that both the simulator and vLLM enforce). The reply is
   validated (JSON of that shape, each fact non-empty, at most 300
-  characters, at most :data:`region.memory.MAX_FACTS_PER_TURN`) before it
+  characters, at most :data:`region.knowledge.memory.MAX_FACTS_PER_TURN`) before it
   is kept; a reply that is not is logged and nothing is kept.
 
 On the simulator the model's facts are its modelled text, valid JSON of
@@ -25,14 +26,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from llmmesh.v1 import common_pb2
 from llmmesh.region.knowledge.memory import MAX_FACT_CHARS, MAX_FACTS_PER_TURN, rules_extractor
 from llmmesh.region.settings import RegionSettings
+from llmmesh.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-Extract = Callable[[list[str]], Awaitable[list[str]]]
-"""The facts in a turn's user messages."""
+Extract = Callable[[str, list[str]], Awaitable[list[str]]]
+"""The facts in a turn's user messages (second argument), for a tenant (first)."""
 
 EXTRACTORS = ("rules", "model")
 INSTRUCTIONS = (
@@ -65,11 +66,12 @@ class Housekeeping(Protocol):
 
     async def complete(
         self,
+        tenant_id: str,
         model: str,
         turns: list[tuple[str, str]],
         max_tokens: int,
         response_format: common_pb2.ResponseFormat | None = None,
-    ) -> str: ...
+    ) -> str | None: ...
 
 
 def parse_facts(reply: str) -> list[str]:
@@ -98,13 +100,15 @@ class ModelFactExtractor:
         self._max_tokens = max_tokens
         self._max_input_chars = max_input_chars
 
-    async def __call__(self, texts: list[str]) -> list[str]:
+    async def __call__(self, tenant_id: str, texts: list[str]) -> list[str]:
         said = "\n\n".join(t for t in texts if t.strip())[-self._max_input_chars :]
         if not said:
             return []
         name = await self._model.model()
         turns = [("system", INSTRUCTIONS), ("user", said)]
-        reply = await self._model.complete(name, turns, self._max_tokens, FACTS_FORMAT)
+        reply = await self._model.complete(tenant_id, name, turns, self._max_tokens, FACTS_FORMAT)
+        if reply is None:
+            return []  # the tenant's limits left no room
         try:
             return parse_facts(reply)
         except ValueError as err:

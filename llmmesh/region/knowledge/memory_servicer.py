@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from llmmesh.end_user import require_end_user
+from llmmesh.core.end_user import require_end_user
 from llmmesh.core.errors import InvalidArgument, MeshError, Reason
+from llmmesh.region.grpc_caller import Context, caller_secret
+from llmmesh.region.knowledge.memory_store import MemoryStore
+from llmmesh.region.knowledge.retrieval import page_size
+from llmmesh.region.policy_cache import PolicyCache
 from llmmesh.v1 import memory_service_pb2 as pb
 from llmmesh.v1 import memory_service_pb2_grpc as pb_grpc
-from llmmesh.region.knowledge.memory_store import MemoryStore
-from llmmesh.region.policy_cache import PolicyCache
-from llmmesh.region.knowledge.retrieval import page_size
-from llmmesh.region.servicer import Context, caller_secret
 
 MEMORY_SERVICE_NAME = "llmmesh.v1.MemoryService"
 MEMORY_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["MemoryService"].methods)
@@ -37,7 +37,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.ListMemoriesRequest, context: Context
     ) -> pb.ListMemoriesResponse:
         try:
-            caller = self._policy.authenticate(caller_secret(context))
+            caller = await self._policy.authenticate_fresh(caller_secret(context))
             page = await self._store.recall(
                 caller.tenant_id, _user(request.user), page_size(request.page_size), request.page_token
             )
@@ -61,9 +61,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.DeleteMemoriesRequest, context: Context
     ) -> pb.DeleteMemoriesResponse:
         try:
-            caller = self._policy.authenticate(caller_secret(context))
+            caller = await self._policy.authenticate_fresh(caller_secret(context))
             if request.memory_id:
-                deleted = await self._store.forget(caller.tenant_id, memory_id=request.memory_id)
+                # With a user too, only that user's fact of that id.
+                user = _user(request.user) if request.user else ""
+                deleted = await self._store.forget(caller.tenant_id, memory_id=request.memory_id, user=user)
             else:
                 deleted = await self._store.forget(caller.tenant_id, user=_user(request.user))
         except MeshError as err:

@@ -54,8 +54,11 @@ class MemoryStore:
     def create_schema(self) -> None:
         self._db.create_tables(metadata)
 
-    async def remember(self, tenant_id: str, user: str, facts: list[str], request_id: str) -> int:
-        """Keep the facts not yet known about ``user``; how many were new."""
+    async def remember(
+        self, tenant_id: str, user: str, facts: list[str], request_id: str, most: int = MAX_FACTS_PER_USER
+    ) -> int:
+        """Keep the facts not yet known about ``user``, the ``most`` newest of
+        them (the oldest go first); how many were new."""
         now = datetime.now(UTC)
         rows = [
             {
@@ -84,7 +87,7 @@ class MemoryStore:
                 sa.select(memories.c.id)
                 .where(memories.c.tenant_id == tenant_id, memories.c.end_user == user)
                 .order_by(memories.c.created_at.desc(), memories.c.id.desc())
-                .offset(MAX_FACTS_PER_USER)
+                .offset(max(1, most))
             ).scalars()
             stale = list(kept)
             if stale:
@@ -128,15 +131,31 @@ class MemoryStore:
 
         return await self._db.transaction(read)
 
+    async def purge_tenant(self, tenant_id: str) -> int:
+        """Remove every fact of a deleted tenant's end users; how many went."""
+
+        def write(conn: Connection) -> int:
+            return int(conn.execute(sa.delete(memories).where(memories.c.tenant_id == tenant_id)).rowcount)
+
+        return await self._db.transaction(write)
+
     async def forget(self, tenant_id: str, memory_id: str = "", user: str = "") -> int:
-        """Delete one fact (NOT_FOUND when the tenant has none of that id) or every fact of ``user``."""
+        """Delete one fact (NOT_FOUND when the tenant has none of that id,
+        or, with ``user`` too, none of that id about that user) or every fact
+        of ``user``."""
 
         def write(conn: Connection) -> int:
             where = [memories.c.tenant_id == tenant_id]
-            where.append(memories.c.id == memory_id if memory_id else memories.c.end_user == user)
+            if memory_id:
+                where.append(memories.c.id == memory_id)
+            if user or not memory_id:
+                where.append(memories.c.end_user == user)
             deleted = conn.execute(sa.delete(memories).where(*where)).rowcount
             if memory_id and not deleted:
-                raise NotFound(MEMORY_NOT_FOUND, f"no memory {memory_id!r}", metadata={"param": "memory_id"})
+                about = f" about user {user!r}" if user else ""
+                raise NotFound(
+                    MEMORY_NOT_FOUND, f"no memory {memory_id!r}{about}", metadata={"param": "memory_id"}
+                )
             return int(deleted)
 
         return await self._db.transaction(write)

@@ -16,15 +16,15 @@ from collections.abc import Sequence
 
 from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.core.ids import new_id
-from llmmesh.v1 import embedding_service_pb2
-from llmmesh.v1 import retrieval_service_pb2 as pb
 from llmmesh.region.embeddings import EmbeddingsGateway
-from llmmesh.region.policy_cache import Caller, PolicyCache
 from llmmesh.region.knowledge.retrieval_protos import file_proto, hit_proto, member_proto, store_proto
 from llmmesh.region.knowledge.retrieval_settings import MAX_STORES_PER_SEARCH, RetrievalSettings
 from llmmesh.region.knowledge.vector_store import VectorStoreDb
 from llmmesh.region.knowledge.vector_store_rows import ChunkHit, VectorStoreFileRow
 from llmmesh.region.knowledge.vector_store_text import chunk_text, query_terms
+from llmmesh.region.policy_cache import Caller, PolicyCache
+from llmmesh.v1 import embedding_service_pb2
+from llmmesh.v1 import retrieval_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +39,24 @@ MAX_STORE_FILES = 500
 """File ids one vector store's creation may name (OpenAI's limit too)."""
 
 
-def _invalid(message: str, param: str) -> InvalidArgument:
+def invalid(message: str, param: str) -> InvalidArgument:
     return InvalidArgument(Reason.INVALID_REQUEST, message, metadata={"param": param})
 
 
 def page_size(requested: int) -> int:
     """0 means the default; negative or over the most is INVALID_ARGUMENT (param ``limit``)."""
     if requested < 0 or requested > MAX_PAGE:
-        raise _invalid(f"limit must be between 1 and {MAX_PAGE}", "limit")
+        raise invalid(f"limit must be between 1 and {MAX_PAGE}", "limit")
     return requested or DEFAULT_PAGE
 
 
 def check_metadata(metadata: dict[str, str]) -> None:
     """OpenAI's metadata bounds: 16 pairs, keys of 64 and values of 512 characters."""
     if len(metadata) > _MAX_METADATA:
-        raise _invalid(f"metadata holds at most {_MAX_METADATA} pairs", "metadata")
+        raise invalid(f"metadata holds at most {_MAX_METADATA} pairs", "metadata")
     for key, value in metadata.items():
         if not key or len(key) > _MAX_KEY or len(value) > _MAX_VALUE:
-            raise _invalid(
+            raise invalid(
                 f"metadata keys are 1 to {_MAX_KEY} characters and values at most {_MAX_VALUE}", "metadata"
             )
 
@@ -73,111 +73,113 @@ class RetrievalGateway:
         embeddings: EmbeddingsGateway,
     ) -> None:
         self._settings = settings
-        self._zone = zone
+        self.zone = zone
         self._policy = policy
         self.db = db
         self._embeddings = embeddings
 
-    def caller(self, secret: str | None) -> Caller:
-        return self._policy.authenticate(secret)
+    async def caller(self, secret: str | None) -> Caller:
+        return await self._policy.authenticate_fresh(secret)
 
     # ------------------------------------------------------------------ files
 
     async def create_file(self, request: pb.CreateFileRequest, secret: str | None) -> pb.CreateFileResponse:
-        caller = self.caller(secret)
+        caller = await self.caller(secret)
         if request.purpose not in PURPOSES:
-            raise _invalid(
+            raise invalid(
                 f"purpose {request.purpose!r} is not served; use one of {', '.join(PURPOSES)}", "purpose"
             )
         if not request.filename or len(request.filename) > 512:
-            raise _invalid("the file needs a name of at most 512 characters", "file")
+            raise invalid("the file needs a name of at most 512 characters", "file")
         if not request.content:
-            raise _invalid("the file is empty", "file")
+            raise invalid("the file is empty", "file")
         if len(request.content) > self._settings.retrieval_max_file_bytes:
-            raise _invalid(f"the file is larger than {self._settings.retrieval_max_file_bytes} bytes", "file")
+            raise invalid(f"the file is larger than {self._settings.retrieval_max_file_bytes} bytes", "file")
         try:
             request.content.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise _invalid(
-                "only UTF-8 text files are served (no PDF, image or other binary)", "file"
-            ) from err
-        file_id = f"file-{self._zone}-{secrets.token_hex(12)}"
+            raise invalid("only UTF-8 text files are served (no PDF, image or other binary)", "file") from err
+        file_id = f"file-{self.zone}-{secrets.token_hex(12)}"
+        most = caller.tenant.max_files or self._settings.retrieval_max_files
         row = await self.db.create_file(
-            caller.tenant_id, file_id, request.filename, request.purpose, request.content
+            caller.tenant_id, file_id, request.filename, request.purpose, request.content, most
         )
         log.info("file %s stored for tenant %s (%d bytes)", file_id, caller.tenant_id, row.bytes)
         return pb.CreateFileResponse(file=file_proto(row))
 
     async def get_file(self, request: pb.GetFileRequest, secret: str | None) -> pb.GetFileResponse:
-        row = await self.db.get_file(self.caller(secret).tenant_id, request.file_id)
+        row = await self.db.get_file((await self.caller(secret)).tenant_id, request.file_id)
         return pb.GetFileResponse(file=file_proto(row))
 
     async def list_files(self, request: pb.ListFilesRequest, secret: str | None) -> pb.ListFilesResponse:
-        tenant = self.caller(secret).tenant_id
+        tenant = (await self.caller(secret)).tenant_id
         if request.purpose and request.purpose not in PURPOSES:
-            raise _invalid(f"purpose {request.purpose!r} is not served", "purpose")
+            raise invalid(f"purpose {request.purpose!r} is not served", "purpose")
         page = await self.db.list_files(
             tenant, request.purpose, page_size(request.page_size), request.page_token
         )
         return pb.ListFilesResponse(files=[file_proto(r) for r in page.rows], next_page_token=page.next_after)
 
     async def delete_file(self, request: pb.DeleteFileRequest, secret: str | None) -> pb.DeleteFileResponse:
-        await self.db.delete_file(self.caller(secret).tenant_id, request.file_id)
+        await self.db.delete_file((await self.caller(secret)).tenant_id, request.file_id)
         return pb.DeleteFileResponse(file_id=request.file_id)
 
     async def file_content(
         self, request: pb.GetFileContentRequest, secret: str | None
     ) -> pb.GetFileContentResponse:
-        row, content = await self.db.file_content(self.caller(secret).tenant_id, request.file_id)
+        row, content = await self.db.file_content((await self.caller(secret)).tenant_id, request.file_id)
         return pb.GetFileContentResponse(file=file_proto(row), content=content)
 
     # ---------------------------------------------------------- vector stores
 
-    def _chunking(self, max_chars: int, overlap: int) -> tuple[int, int]:
+    def chunking(self, max_chars: int, overlap: int) -> tuple[int, int]:
         size = max_chars or self._settings.retrieval_chunk_chars
         if not MIN_CHUNK_CHARS <= size <= MAX_CHUNK_CHARS:
-            raise _invalid(
+            raise invalid(
                 f"chunks are {MIN_CHUNK_CHARS} to {MAX_CHUNK_CHARS} characters", "chunking_strategy"
             )
         shared = (
             overlap if max_chars or overlap else min(self._settings.retrieval_chunk_overlap_chars, size // 2)
         )
         if shared < 0 or shared > size // 2:
-            raise _invalid("the chunk overlap must be at most half the chunk size", "chunking_strategy")
+            raise invalid("the chunk overlap must be at most half the chunk size", "chunking_strategy")
         return size, shared
 
     async def create_store(
         self, request: pb.CreateVectorStoreRequest, secret: str | None
     ) -> pb.CreateVectorStoreResponse:
-        caller = self.caller(secret)
+        caller = await self.caller(secret)
         if len(request.name) > 256:
-            raise _invalid("name is at most 256 characters", "name")
+            raise invalid("name is at most 256 characters", "name")
         check_metadata(dict(request.metadata))
-        chunking = self._chunking(request.max_chunk_chars, request.chunk_overlap_chars)
+        chunking = self.chunking(request.max_chunk_chars, request.chunk_overlap_chars)
         # Each id is chunked and embedded (billed): a long or repeating list is refused, not run.
         if len(request.file_ids) > MAX_STORE_FILES:
-            raise _invalid(f"name at most {MAX_STORE_FILES} files", "file_ids")
+            raise invalid(f"name at most {MAX_STORE_FILES} files", "file_ids")
         if len(set(request.file_ids)) != len(request.file_ids):
-            raise _invalid("file_ids names a file more than once", "file_ids")
+            raise invalid("file_ids names a file more than once", "file_ids")
         for file_id in request.file_ids:
             await self.db.get_file(caller.tenant_id, file_id)
-        store_id = f"vs_{self._zone}_{secrets.token_hex(12)}"
-        await self.db.create_vector_store(caller.tenant_id, store_id, request.name, dict(request.metadata))
+        store_id = f"vs_{self.zone}_{secrets.token_hex(12)}"
+        most = caller.tenant.max_vector_stores or self._settings.retrieval_max_vector_stores
+        await self.db.create_vector_store(
+            caller.tenant_id, store_id, request.name, dict(request.metadata), most
+        )
         for file_id in request.file_ids:
-            await self._ingest(caller, secret, store_id, file_id, chunking, request.user)
+            await self.ingest(caller, secret, store_id, file_id, chunking, request.user)
         row = await self.db.get_vector_store(caller.tenant_id, store_id)
         return pb.CreateVectorStoreResponse(vector_store=store_proto(row))
 
     async def get_store(
         self, request: pb.GetVectorStoreRequest, secret: str | None
     ) -> pb.GetVectorStoreResponse:
-        row = await self.db.get_vector_store(self.caller(secret).tenant_id, request.vector_store_id)
+        row = await self.db.get_vector_store((await self.caller(secret)).tenant_id, request.vector_store_id)
         return pb.GetVectorStoreResponse(vector_store=store_proto(row))
 
     async def list_stores(
         self, request: pb.ListVectorStoresRequest, secret: str | None
     ) -> pb.ListVectorStoresResponse:
-        tenant = self.caller(secret).tenant_id
+        tenant = (await self.caller(secret)).tenant_id
         page = await self.db.list_vector_stores(tenant, page_size(request.page_size), request.page_token)
         return pb.ListVectorStoresResponse(
             vector_stores=[store_proto(r) for r in page.rows], next_page_token=page.next_after
@@ -186,16 +188,16 @@ class RetrievalGateway:
     async def delete_store(
         self, request: pb.DeleteVectorStoreRequest, secret: str | None
     ) -> pb.DeleteVectorStoreResponse:
-        await self.db.delete_vector_store(self.caller(secret).tenant_id, request.vector_store_id)
+        await self.db.delete_vector_store((await self.caller(secret)).tenant_id, request.vector_store_id)
         return pb.DeleteVectorStoreResponse(vector_store_id=request.vector_store_id)
 
     async def add_file(
         self, request: pb.CreateVectorStoreFileRequest, secret: str | None
     ) -> pb.CreateVectorStoreFileResponse:
-        caller = self.caller(secret)
-        chunking = self._chunking(request.max_chunk_chars, request.chunk_overlap_chars)
+        caller = await self.caller(secret)
+        chunking = self.chunking(request.max_chunk_chars, request.chunk_overlap_chars)
         await self.db.get_vector_store(caller.tenant_id, request.vector_store_id)
-        row = await self._ingest(
+        row = await self.ingest(
             caller, secret, request.vector_store_id, request.file_id, chunking, request.user
         )
         return pb.CreateVectorStoreFileResponse(vector_store_file=member_proto(row))
@@ -203,14 +205,14 @@ class RetrievalGateway:
     async def get_store_file(
         self, request: pb.GetVectorStoreFileRequest, secret: str | None
     ) -> pb.GetVectorStoreFileResponse:
-        tenant = self.caller(secret).tenant_id
+        tenant = (await self.caller(secret)).tenant_id
         row = await self.db.get_member(tenant, request.vector_store_id, request.file_id)
         return pb.GetVectorStoreFileResponse(vector_store_file=member_proto(row))
 
     async def list_store_files(
         self, request: pb.ListVectorStoreFilesRequest, secret: str | None
     ) -> pb.ListVectorStoreFilesResponse:
-        tenant = self.caller(secret).tenant_id
+        tenant = (await self.caller(secret)).tenant_id
         page = await self.db.list_files_of(
             tenant, request.vector_store_id, page_size(request.page_size), request.page_token
         )
@@ -221,12 +223,14 @@ class RetrievalGateway:
     async def remove_file(
         self, request: pb.DeleteVectorStoreFileRequest, secret: str | None
     ) -> pb.DeleteVectorStoreFileResponse:
-        await self.db.remove_file(self.caller(secret).tenant_id, request.vector_store_id, request.file_id)
+        await self.db.remove_file(
+            (await self.caller(secret)).tenant_id, request.vector_store_id, request.file_id
+        )
         return pb.DeleteVectorStoreFileResponse(
             file_id=request.file_id, vector_store_id=request.vector_store_id
         )
 
-    async def _ingest(
+    async def ingest(
         self,
         caller: Caller,
         secret: str | None,
@@ -274,9 +278,9 @@ class RetrievalGateway:
     async def search(
         self, request: pb.SearchVectorStoresRequest, secret: str | None
     ) -> pb.SearchVectorStoresResponse:
-        caller = self.caller(secret)
+        caller = await self.caller(secret)
         if request.score_threshold < 0 or request.score_threshold > 1:
-            raise _invalid("score_threshold must be between 0 and 1", "ranking_options")
+            raise invalid("score_threshold must be between 0 and 1", "ranking_options")
         hits = await self.search_chunks(
             caller,
             secret,
@@ -288,7 +292,7 @@ class RetrievalGateway:
         return pb.SearchVectorStoresResponse(
             results=[hit_proto(h) for h in hits if h.score >= request.score_threshold],
             region=self.db.region,
-            zone=self._zone,
+            zone=self.zone,
             engine=self.db.index.name,
         )
 
@@ -297,11 +301,11 @@ class RetrievalGateway:
     ) -> list[ChunkHit]:
         """The best chunks of the caller's ``store_ids`` for ``query``."""
         if not store_ids or len(store_ids) > MAX_STORES_PER_SEARCH:
-            raise _invalid(f"name 1 to {MAX_STORES_PER_SEARCH} vector stores", "vector_store_ids")
+            raise invalid(f"name 1 to {MAX_STORES_PER_SEARCH} vector stores", "vector_store_ids")
         if not query.strip() or len(query) > MAX_QUERY_CHARS:
-            raise _invalid(f"query must be 1 to {MAX_QUERY_CHARS} characters", "query")
+            raise invalid(f"query must be 1 to {MAX_QUERY_CHARS} characters", "query")
         if limit < 0 or limit > MAX_RESULTS:
-            raise _invalid(f"max_num_results must be between 1 and {MAX_RESULTS}", "max_num_results")
+            raise invalid(f"max_num_results must be between 1 and {MAX_RESULTS}", "max_num_results")
         await self.db.require_stores(caller.tenant_id, store_ids)
         [vector] = await self.embed(secret, [query], user)
         return await self.db.search(

@@ -17,22 +17,22 @@ limits, since the query's embedding counts against the key like any other.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
 from llmmesh.core.errors import InvalidArgument, MeshError, Reason
-from llmmesh.v1 import chat_service_pb2, common_pb2
-from llmmesh.v1 import retrieval_service_pb2 as pb
-from llmmesh.region.policy_cache import Caller
+from llmmesh.region.knowledge.retrieval import RetrievalGateway
 from llmmesh.region.knowledge.retrieval_settings import MAX_STORES_PER_SEARCH
 from llmmesh.region.knowledge.vector_store_rows import ChunkHit
-
-if TYPE_CHECKING:
-    # region.retrieval embeds through region.embeddings, which needs the gateway this module serves.
-    from llmmesh.region.knowledge.retrieval import RetrievalGateway
+from llmmesh.region.policy_cache import Caller
+from llmmesh.v1 import chat_service_pb2, common_pb2
+from llmmesh.v1 import retrieval_service_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+ExcerptScreen = Callable[[Sequence[str]], Awaitable[list[tuple[str, ...]]]]
+"""Per excerpt, the content-filter categories it must stay out of a prompt for (empty: it may go in)."""
 
 MAX_CONTEXT_RESULTS = 20
 _CALLERS_FAULT = frozenset(
@@ -77,11 +77,14 @@ class ChatRetrievalContext:
         secret: str | None,
         question: str | None = None,
         into: list[common_pb2.ChatMessage] | None = None,
+        screen: ExcerptScreen | None = None,
     ) -> pb.ChatRetrievalReport | None:
         """Add the excerpts to ``start.messages`` (or to ``into``, a
         conversation turn's lead); the report, or None when the turn asked
         for no retrieval. ``question`` is searched with instead of the last
-        user message of ``start``."""
+        user message of ``start``. ``screen`` (the input filter's) says which
+        excerpts must stay out of the prompt: an instruction planted in a
+        document never reaches the model, and is not cited."""
         if not start.HasField("retrieval"):
             return None
         asked = start.retrieval
@@ -106,6 +109,18 @@ class ChatRetrievalContext:
         except Exception as err:
             log.exception("turn %s: retrieval degraded", start.request_id)
             return pb.ChatRetrievalReport(degraded=True, degraded_reason=type(err).__name__)
+        if hits and screen is not None:
+            verdicts = await screen([h.text for h in hits])
+            left_out = [(h, found) for h, found in zip(hits, verdicts, strict=True) if found]
+            for hit, found in left_out:
+                log.warning(
+                    "turn %s: excerpt %d of file %s left out by the content filter (%s)",
+                    start.request_id,
+                    hit.chunk_index,
+                    hit.file_id,
+                    ",".join(found),
+                )
+            hits = [h for h, found in zip(hits, verdicts, strict=True) if not found]
         if hits and into is not None:
             into.append(excerpts_message(hits))
         elif hits:

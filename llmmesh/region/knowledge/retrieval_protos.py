@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from llmmesh.region.knowledge.vector_store_rows import (
+    ChunkHit,
+    FileBatchRow,
+    FileCounts,
+    FileRow,
+    VectorStoreFileRow,
+    VectorStoreRow,
+)
 from llmmesh.v1 import retrieval_service_pb2 as pb
-from llmmesh.region.knowledge.vector_store_rows import ChunkHit, FileRow, VectorStoreFileRow, VectorStoreRow
 
 
 def _seconds(moment: datetime) -> int:
@@ -22,15 +29,16 @@ def file_proto(row: FileRow) -> pb.StoredFile:
     )
 
 
+def _counts(counts: FileCounts) -> pb.VectorStoreFileCounts:
+    return pb.VectorStoreFileCounts(completed=counts.completed, failed=counts.failed, total=counts.total)
+
+
 def store_proto(row: VectorStoreRow) -> pb.VectorStore:
-    counts = pb.VectorStoreFileCounts(
-        completed=row.counts.completed, failed=row.counts.failed, total=row.counts.total
-    )
     return pb.VectorStore(
         id=row.id,
         name=row.name,
         created_at=_seconds(row.created_at),
-        file_counts=counts,
+        file_counts=_counts(row.counts),
         usage_bytes=row.usage_bytes,
         # Files are chunked and embedded before an answer, so a store is never half-built.
         status="completed",
@@ -50,6 +58,16 @@ def member_proto(row: VectorStoreFileRow) -> pb.VectorStoreFile:
         max_chunk_chars=row.max_chunk_chars,
         chunk_overlap_chars=row.chunk_overlap_chars,
         chunks=row.chunks,
+    )
+
+
+def batch_proto(row: FileBatchRow) -> pb.VectorStoreFileBatch:
+    return pb.VectorStoreFileBatch(
+        id=row.id,
+        vector_store_id=row.vector_store_id,
+        created_at=_seconds(row.created_at),
+        status=row.status,
+        file_counts=_counts(row.counts),
     )
 
 

@@ -1,4 +1,4 @@
-"""``RetrievalService``: a thin gRPC face over :class:`region.retrieval.RetrievalGateway`."""
+"""``RetrievalService``: a thin gRPC face over :class:`region.knowledge.retrieval.RetrievalGateway`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from llmmesh.core.errors import MeshError
+from llmmesh.region.grpc_caller import Context, caller_secret
+from llmmesh.region.knowledge.file_batches import FileBatchGateway
+from llmmesh.region.knowledge.retrieval import RetrievalGateway
 from llmmesh.v1 import retrieval_service_pb2 as pb
 from llmmesh.v1 import retrieval_service_pb2_grpc as pb_grpc
-from llmmesh.region.knowledge.retrieval import RetrievalGateway
-from llmmesh.region.servicer import Context, caller_secret
 
 RETRIEVAL_SERVICE_NAME = "llmmesh.v1.RetrievalService"
 RETRIEVAL_METHODS = tuple(
@@ -37,6 +38,7 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
 
     def __init__(self, gateway: RetrievalGateway) -> None:
         self._g = gateway
+        self._batches = FileBatchGateway(gateway)
 
     async def CreateFile(self, request: pb.CreateFileRequest, context: Context) -> pb.CreateFileResponse:
         return await _answer(self._g.create_file, request, context)
@@ -94,6 +96,26 @@ class RetrievalServicer(pb_grpc.RetrievalServiceServicer):
         self, request: pb.DeleteVectorStoreFileRequest, context: Context
     ) -> pb.DeleteVectorStoreFileResponse:
         return await _answer(self._g.remove_file, request, context)
+
+    async def CreateVectorStoreFileBatch(
+        self, request: pb.CreateVectorStoreFileBatchRequest, context: Context
+    ) -> pb.CreateVectorStoreFileBatchResponse:
+        return await _answer(self._batches.create, request, context)
+
+    async def GetVectorStoreFileBatch(
+        self, request: pb.GetVectorStoreFileBatchRequest, context: Context
+    ) -> pb.GetVectorStoreFileBatchResponse:
+        return await _answer(self._batches.get, request, context)
+
+    async def CancelVectorStoreFileBatch(
+        self, request: pb.CancelVectorStoreFileBatchRequest, context: Context
+    ) -> pb.CancelVectorStoreFileBatchResponse:
+        return await _answer(self._batches.cancel, request, context)
+
+    async def ListVectorStoreFileBatchFiles(
+        self, request: pb.ListVectorStoreFileBatchFilesRequest, context: Context
+    ) -> pb.ListVectorStoreFileBatchFilesResponse:
+        return await _answer(self._batches.list_files, request, context)
 
     async def SearchVectorStores(
         self, request: pb.SearchVectorStoresRequest, context: Context

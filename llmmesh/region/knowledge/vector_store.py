@@ -1,12 +1,12 @@
 """A zone's files, vector stores and chunks, kept with the zone store (its
-database, or on SQLite a file beside it: :mod:`region.vector_store_index`).
+database, or on SQLite a file beside it: :mod:`region.knowledge.vector_store_index`).
 
 Every read and write names the tenant: another tenant's file or vector store
 is ``NOT_FOUND`` like a missing one. A file's chunks and their index entries
 are written in one transaction with its membership, so a search never sees
 half a file. Hybrid search ranks a query's chunks twice (vector similarity
 and full-text) and fuses the rankings by reciprocal rank
-(:mod:`region.vector_store_text`).
+(:mod:`region.knowledge.vector_store_text`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,17 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from llmmesh.core.errors import FailedPrecondition, Reason
 from llmmesh.core.sqlstore import SqlStore
-from llmmesh.region.knowledge.vector_store_index import ChunkIndex, IndexedChunk, index_for, open_retrieval_engine
+from llmmesh.region.knowledge.chunk_index import ChunkIndex, IndexedChunk
+from llmmesh.region.knowledge.vector_store_ddl import DEFAULT_DIMENSIONS
+from llmmesh.region.knowledge.vector_store_index import index_for, open_retrieval_engine
 from llmmesh.region.knowledge.vector_store_queries import (
     FILE_COLUMNS,
     MEMBER_COLUMNS,
     before,
     file_row,
+    member_page,
     member_row,
     store_row,
     touch,
@@ -37,7 +41,14 @@ from llmmesh.region.knowledge.vector_store_rows import (
     VectorStoreFileRow,
     VectorStoreRow,
 )
-from llmmesh.region.knowledge.vector_store_schema import chunks, files, metadata, vector_store_files, vector_stores
+from llmmesh.region.knowledge.vector_store_schema import (
+    chunks,
+    file_batch_files,
+    file_batches,
+    files,
+    vector_store_files,
+    vector_stores,
+)
 from llmmesh.region.knowledge.vector_store_search import hybrid_search
 
 Clock = Callable[[], datetime]
@@ -48,33 +59,53 @@ def _now() -> datetime:
 
 
 class VectorStoreDb(SqlStore):
-    """The retrieval tables of one zone, written by region ``region``."""
+    """The retrieval tables of one zone, written by region ``region``, for
+    embeddings of ``dimensions`` components where the database fixes a
+    width (CockroachDB's ``VECTOR`` columns)."""
 
-    def __init__(self, engine: Engine, region: str, *, clock: Clock = _now) -> None:
+    store_label = "retrieval"
+
+    def __init__(
+        self, engine: Engine, region: str, *, clock: Clock = _now, dimensions: int = DEFAULT_DIMENSIONS
+    ) -> None:
         super().__init__(engine)
         self.region = region
-        self.index: ChunkIndex = index_for(engine)
+        self.index: ChunkIndex = index_for(engine, dimensions)
         self._clock = clock
 
     @classmethod
-    async def open(cls, url: str, region: str, *, clock: Clock = _now) -> VectorStoreDb:
-        """Connect to the zone store's database ``url`` and create what is missing."""
-        db = cls(open_retrieval_engine(url), region, clock=clock)
-        await asyncio.to_thread(db.create_schema)
+    async def open(
+        cls, url: str, region: str, *, clock: Clock = _now, dimensions: int = DEFAULT_DIMENSIONS
+    ) -> VectorStoreDb:
+        """Connect to the zone store's database ``url`` and create what is
+        missing; when that fails, its error, with the connections closed."""
+        db = cls(open_retrieval_engine(url), region, clock=clock, dimensions=dimensions)
+        try:
+            await asyncio.to_thread(db.create_schema)
+        except BaseException:
+            db.dispose()
+            raise
         return db
 
+    def now(self) -> datetime:
+        """The time by the database's clock."""
+        return self._clock()
+
     def create_schema(self) -> None:
-        self.create_tables(metadata)
+        self.run_transaction(self.index.create_tables)
         self.run_transaction(self.index.setup)
 
     # ------------------------------------------------------------------ files
 
     async def create_file(
-        self, tenant_id: str, file_id: str, filename: str, purpose: str, content: bytes
+        self, tenant_id: str, file_id: str, filename: str, purpose: str, content: bytes, most: int = 0
     ) -> FileRow:
+        """Store a file of the tenant's; with ``most``, refused (FAILED_PRECONDITION,
+        ``param`` ``file``) when the tenant keeps that many in the zone already."""
         row = FileRow(file_id, filename, purpose, len(content), self._clock())
 
         def write(conn: Connection) -> None:
+            _require_room(conn, files, tenant_id, most, "files", "file", "max_files")
             conn.execute(
                 sa.insert(files).values(
                     id=row.id,
@@ -125,6 +156,7 @@ class VectorStoreDb(SqlStore):
                     vector_store_files.c.tenant_id == tenant_id, vector_store_files.c.file_id == file_id
                 )
             )
+            _drop_batch_entries(conn, tenant_id, file_batch_files.c.file_id == file_id)
             conn.execute(sa.delete(files).where(files.c.id == file_id))
 
         await self.transaction(write)
@@ -132,12 +164,17 @@ class VectorStoreDb(SqlStore):
     # ---------------------------------------------------------- vector stores
 
     async def create_vector_store(
-        self, tenant_id: str, store_id: str, name: str, meta: dict[str, str]
+        self, tenant_id: str, store_id: str, name: str, meta: dict[str, str], most: int = 0
     ) -> VectorStoreRow:
+        """Make a vector store of the tenant's; with ``most``, refused as
+        :meth:`create_file` is when the tenant keeps that many already."""
         now = self._clock()
         row = VectorStoreRow(store_id, name, dict(meta), now, now)
 
         def write(conn: Connection) -> None:
+            _require_room(
+                conn, vector_stores, tenant_id, most, "vector stores", "vector_store", "max_vector_stores"
+            )
             conn.execute(
                 sa.insert(vector_stores).values(
                     id=store_id,
@@ -176,6 +213,12 @@ class VectorStoreDb(SqlStore):
             self._drop_chunks(conn, tenant_id, chunks.c.vector_store_id == store_id)
             conn.execute(
                 sa.delete(vector_store_files).where(vector_store_files.c.vector_store_id == store_id)
+            )
+            _drop_batch_entries(conn, tenant_id, file_batch_files.c.vector_store_id == store_id)
+            conn.execute(
+                sa.delete(file_batches).where(
+                    file_batches.c.tenant_id == tenant_id, file_batches.c.vector_store_id == store_id
+                )
             )
             conn.execute(sa.delete(vector_stores).where(vector_stores.c.id == store_id))
 
@@ -263,19 +306,7 @@ class VectorStoreDb(SqlStore):
             store_row(conn, tenant_id, store_id)
             vsf = vector_store_files
             query = sa.select(*MEMBER_COLUMNS).where(vsf.c.vector_store_id == store_id)
-            if after:
-                last = member_row(conn, store_id, after)
-                query = query.where(
-                    sa.or_(
-                        vsf.c.created_at < last.created_at,
-                        sa.and_(vsf.c.created_at == last.created_at, vsf.c.file_id < last.file_id),
-                    )
-                )
-            rows = conn.execute(
-                query.order_by(vsf.c.created_at.desc(), vsf.c.file_id.desc()).limit(limit + 1)
-            )
-            found = [VectorStoreFileRow(*r) for r in rows]
-            return Page(found[:limit], found[limit - 1].file_id if len(found) > limit else "")
+            return member_page(conn, store_id, query, limit, after)
 
         return await self.transaction(read)
 
@@ -298,6 +329,13 @@ class VectorStoreDb(SqlStore):
                 sa.delete(vector_store_files).where(
                     vector_store_files.c.vector_store_id == store_id, vector_store_files.c.file_id == file_id
                 )
+            )
+            _drop_batch_entries(
+                conn,
+                tenant_id,
+                sa.and_(
+                    file_batch_files.c.vector_store_id == store_id, file_batch_files.c.file_id == file_id
+                ),
             )
             touch(conn, store_id, self._clock())
 
@@ -336,7 +374,19 @@ class VectorStoreDb(SqlStore):
 
         return await self.transaction(read)
 
-    def _drop_chunks(self, conn: Connection, tenant_id: str, where: sa.ColumnElement[bool]) -> None:
+    async def purge_tenant(self, tenant_id: str) -> int:
+        """Remove every file, vector store and chunk (with its index entries)
+        of a deleted tenant; how many rows went."""
+
+        def write(conn: Connection) -> int:
+            removed = self._drop_chunks(conn, tenant_id, sa.true())
+            for table in (file_batch_files, file_batches, vector_store_files, vector_stores, files):
+                removed += conn.execute(sa.delete(table).where(table.c.tenant_id == tenant_id)).rowcount
+            return int(removed)
+
+        return await self.transaction(write)
+
+    def _drop_chunks(self, conn: Connection, tenant_id: str, where: sa.ColumnElement[bool]) -> int:
         found = conn.execute(
             sa.select(chunks.c.id, chunks.c.dimensions).where(chunks.c.tenant_id == tenant_id, where)
         ).all()
@@ -345,4 +395,27 @@ class VectorStoreDb(SqlStore):
             by_width.setdefault(int(width), []).append(int(chunk_id))
         for width, ids in by_width.items():
             self.index.remove(conn, ids, width)
-        conn.execute(sa.delete(chunks).where(chunks.c.tenant_id == tenant_id, where))
+        return int(conn.execute(sa.delete(chunks).where(chunks.c.tenant_id == tenant_id, where)).rowcount)
+
+
+def _drop_batch_entries(conn: Connection, tenant_id: str, where: sa.ColumnElement[bool]) -> None:
+    """Take the tenant's files matching ``where`` out of the batches that added them."""
+    conn.execute(sa.delete(file_batch_files).where(file_batch_files.c.tenant_id == tenant_id, where))
+
+
+def _require_room(
+    conn: Connection, table: sa.Table, tenant_id: str, most: int, things: str, param: str, cap: str
+) -> None:
+    """FAILED_PRECONDITION when the tenant keeps ``most`` (> 0) rows of ``table`` in the zone already."""
+    if most <= 0:
+        return
+    kept = conn.execute(
+        sa.select(sa.func.count()).select_from(table).where(table.c.tenant_id == tenant_id)
+    ).scalar_one()
+    if kept >= most:
+        raise FailedPrecondition(
+            Reason.INVALID_REQUEST,
+            f"the tenant keeps {kept} {things} in this zone, its most ({cap} {most}): delete some, "
+            f"or raise the cap (llmmesh admin tenant update --{cap.replace('_', '-')})",
+            metadata={"param": param, "limit": str(most)},
+        )

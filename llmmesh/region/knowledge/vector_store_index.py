@@ -15,62 +15,30 @@
   ranked by ``ts_rank_cd``, and exact vector scoring of ``real[]`` columns
   (the dot product of L2-normalised vectors, their cosine) over the
   searched stores' chunks: a brute-force scan, exact by construction.
-- **CockroachDB** (production): ``VECTOR`` columns under a vector index and
-  an inverted ``tsvector`` index, in :mod:`region.vector_store_ddl`.
+- **CockroachDB** (production): ``VECTOR`` columns of the embedding
+  model's width under a vector index (cosine distance) and a stored
+  ``tsvector`` under an inverted index, in the tables of
+  :mod:`region.knowledge.vector_store_ddl`
+  (:mod:`region.knowledge.vector_store_cockroach`).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from llmmesh.core.sqlstore import _prepare_sqlite, create_store_engine
-from llmmesh.region.knowledge.vector_store_schema import chunks
-
-
-@dataclass(frozen=True)
-class IndexedChunk:
-    """A chunk as the index takes it."""
-
-    chunk_id: int
-    vector_store_id: str
-    text: str
-    vector: Sequence[float]
-
-
-class ChunkIndex(Protocol):
-    """Vector and full-text search over the chunks table of one database."""
-
-    name: str
-
-    def setup(self, conn: Connection) -> None:
-        """Create what the index needs beside the tables."""
-
-    def encode(self, vector: Sequence[float]) -> Any:
-        """A vector as the chunks table's ``embedding`` column holds it."""
-
-    def add(self, conn: Connection, items: Sequence[IndexedChunk]) -> None:
-        """Index chunks just inserted."""
-
-    def remove(self, conn: Connection, chunk_ids: Sequence[int], dimensions: int) -> None:
-        """Forget chunks about to be deleted."""
-
-    def nearest(
-        self, conn: Connection, tenant_id: str, store_ids: Sequence[str], vector: Sequence[float], k: int
-    ) -> list[tuple[int, float]]:
-        """The ``k`` chunks most similar to ``vector``: (chunk id, cosine similarity), best first."""
-
-    def matching(
-        self, conn: Connection, tenant_id: str, store_ids: Sequence[str], terms: Sequence[str], k: int
-    ) -> list[int]:
-        """The ``k`` chunks full-text search ranks best for any of ``terms``, best first."""
+from llmmesh.region.knowledge.chunk_index import ChunkIndex, IndexedChunk
+from llmmesh.region.knowledge.vector_store_cockroach import CockroachIndex
+from llmmesh.region.knowledge.vector_store_ddl import DEFAULT_DIMENSIONS
+from llmmesh.region.knowledge.vector_store_postgres import PostgresIndex
+from llmmesh.region.knowledge.vector_store_schema import chunks, metadata
 
 
 def float32_bytes(vector: Sequence[float]) -> bytes:
@@ -124,19 +92,18 @@ def open_retrieval_engine(zone_store_url: str) -> Engine:
     return engine
 
 
-def index_for(engine: Engine) -> ChunkIndex:
-    """The search engine of ``engine``'s database; ValueError for one retrieval does not run on."""
+def index_for(engine: Engine, dimensions: int = DEFAULT_DIMENSIONS) -> ChunkIndex:
+    """The search engine of ``engine``'s database, for embeddings of
+    ``dimensions`` components where the database fixes a width
+    (CockroachDB); ValueError for a database retrieval does not run on."""
     kind = engine.dialect.name
     if kind == "sqlite":
         return SqliteVecIndex()
     if kind == "postgresql":
-        from llmmesh.region.knowledge.vector_store_postgres import PostgresIndex
-
         return PostgresIndex()
-    raise ValueError(
-        f"retrieval runs on SQLite (sqlite-vec) and PostgreSQL; a {kind} zone store takes the "
-        "DDL of region.vector_store_ddl"
-    )
+    if kind == "cockroachdb":
+        return CockroachIndex(dimensions)
+    raise ValueError(f"retrieval runs on SQLite (sqlite-vec), PostgreSQL and CockroachDB, not on {kind}")
 
 
 _FTS = "retrieval_chunk_text"
@@ -150,6 +117,9 @@ class SqliteVecIndex:
     """sqlite-vec ``vec0`` k-NN and FTS5 BM25, keyed by the chunk's id."""
 
     name = "sqlite-vec+fts5"
+
+    def create_tables(self, conn: Connection) -> None:
+        metadata.create_all(conn)
 
     def setup(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"CREATE VIRTUAL TABLE IF NOT EXISTS {_FTS} USING fts5(text)")

@@ -11,16 +11,27 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.region.knowledge.vector_store_index import IndexedChunk
-from llmmesh.region.knowledge.vector_store_schema import chunks
+from llmmesh.region.knowledge.chunk_index import IndexedChunk
+from llmmesh.region.knowledge.vector_store_schema import chunks, metadata
 
 _TSV = "to_tsvector('english', text)"
+
+
+def tsquery_text(terms: Sequence[str]) -> str:
+    """A ``to_tsquery`` text matching any of ``terms``: each word its own
+    lexeme (``plainto_tsquery`` would need them all); terms that are not
+    plain words are dropped, so no tsquery syntax in a user's words is
+    obeyed. Empty when no term is left."""
+    return " | ".join(term for term in terms if term.isalnum())
 
 
 class PostgresIndex:
     """Full-text and exact vector search in plain PostgreSQL."""
 
     name = "postgresql"
+
+    def create_tables(self, conn: Connection) -> None:
+        metadata.create_all(conn)
 
     def setup(self, conn: Connection) -> None:
         conn.exec_driver_sql(
@@ -60,11 +71,8 @@ class PostgresIndex:
     def matching(
         self, conn: Connection, tenant_id: str, store_ids: Sequence[str], terms: Sequence[str], k: int
     ) -> list[int]:
-        if not terms or not store_ids:
-            return []
-        # Each word its own lexeme, any matching (plainto_tsquery would need all).
-        words = [w for w in terms if w.isalnum()]
-        if not words:
+        query = tsquery_text(terms)
+        if not query or not store_ids:
             return []
         rows = conn.execute(
             sa.text(
@@ -72,6 +80,6 @@ class PostgresIndex:
                 f"WHERE tenant_id = :tenant AND vector_store_id = ANY(:stores) AND {_TSV} @@ query "
                 f"ORDER BY ts_rank_cd({_TSV}, query) DESC, id LIMIT :k"
             ),
-            {"q": " | ".join(words), "tenant": tenant_id, "stores": list(store_ids), "k": k},
+            {"q": query, "tenant": tenant_id, "stores": list(store_ids), "k": k},
         ).all()
         return [int(row[0]) for row in rows]

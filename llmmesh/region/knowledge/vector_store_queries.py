@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -17,6 +18,7 @@ from llmmesh.region.knowledge.vector_store_rows import (
     VECTOR_STORE_NOT_FOUND,
     FileCounts,
     FileRow,
+    Page,
     VectorStoreFileRow,
     VectorStoreRow,
 )
@@ -89,6 +91,25 @@ def member_row(conn: Connection, store_id: str, file_id: str) -> VectorStoreFile
             metadata={"param": "file_id"},
         )
     return VectorStoreFileRow(*row)
+
+
+def member_page(
+    conn: Connection, store_id: str, query: sa.Select[Any], limit: int, after: str
+) -> Page[VectorStoreFileRow]:
+    """One page of ``query``'s files of the store (it selects
+    :data:`MEMBER_COLUMNS`), newest first, after the file ``after``."""
+    vsf = vector_store_files
+    if after:
+        last = member_row(conn, store_id, after)
+        query = query.where(
+            sa.or_(
+                vsf.c.created_at < last.created_at,
+                sa.and_(vsf.c.created_at == last.created_at, vsf.c.file_id < last.file_id),
+            )
+        )
+    rows = conn.execute(query.order_by(vsf.c.created_at.desc(), vsf.c.file_id.desc()).limit(limit + 1))
+    found = [VectorStoreFileRow(*r) for r in rows]
+    return Page(found[:limit], found[limit - 1].file_id if len(found) > limit else "")
 
 
 def touch(conn: Connection, store_id: str, now: datetime) -> None:

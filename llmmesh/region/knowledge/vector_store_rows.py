@@ -66,6 +66,21 @@ class VectorStoreFileRow:
 
 
 @dataclass(frozen=True)
+class FileBatchRow:
+    """A file batch of a vector store with its files' states."""
+
+    id: str
+    vector_store_id: str
+    created_at: datetime
+    counts: FileCounts
+
+    @property
+    def status(self) -> str:
+        """Files are added before a batch is recorded, so it is always finished."""
+        return "completed"
+
+
+@dataclass(frozen=True)
 class ChunkHit:
     """A chunk a search found."""
 

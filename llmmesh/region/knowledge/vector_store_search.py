@@ -1,6 +1,6 @@
 """Hybrid search in one transaction: the index's vector ranking and
 full-text ranking of a query's chunks, fused by reciprocal rank
-(:mod:`region.vector_store_text`), with each chunk's file and text."""
+(:mod:`region.knowledge.vector_store_text`), with each chunk's file and text."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.region.knowledge.vector_store_index import ChunkIndex
+from llmmesh.region.knowledge.chunk_index import ChunkIndex
 from llmmesh.region.knowledge.vector_store_rows import ChunkHit
 from llmmesh.region.knowledge.vector_store_schema import chunks, files
 from llmmesh.region.knowledge.vector_store_text import reciprocal_rank_fusion

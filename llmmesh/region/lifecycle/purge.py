@@ -15,8 +15,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from llmmesh.v1 import policy_service_pb2
 from llmmesh.region.zone_store.store import ZoneStore
+from llmmesh.v1 import policy_service_pb2
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ Retrying is safe: a turn's record is keyed by its tenant and request id, so
 a write that landed although its answer was lost makes the retry a no-op.
 A region that stops waits a little for the writes still pending and names
 each one it has to leave behind in its log; with a spool
-(:mod:`region.lifecycle_spool`) those stay on disk and the next start
+(:mod:`region.lifecycle.spool`) those stay on disk and the next start
 retries them (:meth:`RecordRetries.resume`).
 """
 

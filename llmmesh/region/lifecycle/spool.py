@@ -1,6 +1,6 @@
 """A region's local spool of turn records the zone store has not taken yet.
 
-:class:`region.lifecycle_retry.RecordRetries` keeps retrying a refused
+:class:`region.lifecycle.retry.RecordRetries` keeps retrying a refused
 record while the region runs; the spool keeps it across a restart. A turn
 record waiting for the store is appended to a JSON-lines file beside the
 region's other local state (fsynced), removed once the store has it, and
@@ -27,9 +27,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from llmmesh.v1 import billing_service_pb2
-from llmmesh.region.zone_store.rows import AssistantMessage, ContinuedTurn, ToolCallRow, ToolResult, TurnRecord
+from llmmesh.region.zone_store.rows import (
+    AssistantMessage,
+    ContinuedTurn,
+    ToolCallRow,
+    ToolResult,
+    TurnRecord,
+)
 from llmmesh.region.zone_store.store import UsageEncoder, ZoneStore
+from llmmesh.v1 import billing_service_pb2
 
 log = logging.getLogger(__name__)
 

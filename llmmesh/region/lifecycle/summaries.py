@@ -9,9 +9,10 @@ branch's last summarised message. Later turns on any branch through that
 message put the summary in place of the turns it covers; as the branch
 grows, a newer summary covering more turns replaces it.
 
-A summary is the region's own housekeeping, like a safety judgement: it is
-not billed to the tenant. Its text never leaves the zone: the model runs on
-the region's pods and the summary is stored in the zone store.
+A summary is billed to the tenant as background work, within its limits
+(:mod:`region.lifecycle.background_usage`): one its limits leave no room
+for is not written. Its text never leaves the zone: the model runs on the
+region's pods and the summary is stored in the zone store.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import common_pb2
 from llmmesh.region.zone_store.rows import MessageRow, Role, SummaryRow
 from llmmesh.region.zone_store.store import ZoneStore
+from llmmesh.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-Complete = Callable[[str, list[tuple[str, str]], int], Awaitable[str]]
-"""Asks model ``model`` (first argument) for a greedy completion of (role,
-text) messages with at most the given output tokens."""
+Complete = Callable[[str, str, list[tuple[str, str]], int], Awaitable[str | None]]
+"""Asks, for a tenant (first argument), model ``model`` (second) for a greedy
+completion of (role, text) messages with at most the given output tokens;
+None when the tenant's limits leave no room for it."""
 
 INSTRUCTIONS = (
     "Summarise the conversation below for the assistant that will continue it. "
@@ -121,7 +123,9 @@ class Summaries:
             if plan is None:
                 return
             model = await self._model()
-            text = await self._complete(model, self._prompt(plan), self._max_tokens)
+            text = await self._complete(tenant_id, model, self._prompt(plan), self._max_tokens)
+            if text is None:
+                return  # the tenant's limits left no room: the history is cut as before
             if not text.strip():
                 log.warning("conversation %s: the summary model wrote nothing", conversation_id)
                 return

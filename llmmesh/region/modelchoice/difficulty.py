@@ -5,7 +5,7 @@ A :class:`DifficultyScorer` reads a request's :class:`RequestFeatures` and
 answers a :class:`Difficulty`: a score in [0, 1], the smallest model tier
 expected to do the job, and the signals behind it. The region then serves
 the turn on the cheapest deployed model of that tier or above
-(:mod:`region.difficulty_route`). :class:`RuleScorer` is the first scorer:
+(:mod:`region.modelchoice.difficulty_route`). :class:`RuleScorer` is the first scorer:
 plain rules over prompt length, conversation depth and code, maths and
 reasoning markers, then the tenant's tier and budget as caps. A trained
 classifier can take its place behind the same Protocol.

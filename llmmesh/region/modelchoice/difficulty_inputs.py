@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from llmmesh.core.errors import MeshError
-from llmmesh.v1 import chat_service_pb2
-from llmmesh.region.policy_cache import Caller
 from llmmesh.region.admission.quota import QuotaLedger
+from llmmesh.region.policy_cache import Caller
 from llmmesh.region.zone_store.rows import Role
 from llmmesh.region.zone_store.store import ZoneStore
+from llmmesh.v1 import chat_service_pb2
 
 BudgetLeft = Callable[[Caller], Awaitable[float | None]]
 """The share of a caller's tenant's monthly quota left; None without a quota."""

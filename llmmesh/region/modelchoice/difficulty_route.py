@@ -3,7 +3,7 @@ cheapest model of the region expected to do the job, with fallbacks.
 
 The candidates are the chat models the region's pods serve that the tenant
 may use, as the registry resolves them (tier and prices). For ``auto`` the
-:class:`~region.difficulty.DifficultyScorer` names the smallest tier
+:class:`~region.modelchoice.difficulty.DifficultyScorer` names the smallest tier
 expected to do the job and the turn goes to the cheapest candidate of that
 tier or above. A region serving fewer than two chat models keeps the
 registry's answer (the tenant tier's default), as before there was a fleet,
@@ -45,14 +45,14 @@ from prometheus_client import Counter
 
 from llmmesh.core.errors import MeshError
 from llmmesh.core.model_resolver import ModelResolver
-from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
-from llmmesh.region.modelchoice.difficulty import DifficultyScorer, RuleScorer, features_of
-from llmmesh.region.modelchoice.difficulty_inputs import BudgetLeft, HistorySize, no_history
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.metrics import REGISTRY
+from llmmesh.region.modelchoice.difficulty import DifficultyScorer, RuleScorer, features_of
+from llmmesh.region.modelchoice.difficulty_inputs import BudgetLeft, HistorySize, no_history
 from llmmesh.region.modelchoice.model_policy import require_allowed
-from llmmesh.region.policy_cache import Caller
 from llmmesh.region.placement.router import LoadBoard
+from llmmesh.region.policy_cache import Caller
+from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,6 @@ class ModelRouter:
         embedding_models: Callable[[], Collection[str]] = tuple,
         scorer: DifficultyScorer | None = None,
         policy: FleetPolicy | None = None,
-        decisions: Counter = ROUTE_DECISIONS,
         history: HistorySize = no_history,
     ) -> None:
         self._models = models
@@ -136,7 +135,6 @@ class ModelRouter:
         self._embedding_models = embedding_models
         self.scorer: DifficultyScorer = scorer or RuleScorer()
         self.policy = policy or FleetPolicy()
-        self._decisions = decisions
         self._history = history
 
     async def choose(
@@ -167,7 +165,7 @@ class ModelRouter:
         if not start.HasField("continuation"):
             model = await self._fall_back(model, candidates, route)
             model = await self._canary(model, start.request_id, caller, route)
-        self._decisions.labels(model.name, route.reason).inc()
+        ROUTE_DECISIONS.labels(model.name, route.reason).inc()
         return model, route
 
     async def _by_difficulty(
@@ -239,7 +237,7 @@ class ModelRouter:
             f"{failed.name} failed on every pod in the region before output; {chosen.name} serves"
             f" ({route.detail})"
         )
-        self._decisions.labels(chosen.name, FALLBACK).inc()
+        ROUTE_DECISIONS.labels(chosen.name, FALLBACK).inc()
         return chosen
 
     async def _canary(

@@ -25,8 +25,8 @@ from collections.abc import Callable, Collection
 from llmmesh.core.errors import MeshError
 from llmmesh.core.model_resolver import ModelResolver
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import common_pb2
 from llmmesh.region.engine_pool import EnginePool
+from llmmesh.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 

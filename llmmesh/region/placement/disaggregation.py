@@ -1,7 +1,7 @@
 """Disaggregated serving at the region: a turn's prefill phase on a prefill
 pod, its decode phase on a decode pod, the KV handle passed between them.
 
-The router (:meth:`region.router.KvAffinityRouter.choose`) places the
+The router (:meth:`region.placement.router.KvAffinityRouter.choose`) places the
 prefill phase by its policy over the prefill pods (prefix affinity pays off
 there, where prompts are computed) and the decode phase on a decode pod:
 under ``precise`` scored by the prompt's blocks already resident there (a
@@ -31,10 +31,10 @@ import grpc.aio
 
 from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.core.session_client import SessionClient
-from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.region import metrics_phases
 from llmmesh.region.engine_pool import EnginePodHandle, PodView
 from llmmesh.region.engine_session import EngineSession, SessionGeneration
+from llmmesh.v1 import engine_service_pb2 as pb
 
 PREFILL_SUFFIX = ":prefill"
 

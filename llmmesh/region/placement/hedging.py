@@ -9,7 +9,7 @@ billed once, for the winner: the loser's prompt and tokens are never seen.
 Hedges started, won by the backup and losers aborted are counted
 (:mod:`region.metrics_phases`).
 A turn hedges when its engine priority is at most ``max_priority`` (0:
-enterprise only; :func:`region.fair_queue.engine_priority`) and the router
+enterprise only; :func:`region.admission.fair_queue.engine_priority`) and the router
 has a second pod for it. A pod that fails before its first token does not
 win; the other still may.
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from llmmesh.core.errors import MeshError
 from llmmesh.core.session_client import SessionClient, SessionRequest
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.region import metrics_phases
 from llmmesh.region.engine_pool import EnginePodHandle, PodView
 from llmmesh.region.engine_session import SessionGeneration
+from llmmesh.v1 import engine_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ applies every batch to the index. When the call breaks it reconnects with
 backoff and resumes after the last sequence the index holds, so nothing is
 lost or applied twice; when the pod restarted (a new ``instance_id``) or the
 pod no longer retains the events it missed (``gap``), the index drops the
-pod and rebuilds from what follows (see :mod:`region.kv_index`).
+pod and rebuilds from what follows (see :mod:`region.placement.kv_index`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import grpc
 import grpc.aio
 
 from llmmesh.core.tasks import cancel_and_wait, wait_event
-from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from llmmesh.region.engine_pool import EnginePodHandle
 from llmmesh.region.placement.kv_index import PodCursor, PrefixIndex, PrefixIndexError
+from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 

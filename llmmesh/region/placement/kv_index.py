@@ -17,9 +17,9 @@ of the pod first; a batch whose events the index already holds is skipped, so
 replays and several subscribers feeding one shared index are harmless.
 
 Two stores: :class:`InMemoryPrefixIndex` (one router process) and
-:class:`region.kv_index_redis.RedisPrefixIndex` (router replicas share one
+:class:`region.placement.kv_index_redis.RedisPrefixIndex` (router replicas share one
 view). Both apply the same plan (:func:`_plan`);
-:class:`region.recent_prefixes.RecentPrefixes` is the event-free,
+:class:`region.placement.recent_prefixes.RecentPrefixes` is the event-free,
 approximate variant: which pod the router itself last sent a prefix to.
 """
 

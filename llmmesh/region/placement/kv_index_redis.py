@@ -1,5 +1,5 @@
 """The prefix index in Redis (:class:`RedisPrefixIndex`), shared by router
-replicas; the plan it applies is :mod:`region.kv_index`'s."""
+replicas; the plan it applies is :mod:`region.placement.kv_index`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-from llmmesh.v1 import engine_service_pb2 as pb
 from llmmesh.region.placement.kv_index import (
     ApplyOutcome,
     PodCursor,
@@ -20,6 +19,7 @@ from llmmesh.region.placement.kv_index import (
     _Store,
     prefix_block_hashes,
 )
+from llmmesh.v1 import engine_service_pb2 as pb
 
 # Applies a plan atomically if the pod's cursor is still the one the plan was
 # made against (optimistic concurrency: several router replicas may feed the

@@ -3,30 +3,58 @@
 Policies (:class:`RoutingPolicy`):
 
 - ``precise``: the pods' resident prefix blocks from their KV-cache events
-  (:class:`region.kv_index.PrefixIndex`), scored against load.
+  (:class:`region.placement.kv_index.PrefixIndex`), scored against load.
+  Events lag a placement by the turn's queue wait, its prefill and the
+  feed's delivery, so the index alone cannot see a prefix still being
+  computed: a burst of one new tenant's turns would each miss and compute
+  it on several pods. The router bridges that window with its own
+  placements of the last ``pending_ttl_s`` (a :class:`RecentPrefixes`),
+  after which the index, which also sees evictions, is the only word.
+  Precise therefore sees what approximate would guess while it is news,
+  and what the pods really hold after.
 - ``approximate``: no events; the router remembers which pod it sent each
-  prefix to (:class:`region.kv_index.RecentPrefixes`), scored the same way.
+  prefix to (:class:`region.placement.kv_index.RecentPrefixes`), scored the same way.
 - ``round_robin``: the next pod in turn.
 - ``least_loaded``: the pod with the least load (:meth:`PodLoad.load`);
   with no load reports that is the fewest turns in flight, as
   :meth:`region.engine_pool.EnginePool.pick` places turns today.
 
-Score (precise, approximate) = ``hit_weight`` * resident prefix fraction -
-``load_weight`` * load, load in [0, 1] (see :class:`RoutingTuning`). The
-hot-spot guard (llm-d's prefix scorer mixed with its load-aware scorers):
-when the best-scoring pod cannot start the turn now (its batch is full) and
-is much busier than the least-loaded one, or its KV cache is nearly full of
-running generations, the turn goes to the least-loaded pod instead, so one
-shared system prompt cannot pin a region's traffic to the single pod that
-cached it first.
+Score (precise, approximate), llm-d's precise prefix-cache scorer plus
+its load scorers as the anchor: ``hit_weight`` (1.0) * the prompt's
+resident prefix fraction - ``load_weight`` (0.5) * the pod's load relative
+to the candidates' (0 for the least loaded, 1 for the most; llm-d's queue
+scorer normalizes across candidates the same way), load in [0, 1] from the
+queue and the KV usage (:meth:`PodLoad.load`). Why these weights: a prompt
+that finds most of its prefix on a pod (a tenant's system prompt, a
+conversation's history) goes there whatever the load, because a miss
+costs a whole prefill, which stalls every turn on the pod it lands on and
+evicts another tenant's prefix; a prompt that shares little (a RAG prompt
+sharing only a short system prompt) goes to the lighter pod, because the
+load term, spanning the full 0.5 between the lightest and the busiest
+candidate, outweighs a hit fraction under 0.5.
+
+The hot-spot guard (what llm-d's load-aware scorer does for a pod with
+waiting requests): when the best-scoring pod is a hot spot (a turn already
+waits behind its full batch and its queue is ``hotspot_queue_gap`` deeper
+than the lightest pod's, or running generations hold ``hotspot_kv_usage``
+of its KV cache), the turn goes to the best-scoring pod that can start it
+now (a replica of the prefix before a cold pod), so one shared system
+prompt cannot pin a region's traffic to the single pod that cached it
+first. Below that a pod is left alone: a hit there starts within the
+batch, a miss elsewhere costs a prefill. The virtual-time routing bench
+(``llmmesh bench routing --clock virtual``) shows what the earlier, more
+eager guard (any full batch, KV usage 0.9) cost: at the reference
+workload it moved turns of a tenant off the pod holding its prefix, each
+such turn prefilling thousands of tokens elsewhere, and TTFT p90 rose
+ninefold (95 ms to 873 ms).
 
 Disaggregated serving: when the healthy pods include prefill pods and
 decode pods (their ``GetEngineInfo.role``), a turn's prefill phase is
 placed by the policy over the prefill pods and its decode phase on a
 decode pod (by resident blocks and load under ``precise``, else the least
-loaded; :mod:`region.disaggregation`); otherwise turns go
+loaded; :mod:`region.placement.disaggregation`); otherwise turns go
 to the pods that serve whole turns, and a premium turn may hedge onto the
-least-loaded other one (:mod:`region.hedging`).
+least-loaded other one (:mod:`region.placement.hedging`).
 """
 
 from __future__ import annotations
@@ -37,6 +65,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -46,13 +75,13 @@ import grpc.aio
 
 from llmmesh.core.errors import Reason, Unavailable
 from llmmesh.core.tasks import cancel_and_wait
-from llmmesh.v1 import common_pb2, engine_service_pb2
-from llmmesh.region.placement.disaggregation import phased_pod, role_of
 from llmmesh.region.engine_pool import EnginePodHandle, EnginePool
+from llmmesh.region.placement.disaggregation import phased_pod, role_of
 from llmmesh.region.placement.hedging import HedgingPolicy, hedged_pod
 from llmmesh.region.placement.kv_index import PrefixIndex, PrefixIndexError
 from llmmesh.region.placement.recent_prefixes import RecentPrefixes
 from llmmesh.region.tokenizer_client import TokenizerClient
+from llmmesh.v1 import common_pb2, engine_service_pb2
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +97,17 @@ class RoutingPolicy(StrEnum):
 
 @dataclass(frozen=True)
 class RoutingTuning:
-    """Weights and thresholds of the scoring policies.
+    """Weights and thresholds of the scoring policies (the module
+    docstring says why these).
 
     The defaults: a full prefix hit (1.0) outweighs the whole load term
-    (0.5 at most), so under light or even load the cache wins; the guard
-    handles heavy skew. A queue of a full batch or more counts as fully
-    loaded; KV usage counts less than the queue, since a pod with a full
-    cache of idle prefix blocks can still evict them.
+    (0.5 at most, between the lightest and the busiest candidate), so under
+    light or even load the cache wins; the guard handles heavy skew. A
+    queue of a full batch or more counts as fully loaded; KV usage counts
+    less than the queue, since a pod with a full cache of idle prefix
+    blocks can still evict them. ``pending_ttl_s`` is how long precise
+    trusts its own placement of a prefix before the pod's KV events must
+    confirm it.
     """
 
     hit_weight: float = 1.0
@@ -83,6 +116,7 @@ class RoutingTuning:
     kv_share: float = 0.4
     hotspot_queue_gap: int = 4
     hotspot_kv_usage: float = 0.9
+    pending_ttl_s: float = 2.0
     approx_block_size: int = 16
     approx_ttl_s: float = 300.0
     approx_capacity: int = 100_000
@@ -103,6 +137,9 @@ class PodLoad:
     max_num_seqs: int
     # Mean GPU utilisation in [0, 1] from the pod's NVML reading; None without.
     gpu_utilization: float | None = None
+    # The share of its batch a pod back from an outage is given while it
+    # warms up (:class:`LoadBoard`'s slow start); 1 otherwise.
+    capacity_share: float = 1.0
 
     @property
     def depth(self) -> int:
@@ -113,7 +150,7 @@ class PodLoad:
         """Normalized load in [0, 1]: ``queue_share`` * min(1, depth /
         max_num_seqs) + ``kv_share`` * KV usage, blended with the GPU
         utilisation at ``gpu_share`` where the pod reports one."""
-        queue = min(1.0, self.depth / max(self.max_num_seqs, 1))
+        queue = min(1.0, self.depth / max(self.max_num_seqs * self.capacity_share, 1.0))
         kv = min(1.0, max(0.0, self.kv_cache_usage))
         load = tuning.queue_share * queue + tuning.kv_share * kv
         if self.gpu_utilization is None:
@@ -140,12 +177,53 @@ class RoutingDecision:
     prefill_pod_id: str = ""
 
 
-class LoadBoard:
-    """The latest load report of each pod of a pool, by pod id."""
+@dataclass
+class DecisionCost:
+    """The work of a router's placement decisions, counted rather than timed
+    (so a benchmark on a virtual clock can report it): ``decisions`` made,
+    ``pods_scored`` (a candidate's load and hit fraction computed), and
+    ``prefix_blocks``: prompt blocks hashed and looked up in the prefix
+    index (a lookup stops after the first block no pod holds) or recorded
+    in the approximate one."""
 
-    def __init__(self, pods: EnginePool, timeout_s: float = 1.0) -> None:
+    decisions: int = 0
+    pods_scored: int = 0
+    prefix_blocks: int = 0
+
+
+def _blocks_looked_up(prompt_tokens: int, resident: Mapping[str, int], block_size: int) -> int:
+    """Blocks a prefix lookup hashed: those matched, and the first miss."""
+    if block_size <= 0:
+        return 0
+    matched = max(resident.values(), default=0) // block_size
+    return min(prompt_tokens // block_size, matched + 1)
+
+
+class LoadBoard:
+    """The latest load report of each pod of a pool, by pod id.
+
+    Slow start (Envoy's ``slow_start_config``, linear): a pod back from an
+    outage (:attr:`EnginePodHandle.returned_s`) comes back with a cold KV
+    cache, and as the least loaded pod every turn without a cache hit would
+    land on it at once. For ``slow_start_s`` after its return its batch
+    counts as ``capacity_share`` of its size, growing linearly from
+    ``MIN_SHARE`` to all of it, so the load scorers give it a growing share
+    of the turns rather than all of them. Pods starting with the region are
+    not slowed."""
+
+    MIN_SHARE = 0.1
+
+    def __init__(
+        self,
+        pods: EnginePool,
+        timeout_s: float = 1.0,
+        slow_start_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._pods = pods
         self._timeout_s = timeout_s
+        self._slow_start_s = slow_start_s
+        self._clock = clock
         self._reports: dict[str, engine_service_pb2.LoadReport] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -193,7 +271,15 @@ class LoadBoard:
             in_flight=pod.in_flight,
             max_num_seqs=pod.info.max_num_seqs,
             gpu_utilization=gpu_utilization(report),
+            capacity_share=self.capacity_share(pod),
         )
+
+    def capacity_share(self, pod: EnginePodHandle) -> float:
+        """The share of its batch ``pod`` is given now (1 outside slow start)."""
+        if self._slow_start_s <= 0 or not pod.returned_s:
+            return 1.0
+        ramp = (self._clock() - pod.returned_s) / self._slow_start_s
+        return 1.0 if ramp >= 1.0 else max(self.MIN_SHARE, ramp)
 
 
 def gpu_utilization(report: engine_service_pb2.LoadReport | None) -> float | None:
@@ -234,10 +320,18 @@ class KvAffinityRouter:
         self._index = index
         self._tokenizer = tokenizer
         self._turn = itertools.count()
+        self.cost = DecisionCost()
         self.recent = RecentPrefixes(
             self.tuning.approx_block_size,
             self.tuning.approx_capacity,
             self.tuning.approx_ttl_s,
+            **({"clock": clock} if clock else {}),
+        )
+        # Precise's placements not yet confirmed by the pods' KV events.
+        self.pending = RecentPrefixes(
+            self.tuning.approx_block_size,
+            self.tuning.approx_capacity,
+            self.tuning.pending_ttl_s,
             **({"clock": clock} if clock else {}),
         )
 
@@ -303,7 +397,7 @@ class KvAffinityRouter:
     ) -> RoutingDecision:
         """The prefill phase by the policy over the prefill pods, the decode
         phase on the decode pod :meth:`_place_decode` picks
-        (:mod:`region.disaggregation`)."""
+        (:mod:`region.placement.disaggregation`)."""
         prefill_decision = await self._place(prefill, token_ids)
         loads = {pod.pod_id: self.loads.load_of(pod) for pod in decode}
         chosen = await self._place_decode(decode, loads, token_ids)
@@ -336,10 +430,12 @@ class KvAffinityRouter:
 
     async def _place(self, candidates: list[EnginePodHandle], token_ids: Sequence[int]) -> RoutingDecision:
         """The pod of ``candidates`` the policy picks for ``token_ids``."""
+        self.cost.decisions += 1
         if self.policy is RoutingPolicy.ROUND_ROBIN:
             pod = candidates[next(self._turn) % len(candidates)]
             return RoutingDecision(pod.pod_id, self.policy, 0, {}, pod)
         loads = {pod.pod_id: self.loads.load_of(pod) for pod in candidates}
+        self.cost.pods_scored += len(candidates)
         if self.policy is RoutingPolicy.LEAST_LOADED:
             pod = min(candidates, key=lambda p: (loads[p.pod_id].load(self.tuning), loads[p.pod_id].depth))
             parts = {"load": loads[pod.pod_id].load(self.tuning)}
@@ -353,13 +449,22 @@ class KvAffinityRouter:
                 # Placement must not fail with the index: route on load alone.
                 log.warning("prefix index unavailable, routing on load: %s", err)
                 resident, index_down = {}, True
+            block_size = max((pod.info.block_size for pod in candidates), default=0)
+            self.cost.prefix_blocks += _blocks_looked_up(len(token_ids), resident, block_size)
+            pending = self.pending.match(token_ids)
+            self.cost.prefix_blocks += _blocks_looked_up(len(token_ids), pending, self.pending.block_size)
+            for pod_id, tokens in pending.items():
+                resident[pod_id] = max(resident.get(pod_id, 0), tokens)
         else:
             resident = self.recent.match(token_ids)
+            block_size = self.recent.block_size
+            self.cost.prefix_blocks += _blocks_looked_up(len(token_ids), resident, block_size)
         decision = self._score(candidates, loads, resident, len(token_ids))
         if index_down:
             decision = dataclasses.replace(decision, score_parts={**decision.score_parts, "index_down": 1.0})
-        if self.policy is RoutingPolicy.APPROXIMATE:
-            self.recent.record(token_ids, decision.pod_id)
+        recorder = self.recent if self.policy is RoutingPolicy.APPROXIMATE else self.pending
+        recorder.record(token_ids, decision.pod_id)
+        self.cost.prefix_blocks += len(token_ids) // recorder.block_size
         return decision
 
     def _score(
@@ -375,24 +480,41 @@ class KvAffinityRouter:
             pod.pod_id: min(1.0, resident.get(pod.pod_id, 0) / prompt_tokens) if prompt_tokens else 0.0
             for pod in candidates
         }
-        score = {p: tuning.hit_weight * hit[p] - tuning.load_weight * load[p] for p in hit}
+        lightest = min(load[p] for p in hit)
+        spread = max(load[p] for p in hit) - lightest
+        relative = {p: (load[p] - lightest) / spread if spread > 0 else 0.0 for p in hit}
+        score = {p: tuning.hit_weight * hit[p] - tuning.load_weight * relative[p] for p in hit}
         # Ties go to the shallower queue, then to the pool's order.
         best = max(candidates, key=lambda p: (score[p.pod_id], -loads[p.pod_id].depth))
-        least = min(candidates, key=lambda p: (load[p.pod_id], loads[p.pod_id].depth))
-        hot, cool = loads[best.pod_id], loads[least.pod_id]
-        # Only a pod that cannot start the turn now is a hot spot: below its
-        # batch size a cache hit there costs no wait, and a miss elsewhere
-        # costs a whole prefill (and evicts another tenant's prefix).
-        saturated = hot.depth >= max(hot.max_num_seqs, 1) and cool.depth < max(cool.max_num_seqs, 1)
-        guard = best is not least and (
-            (saturated and hot.depth - cool.depth >= tuning.hotspot_queue_gap)
-            or (hot.kv_cache_usage >= tuning.hotspot_kv_usage > cool.kv_cache_usage)
-        )
+        least = min(loads[p.pod_id].depth for p in candidates)
+
+        def hot(pod: EnginePodHandle) -> bool:
+            # A hot spot cannot start the turn soon: a turn already waits
+            # behind its full batch while another pod's queue is
+            # ``hotspot_queue_gap`` shallower, or running generations hold
+            # nearly all its KV cache. Below that, a cache hit there costs no
+            # wait, and a miss elsewhere costs a whole prefill (and evicts
+            # another tenant's prefix there).
+            pod_load = loads[pod.pod_id]
+            waiting = pod_load.depth > max(pod_load.max_num_seqs, 1)
+            return (waiting and pod_load.depth - least >= tuning.hotspot_queue_gap) or (
+                pod_load.kv_cache_usage >= tuning.hotspot_kv_usage
+            )
+
         chosen = best
-        if guard:
-            # Prefer load; among the least loaded, the one with more cache.
-            chosen = min(candidates, key=lambda p: (load[p.pod_id], loads[p.pod_id].depth, -hit[p.pod_id]))
-            log.debug("hot-spot guard: %s is busy; turn goes to %s", best.pod_id, chosen.pod_id)
+        guard = False
+        if hot(best):
+            calm = [
+                pod
+                for pod in candidates
+                if not hot(pod) and loads[pod.pod_id].depth < max(loads[pod.pod_id].max_num_seqs, 1)
+            ]
+            if calm:
+                # The best score among pods that can start the turn now: a
+                # replica of the prefix before a cold pod, then the lighter load.
+                chosen = max(calm, key=lambda p: (score[p.pod_id], -loads[p.pod_id].depth))
+                guard = True
+                log.debug("hot-spot guard: %s is busy; turn goes to %s", best.pod_id, chosen.pod_id)
         pod_id = chosen.pod_id
         parts = {"hit": hit[pod_id], "load": load[pod_id], "score": score[pod_id], "guard": float(guard)}
         return RoutingDecision(pod_id, self.policy, resident.get(pod_id, 0), parts, chosen)

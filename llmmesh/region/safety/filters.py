@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from llmmesh.core.errors import PermissionDenied, Reason, Unavailable
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region.safety.backend import SafetyBackend
-from llmmesh.region.safety.verdict import CheckKind, Verdict
+from llmmesh.region.safety.verdict import PII, CheckKind, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,32 @@ class InputFilter:
                 metadata={"categories": categories, "backend": verdict.backend},
             )
 
+    async def screen_excerpts(self, texts: Sequence[str]) -> list[tuple[str, ...]]:
+        """For each of ``texts`` (excerpts of the tenant's own documents that
+        would enter a prompt), the blocking categories it must be left out
+        for; empty for one that may go in. Every backend is asked, as for the
+        turn's messages, but personal data alone keeps an excerpt: the
+        documents are the tenant's, and the output filter still screens the
+        reply. A prompt injection, a deny-listed term or a configured pattern
+        leaves it out. Fails closed as :meth:`check` does."""
+        found: list[tuple[str, ...]] = []
+        for text in texts:
+            blocking: tuple[str, ...] = ()
+            for backend in self._backends:
+                verdict = await screen(
+                    [backend],
+                    text,
+                    kind="input",
+                    timeout_s=self._timeout_s,
+                    retry_after_s=self._retry_after_s,
+                )
+                if verdict is not None:
+                    blocking += tuple(c for c in verdict.categories if c != PII and c not in blocking)
+            if blocking:
+                region_metrics.safety_blocked("retrieval", blocking)
+            found.append(blocking)
+        return found
+
 
 @dataclass(frozen=True)
 class OutputDecision:
@@ -112,16 +138,18 @@ class StreamingOutputFilter:
     consecutive windows overlap by at least ``overlap_chars``. After a clean
     check, every backend says from where a match could still begin
     (:meth:`SafetyBackend.hold_from`, given the text received since the last
-    window began): checked text before the earliest of those goes out, so a
-    reply whose end could not start a flagged phrase is released at once. A
-    backend that cannot tell (a model judge) holds back the last
-    ``overlap_chars`` checked until the next window (or :meth:`finish`) has
-    seen them with what follows. Either way a flagged phrase the windows can
+    window began): text before the earliest of those goes out, checked or
+    not (no match can begin in it, whatever follows), so a reply whose end
+    could not start a flagged phrase is released at once. A backend that
+    cannot tell (a model judge) holds back the last ``overlap_chars``
+    checked until the next window (or :meth:`finish`) has seen them with
+    what follows, and nothing past the checked end. Either way a flagged phrase the windows can
     see whole (any of up to ``overlap_chars``) is caught before any part of
     it is released, however the deltas split it.
     Windows begin and end at word edges (stretching by up to ``WORD_SLACK``),
-    so a token that ends mid-word is held until the word is complete and a
-    whole-word rule never fires on a fragment (``ass`` of ``assassin``).
+    so a whole-word rule never fires on a fragment (``ass`` of
+    ``assassin``); a word still unfinished is released before its window only
+    where no rule can begin in it.
 
     A check runs once ``min_check_chars`` unchecked characters have arrived:
     ``1`` checks on every delta (fine for :class:`RulesBackend`), while
@@ -224,17 +252,20 @@ class StreamingOutputFilter:
         return OutputDecision(release)
 
     def _clear_end(self, end: int) -> int:
-        """Where checked text stops being safe to release: the earliest point
-        from which any backend says a match could still begin, or the overlap
-        back from the checked end for one that cannot tell. The backends see
-        the text from the last window's start (the context its check had), so
-        their work is bounded by the window, not the reply."""
-        if self._checked <= self._released:
-            return self._checked
+        """Where text stops being safe to release: the earliest point from
+        which any backend says a match could still begin, or the overlap back
+        from the checked end for one that cannot tell. Where every backend
+        can tell, that point may lie past the checked end: text no match can
+        ever begin in (nor include, whatever follows) is released before a
+        window ends after it, so a first token that cannot start a flag goes
+        out with its own step instead of waiting for the next token to end
+        its word. The backends see the text from the last window's start
+        (the context its check had), so their work is bounded by the window,
+        not the reply."""
         start = self._window_start
         text = self._text[start - self._base : end - self._base]
         since = max(0, self._released - start)
-        clear = self._checked
+        clear = end
         for backend in self._backends:
             hold = _hold_from(backend, text, since)
             clear = min(clear, self._checked - self._overlap if hold is None else start + hold)

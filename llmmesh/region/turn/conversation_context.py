@@ -17,7 +17,7 @@ A turn names at most one branch point (``ChatStart.branch_point``):
 History follows the chosen branch only. A continuation's prompt is its
 original turn's, without what that turn stored. When the branch no longer
 fits the window, its oldest turns are replaced by the branch's stored
-summary (:mod:`region.summaries`) where one exists, and a summary covering
+summary (:mod:`region.lifecycle.summaries`) where one exists, and a summary covering
 what was left out is refreshed after the turn; the turn's
 :class:`ContextReport` says how many turns the summary stood for and how
 many messages were left out.
@@ -34,14 +34,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from llmmesh.core.errors import InvalidArgument, NotFound, Reason
-from llmmesh.v1 import chat_service_pb2, common_pb2
-from llmmesh.region.turn.context_builder import FittedContext, TokenCounter, fit_context, split_turns
 from llmmesh.region.lifecycle.summaries import Summaries, summary_message
-from llmmesh.region.turn.tool_validation import require_answered_calls
+from llmmesh.region.turn.context_builder import FittedContext, TokenCounter, fit_context, split_turns
 from llmmesh.region.turn.history import history_messages, tool_results
+from llmmesh.region.turn.tool_validation import require_answered_calls
 from llmmesh.region.zone_store.rows import ConversationRow, MessageRow, Role, ToolResult
 from llmmesh.region.zone_store.store import ZoneStore
 from llmmesh.region.zone_store.tree import current_leaf, path_to
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ merged once all of their text is released. Text the filter released in the middl
 delta waits for the rest of that delta.
 
 A delta's tool-call parts are read by the filter too (their names and
-argument text, :func:`region.tool_calls.part_text`, after the delta's
+argument text, :func:`region.turn.tool_calls.part_text`, after the delta's
 content): a flagged phrase inside a call's arguments stops the reply as one
 in its content does. They go out with their delta, as do its logprobs.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from llmmesh.v1 import common_pb2
 from llmmesh.region.safety import OutputDecision, StreamingOutputFilter, Verdict
 from llmmesh.region.turn.tool_calls import merge_parts, part_text
+from llmmesh.v1 import common_pb2
 
 SEED_CHARS = 1024
 """How much of a continuation's delivered text seeds its filter: far more than a filter's overlap."""

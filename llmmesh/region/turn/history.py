@@ -4,7 +4,7 @@ text the input filter reads.
 
 Tool parts travel with their messages: a stored assistant reply's tool
 calls and a stored tool message's call id come back into the history (the
-prompt renders them, :mod:`region.prompt_render`), so a conversation can go
+prompt renders them, :mod:`region.turn.prompt_render`), so a conversation can go
 on from a reply that called tools.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.conversations import CHAT_ROLES
 from llmmesh.region.zone_store.rows import MessageRow, Role, ToolResult
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 
 def history_messages(rows: Iterable[MessageRow], leave_out_request: str = "") -> list[common_pb2.ChatMessage]:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
+from llmmesh.core.hop_timing import HopStamps
 from llmmesh.region.admission.control import Admitted
-from llmmesh.region.turn.conversation_context import ConversationContext
-from llmmesh.region.turn.filtered_output import Release
 from llmmesh.region.metrics import TurnLatency
 from llmmesh.region.policy_cache import Caller
+from llmmesh.region.turn.conversation_context import ConversationContext
+from llmmesh.region.turn.filtered_output import Release
 from llmmesh.region.turn.tool_calls import ToolCallLog
 from llmmesh.region.zone_store.rows import AcceptedTurn, ToolCallRow, ToolResult
+from llmmesh.v1 import chat_service_pb2, common_pb2, model_registry_service_pb2
 
 
 @dataclass
@@ -26,7 +27,10 @@ class TurnMeter:
     """Token counts of one turn as they accrue. ``output_tokens`` counts
     what was delivered to the caller, which is what is billed;
     ``carried_tokens`` and ``carried_text`` are what a continued turn's
-    client had before (another region delivered them)."""
+    client had before (another region delivered them).
+    ``delivered_token_ids`` are the tokens this region delivered; when a pod
+    fails mid-stream, the next pod of the region is given them after the
+    carried ones (``resumed_tokens`` of them) and goes on from there."""
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
@@ -42,12 +46,26 @@ class TurnMeter:
     tool_calls: ToolCallLog = field(default_factory=ToolCallLog)
     # Times the delivered tokens for the region's TTFT and ITL histograms.
     latency: TurnLatency | None = None
+    delivered_token_ids: list[int] = field(default_factory=list)
+    # Delivered tokens the current pod was given as context (it took the turn over mid-stream).
+    resumed_tokens: int = 0
+
+    @property
+    def resumed_context(self) -> int:
+        """Output tokens the current pod prefills after the prompt: a
+        continuation's carried ones, then those this region delivered
+        before the pod took the turn over."""
+        return self.carried_tokens + self.resumed_tokens
 
     def prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
-        """Take the engine's prompt counts; a pod prefills a continuation's
-        carried tokens after the prompt, and those are output, not input."""
-        self.input_tokens = max(0, prompt_tokens - self.carried_tokens)
+        """Take the engine's prompt counts; a pod prefills the turn's resumed
+        output tokens after the prompt, and those are output, not input."""
+        self.input_tokens = max(0, prompt_tokens - self.resumed_context)
         self.cached_input_tokens = min(cached_tokens, self.input_tokens)
+
+    def take_over(self) -> None:
+        """Another pod goes on with the turn from what was delivered."""
+        self.resumed_tokens = len(self.delivered_token_ids)
 
     def usage(self) -> common_pb2.TokenUsage:
         """The whole turn's usage, as its client sees it."""
@@ -69,6 +87,7 @@ class TurnMeter:
         its tokens, tool-call tokens included, are output tokens."""
         self.sequence += 1
         self.output_tokens += len(release.token_ids)
+        self.delivered_token_ids.extend(release.token_ids)
         self.text_parts.append(release.text)
         self.tool_calls.add(release.tool_calls)
         if self.latency is not None:
@@ -129,3 +148,5 @@ class Turn:
     accepted: AcceptedTurn
     meter: TurnMeter = field(default_factory=TurnMeter)
     record: asyncio.Task[str] | None = None
+    # The turn's way to its first token (region.metrics.HOPS); None: not timed.
+    hops: HopStamps | None = None

@@ -11,7 +11,7 @@ already holds a call's id sees the same id for its later parts.
 Parts stream as the contract says (``ToolCallDelta``): the first part of a
 call carries its index, id and name, later parts of that index more of its
 arguments. :class:`ToolCallLog` merges them back into whole calls
-(:class:`llmmesh.tool_calls.ToolCallMerger`, as the edge does).
+(:class:`llmmesh.core.tool_calls.ToolCallMerger`, as the edge does).
 """
 
 from __future__ import annotations

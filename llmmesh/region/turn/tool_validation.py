@@ -45,7 +45,7 @@ _CHOICE_MODES: dict[int, ChoiceMode] = {
 
 def validate_tools(sampling: common_pb2.SamplingParams) -> None:
     """The tools offered and how the model may choose among them, by the
-    rules of :mod:`llmmesh.tool_calls` (the engine applies them again)."""
+    rules of :mod:`llmmesh.core.tool_calls` (the engine applies them again)."""
     if len(sampling.tools) > MAX_TOOLS:
         raise _invalid(Reason.INVALID_SAMPLING, f"at most {MAX_TOOLS} tools are allowed", "tools")
     names = [tool.name for tool in sampling.tools]
@@ -131,7 +131,7 @@ def validate_tool_parts(messages: Sequence[common_pb2.ChatMessage]) -> None:
 
 def validate_carried_calls(calls: Sequence[common_pb2.ToolCall]) -> None:
     """The tool calls a continuation says its client has: each names a
-    function (their ids are the region's to give, :mod:`region.tool_calls`)."""
+    function (their ids are the region's to give, :mod:`region.turn.tool_calls`)."""
     for i, call in enumerate(calls):
         if not is_function_name(call.name):
             param = f"continuation.emitted_tool_calls[{i}].name"

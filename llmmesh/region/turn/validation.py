@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
-from llmmesh.end_user import require_end_user
+from llmmesh.core.end_user import require_end_user
 from llmmesh.core.errors import InvalidArgument, Reason
-from llmmesh.v1 import chat_service_pb2, common_pb2
 from llmmesh.region.turn.tool_validation import (
     require_answered_calls,
     validate_carried_calls,
@@ -15,6 +14,7 @@ from llmmesh.region.turn.tool_validation import (
     validate_tool_parts,
     validate_tools,
 )
+from llmmesh.v1 import chat_service_pb2, common_pb2
 
 _ROLES = {
     common_pb2.CHAT_ROLE_SYSTEM,
@@ -55,7 +55,7 @@ def require_request_id(request_id: str, param: str = "request_id") -> str:
 def validate_start(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
     """Raise InvalidArgument (with ``param``) for a malformed turn. A
     conversation turn's tool messages are checked against its stored
-    history later (:func:`region.tool_validation.require_answered_calls`)."""
+    history later (:func:`region.turn.tool_validation.require_answered_calls`)."""
     if start.request_id:
         require_request_id(start.request_id)
     if start.model and not _MODEL_NAME.match(start.model):
@@ -101,7 +101,7 @@ def _validate_continuation(continuation: chat_service_pb2.Continuation) -> None:
 
 def _validate_messages(start: chat_service_pb2.ChatStart, max_messages: int, max_message_chars: int) -> None:
     if start.WhichOneof("branch_point") == "regenerate_message_id":
-        # A regeneration answers stored messages and brings none (region.conversation_turns checks).
+        # A regeneration answers stored messages and brings none (region.turn.conversation_context checks).
         return
     if not start.messages:
         raise InvalidArgument(

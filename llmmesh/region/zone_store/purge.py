@@ -1,5 +1,5 @@
-"""Purging soft-deleted conversations: their messages, summaries and row
-leave the zone store for good.
+"""Purging soft-deleted conversations, and every conversation of a deleted
+tenant: their messages, summaries and rows leave the zone store for good.
 
 Usage rows and turn markers are not content (counts and ids, which billing
 and idempotency need) and stay. Every function runs inside the caller's
@@ -61,3 +61,12 @@ def purge(conn: Connection, conversation_id: str, deleted_before: datetime) -> b
     conn.execute(sa.delete(_M).where(_M.c.conversation_id == conversation_id))
     conn.execute(sa.delete(_C).where(_C.c.id == conversation_id))
     return True
+
+
+def purge_tenant(conn: Connection, tenant_id: str) -> int:
+    """Remove every conversation of ``tenant_id`` (deleted or not) with its
+    messages and summaries; how many rows went."""
+    removed = 0
+    for table in (_S, _M, _C):
+        removed += conn.execute(sa.delete(table).where(table.c.tenant_id == tenant_id)).rowcount
+    return int(removed)

@@ -145,6 +145,20 @@ class TurnRecord:
 
 
 @dataclass(frozen=True)
+class QuotaCheck:
+    """A tenant's monthly token quota, checked zone-wide as a turn is
+    accepted (:mod:`region.zone_store.turn_starts`): ``limit`` tokens in the
+    month that began at ``month_start``, of which billing counted ``billed``
+    when it was asked at ``billed_at`` (None: never answered this month, so
+    every usage row of the month in the zone counts)."""
+
+    limit: int
+    month_start: datetime
+    billed: int = 0
+    billed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class TurnStart:
     """A turn as its region accepts it, before any engine work: the
     "started" marker the zone store keeps for every request id.
@@ -163,6 +177,8 @@ class TurnStart:
     holder: str
     continues: str | None = None
     carried_tokens: int = 0
+    quota: QuotaCheck | None = None
+    """The tenant's quota, for a turn of its own (a continuation's turn was checked)."""
 
 
 @dataclass(frozen=True)

@@ -134,5 +134,19 @@ summaries = sa.Table(
     sa.Column("created_at", UtcDateTime, nullable=False),
 )
 
-ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts, summaries)
+zone_keys = sa.Table(
+    "zone_keys",
+    metadata,
+    # One secret per zone and purpose ("end_user_pseudonym"), made by the
+    # first region of the zone that needed it and read by every other; it
+    # never leaves the zone store.
+    sa.Column("zone", sa.String(16), primary_key=True),
+    sa.Column("purpose", sa.String(32), primary_key=True),
+    # The region that made it: the row is homed in the zone like any other.
+    sa.Column("home_region", sa.String(64), nullable=False),
+    sa.Column("secret", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+)
+
+ZONE_TABLES = (conversations, messages, usage_outbox, turn_starts, summaries, zone_keys)
 """Homed row by row: ``REGIONAL BY ROW`` in a multi-region CockroachDB."""

@@ -44,8 +44,9 @@ from llmmesh.core.errors import InvalidArgument, NotFound, Reason
 from llmmesh.core.ids import ConversationId
 from llmmesh.core.sqlstore import SqlStore, create_store_engine, insert_new_rows
 from llmmesh.region.zone_store import schema
+from llmmesh.region.zone_store.migrations import MIGRATIONS
 from llmmesh.region.zone_store.paging import decode_position, encode_position
-from llmmesh.region.zone_store.purge import DeletedConversation, deleted_page, purge
+from llmmesh.region.zone_store.purge import DeletedConversation, deleted_page, purge, purge_tenant
 from llmmesh.region.zone_store.queries import (
     append_message,
     conversation_of,
@@ -71,11 +72,7 @@ from llmmesh.region.zone_store.rows import (
     TurnStart,
     UsageKey,
 )
-from llmmesh.region.zone_store.migrations.adopt import (
-    create_missing_indexes,
-    link_linear_history,
-    upgrade_request_keys,
-)
+from llmmesh.region.zone_store.settlement import Settlement, UsageCodec, settle_turn
 from llmmesh.region.zone_store.summaries import latest_summary, save_summary
 from llmmesh.region.zone_store.turn_starts import accept_turn, duplicate_request, mark_started
 
@@ -107,6 +104,8 @@ class ZoneStore(SqlStore):
     records are the ones :meth:`pending_usage` hands to its shipper.
     """
 
+    store_label = "zone"
+
     def __init__(self, engine: Engine, zone: str, region: str, *, clock: Clock = utc_now) -> None:
         if ConversationId.parse(str(ConversationId(zone, region, "0" * 16))) is None:
             raise ValueError(f"zone {zone!r} and region {region!r} cannot name a conversation")
@@ -117,43 +116,14 @@ class ZoneStore(SqlStore):
 
     @classmethod
     async def open(cls, url: str, zone: str, region: str, *, clock: Clock = utc_now) -> ZoneStore:
-        """Connect to ``url`` and create any missing table."""
+        """Connect to ``url`` and bring it to this release's schema (see :meth:`create_schema`)."""
         store = cls(create_store_engine(url), zone, region, clock=clock)
         await asyncio.to_thread(store.create_schema)
         return store
 
     def create_schema(self) -> None:
-        """Create missing tables, add the columns a store created by an
-        earlier version lacks (each has a server default; a conversation's
-        messages, once a list, become a chain of parents), key its rows by
-        tenant and request id, and create missing indexes
-        (:mod:`region.zone_store.schema_upgrade`)."""
-        self.create_tables(schema.metadata)
-        self._add_missing_columns()
-        self.run_transaction(upgrade_request_keys)
-        self.run_transaction(create_missing_indexes)
-
-    def _add_missing_columns(self) -> None:
-        inspector = sa.inspect(self.engine)
-        for table in schema.ZONE_TABLES:
-            present = {c["name"] for c in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name in present:
-                    continue
-                if column.server_default is None:
-                    raise RuntimeError(f"zone store table {table.name} lacks column {column.name}")
-                kind = column.type.compile(dialect=self.engine.dialect)
-                default = column.server_default.arg  # type: ignore[attr-defined]
-                with self.engine.begin() as conn:
-                    conn.execute(
-                        sa.text(
-                            f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind} "
-                            f"NOT NULL DEFAULT '{default}'"
-                        )
-                    )
-                    if column is _M.c.parent_id:
-                        # In the same transaction: a store never has the column without the links.
-                        link_linear_history(conn)
+        """Bring the database to this release's schema (:mod:`llmmesh.region.zone_store.migrations`)."""
+        self.migrate(MIGRATIONS)
 
     # ------------------------------------------------------------ conversations
 
@@ -457,6 +427,23 @@ class ZoneStore(SqlStore):
 
         return await self.grouped(record)
 
+    async def settle_turn(
+        self, tenant_id: str, request_id: str, delivered_output_tokens: int, codec: UsageCodec
+    ) -> Settlement:
+        """Bill the tenant's turn ``request_id``, failed by the mesh, the
+        ``delivered_output_tokens`` its client received, across its rows in
+        the zone (:mod:`region.zone_store.settlement`). NOT_FOUND
+        (``REQUEST_NOT_FOUND``) for a turn the zone never accepted for the
+        tenant; INVALID_ARGUMENT for a continuation's request id."""
+        _require_tenant(tenant_id)
+        _require_request_id(request_id)
+        now = self._clock()
+        return await self.grouped(
+            lambda conn: settle_turn(
+                conn, tenant_id, request_id, delivered_output_tokens, self.region, now, codec
+            )
+        )
+
     # ------------------------------------------------------------ usage outbox
 
     async def pending_usage(self, limit: int = 100) -> list[PendingUsage]:
@@ -476,12 +463,20 @@ class ZoneStore(SqlStore):
         return [PendingUsage(row.tenant_id, row.request_id, bytes(row.usage)) for row in rows]
 
     async def tenant_tokens(
-        self, tenant_id: str, since: datetime, *, shipped_after: datetime | None = None
+        self,
+        tenant_id: str,
+        since: datetime,
+        *,
+        shipped_after: datetime | None = None,
+        request_id_prefix: str = "",
     ) -> int:
         """Tokens of the tenant's turns recorded in this zone since ``since``,
         by any region of the zone. With ``shipped_after``, only rows not
-        shipped to billing by then (billing's own total counts the rest)."""
+        shipped to billing by then (billing's own total counts the rest);
+        with ``request_id_prefix``, only rows whose request ids begin with it."""
         conditions = [_O.c.tenant_id == tenant_id, _O.c.created_at >= since]
+        if request_id_prefix:
+            conditions.append(_O.c.request_id.startswith(request_id_prefix, autoescape=True))
         if shipped_after is not None:
             conditions.append(sa.or_(_O.c.shipped_at.is_(None), _O.c.shipped_at > shipped_after))
         query = sa.select(sa.func.coalesce(sa.func.sum(_O.c.tokens), 0)).where(*conditions)
@@ -563,6 +558,12 @@ class ZoneStore(SqlStore):
         """Remove a conversation soft-deleted before ``deleted_before`` with its
         messages and summaries (usage rows stay); False when there is none such."""
         return await self.transaction(lambda conn: purge(conn, conversation_id, deleted_before))
+
+    async def purge_tenant(self, tenant_id: str) -> int:
+        """Remove the conversations of a deleted tenant, every one of them,
+        with their messages and summaries (usage rows and turn markers stay);
+        how many rows went."""
+        return await self.transaction(lambda conn: purge_tenant(conn, tenant_id))
 
     # ------------------------------------------------------------ helpers
 

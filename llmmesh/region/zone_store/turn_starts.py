@@ -14,31 +14,66 @@ then finds it lost the id (:func:`mark_started`) and stops before any
 output.
 
 A continuation is accepted only for a turn the zone started for the same
-tenant and model, once per turn, carrying no more tokens than that turn
-could produce; the prompt that turn reserved is what the continuation's
-prompt already counted.
+tenant and model, carrying no more tokens than that turn could produce;
+the prompt that turn reserved is what the continuation's prompt already
+counted. A turn has one continuation at a time (``continued_by``): a later
+one, which the edge sends when the continuing region fails too, takes its
+place only while it carries at least as many tokens (what the client has
+can only grow), at most ``MAX_CONTINUATIONS`` per turn; the one it
+replaces can no longer start (:func:`mark_started`), so two regions never
+both stream the turn. A replayed older continuation is ALREADY_EXISTS.
+
+A turn of its own that carries its tenant's quota (:class:`QuotaCheck`)
+is accepted only while the tenant's month, counted zone-wide, is not used
+up: billing's total, the usage rows of the zone billing had not counted
+when asked, and the turns running in any region of the zone (each at its
+prompt plus ``max_tokens``, as reserved: a turn accepted in the last
+``ACCEPTED_WINDOW`` that has not streamed, or started in the last
+``RUNNING_WINDOW`` with no usage row yet). The check and the acceptance are
+one transaction, serialized per tenant (PostgreSQL: an advisory lock;
+SQLite: one writer; CockroachDB: serializable, retried), so concurrent turns
+in several regions cannot each see room the others take: the month ends at
+most one admitted turn's reservation past the quota.
 
 Every function runs inside the caller's transaction.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import zlib
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Reason
+from llmmesh.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Reason,
+    ResourceExhausted,
+)
 from llmmesh.core.sqlstore import insert_new_rows
 from llmmesh.region.zone_store import schema
-from llmmesh.region.zone_store.rows import AcceptedTurn, TurnStart
+from llmmesh.region.zone_store.rows import AcceptedTurn, QuotaCheck, TurnStart
 
 _T = schema.turn_starts
 _O = schema.usage_outbox
 
 ACCEPTED = "accepted"
 STARTED = "started"
+
+ACCEPTED_WINDOW = timedelta(minutes=10)
+"""How long an accepted turn that has not streamed counts as running (queued,
+prefilling); one that never starts (refused, its pod lost) stops counting then."""
+MAX_CONTINUATIONS = 8
+"""The most continuations one turn may have: more than the regions of any
+zone, with a retry of a stalled one; a bound on what one turn can run."""
+RUNNING_WINDOW = timedelta(hours=1)
+"""How long a started turn without a usage row counts as running: one whose
+region died mid-turn and that nobody continued stops counting then."""
 
 
 def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) -> AcceptedTurn:
@@ -53,6 +88,8 @@ def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) 
     accepted = AcceptedTurn()
     if start.continues is not None:
         accepted = _check_continuation(conn, start)
+    elif start.quota is not None:
+        _check_quota(conn, start, start.quota, now)
     row: dict[str, Any] = {
         "request_id": start.request_id,
         "tenant_id": start.tenant_id,
@@ -70,13 +107,63 @@ def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) 
     if not insert_new_rows(conn, _T, [row]):
         _take_over(conn, start, region)
     if start.continues is not None:
-        _link(conn, start.tenant_id, start.continues, start.request_id)
+        _link(conn, start)
     return accepted
+
+
+def _check_quota(conn: Connection, start: TurnStart, quota: QuotaCheck, now: datetime) -> None:
+    """QUOTA_EXCEEDED when the tenant's month, counted zone-wide, is used up (see the module's note)."""
+    tenant = start.tenant_id
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(zlib.crc32(f"quota:{tenant}".encode()))))
+    recorded = [_O.c.tenant_id == tenant, _O.c.created_at >= quota.month_start]
+    if quota.billed_at is not None:
+        recorded.append(sa.or_(_O.c.shipped_at.is_(None), _O.c.shipped_at > quota.billed_at))
+    unbilled = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_O.c.tokens), 0)).where(*recorded))
+    has_usage = (
+        sa.select(_O.c.request_id)
+        .where(_O.c.tenant_id == _T.c.tenant_id, _O.c.request_id == _T.c.request_id)
+        .exists()
+    )
+    running = conn.execute(
+        sa.select(sa.func.coalesce(sa.func.sum(_T.c.prompt_tokens + _T.c.max_output_tokens), 0)).where(
+            _T.c.tenant_id == tenant,
+            _T.c.continues.is_(None),
+            _T.c.request_id != start.request_id,
+            _T.c.created_at >= quota.month_start,
+            sa.or_(
+                sa.and_(_T.c.state == ACCEPTED, _T.c.created_at >= now - ACCEPTED_WINDOW),
+                sa.and_(_T.c.state == STARTED, _T.c.created_at >= now - RUNNING_WINDOW),
+            ),
+            ~has_usage,
+        )
+    )
+    used = quota.billed + int(unbilled.scalar_one()) + int(running.scalar_one())
+    if used >= quota.limit:
+        period = quota.month_start.strftime("%Y-%m")
+        raise ResourceExhausted(
+            Reason.QUOTA_EXCEEDED,
+            f"tenant {tenant} has used {used} of its {quota.limit} tokens for {period} (turns running "
+            "in every region of its zone included); the quota resets at the start of next month (UTC)",
+            metadata={"quota": str(quota.limit), "used": str(used), "period": period},
+        )
 
 
 def mark_started(conn: Connection, tenant_id: str, request_id: str, holder: str) -> bool:
     """Note that the tenant's turn's first event is about to reach its caller;
-    False when this acceptance no longer holds the id (another took it over)."""
+    False when this acceptance no longer holds the id (another took it over),
+    or, for a continuation, when a later continuation of the turn took its place."""
+    row = conn.execute(
+        sa.select(_T.c.continues).where(_T.c.tenant_id == tenant_id, _T.c.request_id == request_id)
+    ).first()
+    if row is not None and row.continues is not None:
+        linked = conn.execute(
+            sa.select(_T.c.continued_by).where(
+                _T.c.tenant_id == tenant_id, _T.c.request_id == row.continues
+            )
+        ).scalar_one_or_none()
+        if linked != request_id:
+            return False
     done = conn.execute(
         sa.update(_T)
         .where(
@@ -162,23 +249,44 @@ def _take_over(conn: Connection, start: TurnStart, region: str) -> None:
         raise duplicate_request(start.request_id)
 
 
-def _link(conn: Connection, tenant_id: str, original_id: str, request_id: str) -> None:
-    """Make ``request_id`` the one continuation of the tenant's turn ``original_id``."""
+def _link(conn: Connection, start: TurnStart) -> None:
+    """Make ``start`` the continuation of its turn (see the module's note)."""
+    tenant_id, original_id, request_id = start.tenant_id, start.continues, start.request_id
+    assert original_id is not None
+    current = conn.execute(
+        sa.select(_T.c.continued_by).where(_T.c.tenant_id == tenant_id, _T.c.request_id == original_id)
+    ).scalar_one_or_none()
+    if current is not None and current != request_id:
+        carried = conn.execute(
+            sa.select(_T.c.carried_tokens).where(_T.c.tenant_id == tenant_id, _T.c.request_id == current)
+        ).scalar_one_or_none()
+        count = conn.execute(
+            sa.select(sa.func.count()).where(_T.c.tenant_id == tenant_id, _T.c.continues == original_id)
+        ).scalar_one()
+        if carried is not None and start.carried_tokens < carried:
+            raise _already_continued(original_id, f"by {current!r}, which carries {carried} tokens")
+        if count > MAX_CONTINUATIONS:
+            raise _already_continued(original_id, f"{MAX_CONTINUATIONS} times, the most a turn may be")
+    # Compare-and-set: of two continuations racing for the turn, one links.
     linked = conn.execute(
         sa.update(_T)
         .where(
             _T.c.tenant_id == tenant_id,
             _T.c.request_id == original_id,
-            sa.or_(_T.c.continued_by.is_(None), _T.c.continued_by == request_id),
+            _T.c.continued_by.is_(None) if current is None else _T.c.continued_by == current,
         )
         .values(continued_by=request_id)
     )
     if linked.rowcount != 1:
-        raise AlreadyExists(
-            Reason.DUPLICATE_REQUEST,
-            f"turn {original_id!r} was already continued",
-            metadata={"param": "continuation.original_request_id", "request_id": original_id},
-        )
+        raise _already_continued(original_id, "by another attempt at the same time")
+
+
+def _already_continued(original_id: str, how: str) -> AlreadyExists:
+    return AlreadyExists(
+        Reason.DUPLICATE_REQUEST,
+        f"turn {original_id!r} was already continued {how}",
+        metadata={"param": "continuation.original_request_id", "request_id": original_id},
+    )
 
 
 def duplicate_request(request_id: str) -> AlreadyExists:

@@ -40,7 +40,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.globalPlane.address -}}
 {{ .Values.globalPlane.address }}
 {{- else -}}
-{{ include "llmmesh.fullname" . }}-global.{{ .Release.Namespace }}.svc.cluster.local:{{ .Values.globalPlane.port }}
+{{ .Values.globalPlane.serviceName }}.{{ .Release.Namespace }}.svc.cluster.local:{{ .Values.globalPlane.port }}
 {{- end -}}
 {{- end -}}
 
@@ -81,6 +81,49 @@ value: the render fails instead. */}}
   value: {{ $o.logFormat | quote }}
 {{- end -}}
 
+{{/* The corporate CA bundle (values' trustBundle): the variables that point
+every outbound TLS client at it. Python's ssl (Redis rediss://), requests,
+libpq (PostgreSQL and CockroachDB: a URL's own sslrootcert wins) and the
+OTLP exporter each read a different one. */}}
+{{- define "llmmesh.trustEnv" -}}
+{{- $t := .Values.trustBundle }}
+{{- if or $t.secretName $t.configMapName }}
+{{- $file := printf "/etc/llmmesh/trust/%s" $t.key }}
+{{- range $name := list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "PGSSLROOTCERT" "OTEL_EXPORTER_OTLP_CERTIFICATE" }}
+- name: {{ $name }}
+  value: {{ $file | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "llmmesh.trustVolume" -}}
+{{- $t := .Values.trustBundle }}
+{{- if and $t.secretName $t.configMapName }}
+{{- fail "trustBundle: name a secretName or a configMapName, not both" }}
+{{- end }}
+{{- if $t.secretName }}
+- name: trust
+  secret:
+    secretName: {{ $t.secretName }}
+    items: [{key: {{ $t.key | quote }}, path: {{ $t.key | quote }}}]
+    defaultMode: 0444
+{{- else if $t.configMapName }}
+- name: trust
+  configMap:
+    name: {{ $t.configMapName }}
+    items: [{key: {{ $t.key | quote }}, path: {{ $t.key | quote }}}]
+    defaultMode: 0444
+{{- end }}
+{{- end -}}
+
+{{- define "llmmesh.trustMount" -}}
+{{- if or .Values.trustBundle.secretName .Values.trustBundle.configMapName }}
+- name: trust
+  mountPath: /etc/llmmesh/trust
+  readOnly: true
+{{- end }}
+{{- end -}}
+
 {{/* The port kubelet's gRPC probe asks: the plaintext probe port under mTLS. */}}
 {{- define "llmmesh.probePort" -}}
 {{- if .root.Values.mtls.enabled -}}
@@ -108,19 +151,38 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* Scheduling of one component: node selector, tolerations, affinity. */}}
+{{/* Scheduling of one component (.values, with .selector its labels):
+node selector, tolerations, affinity, and how its replicas spread: the
+component's own topologySpreadConstraints, else (topologySpread.enabled)
+across zones and nodes, as evenly as the cluster allows. */}}
 {{- define "llmmesh.scheduling" -}}
-{{- with .nodeSelector }}
+{{- $v := .values }}
+{{- with $v.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .tolerations }}
+{{- with $v.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .affinity }}
+{{- with $v.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $spread := .selector.root.Values.topologySpread }}
+{{- if $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml $v.topologySpreadConstraints | nindent 2 }}
+{{- else if $spread.enabled }}
+topologySpreadConstraints:
+{{- range $key := $spread.topologyKeys }}
+  - maxSkew: {{ $spread.maxSkew }}
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: {{ $spread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "llmmesh.selector" $.selector | nindent 8 }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -136,6 +198,7 @@ affinity:
     secretName: {{ index .root.Values.mtls.secrets .plane }}
     defaultMode: 0440
 {{- end }}
+{{- include "llmmesh.trustVolume" .root }}
 {{- end -}}
 
 {{- define "llmmesh.volumeMounts" -}}
@@ -148,13 +211,20 @@ affinity:
   mountPath: /etc/llmmesh/tls
   readOnly: true
 {{- end }}
+{{- include "llmmesh.trustMount" .root }}
 {{- end -}}
 
-{{/* Readiness and liveness on grpc.health.v1 (kubelet's native gRPC probe). */}}
+{{/* Readiness and liveness on grpc.health.v1 (kubelet's native gRPC probe).
+Liveness asks the server-wide status (the process); readiness asks
+.readinessService when given: a plane whose dependencies are down reports
+its services NOT_SERVING but stays alive (llmmesh/core/readiness.py). */}}
 {{- define "llmmesh.grpcProbes" -}}
 readinessProbe:
   grpc:
     port: {{ include "llmmesh.probePort" . }}
+    {{- with .readinessService }}
+    service: {{ . }}
+    {{- end }}
   periodSeconds: {{ .root.Values.probes.periodSeconds }}
   failureThreshold: {{ .root.Values.probes.failureThreshold }}
 livenessProbe:

@@ -1,4 +1,9 @@
-"""Bringing a zone store made by an earlier version up to the current schema.
+"""Revision 0001 online: a zone store made before migrations existed, adopted.
+
+:func:`adopt` creates the baseline tables that are missing, adds the
+columns an earlier release's tables lack (each has a server default) and
+converts their keys in place, so an empty database and any earlier
+release's both end at the baseline (:mod:`.baseline`).
 
 Request ids were one namespace across a zone's tenants: ``turn_starts`` and
 ``usage_outbox`` were keyed by the request id alone and a message was unique
@@ -29,7 +34,7 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from llmmesh.region.zone_store import schema
+from llmmesh.region.zone_store.migrations import baseline as schema
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,39 @@ _MESSAGE_UNIQUE = "uq_messages_tenant_request_role_call"
 # Unique constraints of earlier versions, the oldest first.
 _OLD_MESSAGE_UNIQUES = ("uq_messages_request_role", "uq_messages_tenant_request_role")
 _OLD_TURN_INDEX = "ix_turn_starts_continues"
+ZONE_TABLES = tuple(schema.tables.sorted_tables)
+
+
+def adopt(conn: Connection) -> None:
+    """Bring the database on ``conn`` to the baseline, keeping every row."""
+    schema.tables.create_all(conn, checkfirst=True)
+    add_missing_columns(conn)
+    upgrade_request_keys(conn)
+    create_missing_indexes(conn)
+
+
+def add_missing_columns(conn: Connection) -> None:
+    """Add the columns an earlier release's tables lack, with their server
+    defaults; messages, once a list, become a chain of parents when
+    ``parent_id`` comes (:func:`link_linear_history`)."""
+    inspector = sa.inspect(conn)
+    for table in ZONE_TABLES:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            if column.server_default is None:
+                raise RuntimeError(f"zone store table {table.name} lacks column {column.name}")
+            kind = column.type.compile(dialect=conn.dialect)
+            default = column.server_default.arg  # type: ignore[attr-defined]
+            log.warning("adding column %s to %s", column.name, table.name)
+            conn.execute(
+                sa.text(
+                    f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind} NOT NULL DEFAULT '{default}'"
+                )
+            )
+            if column is _M.c.parent_id:
+                link_linear_history(conn)
 
 
 def outdated_tables(conn: Connection) -> list[sa.Table]:
@@ -136,6 +174,6 @@ def link_linear_history(conn: Connection) -> None:
 
 def create_missing_indexes(conn: Connection) -> None:
     """Create the zone tables' indexes an older store lacks."""
-    for table in schema.ZONE_TABLES:
+    for table in ZONE_TABLES:
         for index in table.indexes:
             index.create(conn, checkfirst=True)

@@ -1,0 +1,283 @@
+"""Where the mesh's added time to first token goes, hop by hop, for
+``llmmesh bench overhead``.
+
+Every plane observes each turn's hops on the way to its first token into a
+Prometheus histogram (:mod:`llmmesh.core.hop_timing`:
+``llmmesh_edge_hop_seconds``, ``llmmesh_region_hop_seconds``,
+``llmmesh_engine_hop_seconds``, by ``hop``). The benchmark scrapes the
+planes' ``/metrics`` before and after each measured round of a mesh and
+keeps the difference: the round's turns alone (warm-up and the round's
+first request, sent before the first scrape, are left out).
+
+Per hop it reports the turns counted, the mean (exact: the histogram's sum
+over its count) and the 50th and 99th percentiles read off the buckets as
+Prometheus's ``histogram_quantile`` reads them: the bucket holding the
+rank, linearly interpolated between its bounds (0 below the first), the
+highest finite bound when the rank falls in ``+Inf``. With buckets of 0.1
+ms to 1 s spaced by about 1.5x, such a percentile is within its bucket's
+width of the true one.
+
+Hops are grouped into what the mesh adds: ``edge`` (its own work before
+the start goes out and after the first delta comes back), ``region``
+(the gateway's stages: authentication, prompt, admission, the start sent
+to the pod), ``safety`` (the input check and the output filter's hold of
+the first delta), ``store`` (the zone store's acceptance and its
+request-id hold), ``router``; and the two transports, known only as
+means: edge to region and back (the edge's wait for the first delta less
+the region's whole time) and region to pod and back (the region's wait for
+the pod's first delta, less the request-id hold in it, less the pod's
+whole time). The pod's own hops (``pod``: its prepare, queue and first
+token) are what direct pays too. The request-id hold runs while the pod
+works on the first token, so it delays the first delta only by what it
+outlasts that work by; where it does, the region-to-pod transport comes out
+that much smaller (it may come out negative).
+
+Their sum, in means, set beside the client-side figure (the mesh's mean
+time to first token less direct's) leaves ``unaccounted``: what no plane
+stamps (the client's HTTP leg to the edge and the reading of its first
+chunk, against direct's one gRPC leg to the pod) and the scrapes' own
+resolution. Means add up; percentiles do not, so the groups and the
+comparison are in means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmmesh.edge.metrics import EDGE_HOPS
+from llmmesh.engine.hop_metrics import ENGINE_HOPS
+from llmmesh.region.metrics import REGION_HOPS
+
+PLANE_FAMILIES = {
+    "edge": "llmmesh_edge_hop_seconds",
+    "region": "llmmesh_region_hop_seconds",
+    "engine": "llmmesh_engine_hop_seconds",
+}
+# Each hop's group in the report; a hop not listed is in "other".
+GROUPS: Mapping[tuple[str, str], str] = {
+    ("edge", "edge_in"): "edge",
+    ("edge", "edge_out"): "edge",
+    ("region", "prepare"): "region",
+    ("region", "prompt"): "region",
+    ("region", "admission"): "region",
+    ("region", "pod_send"): "region",
+    ("region", "safety_input"): "safety",
+    ("region", "output_filter"): "safety",
+    ("region", "store_accept"): "store",
+    ("region", "request_id_hold"): "store",
+    ("region", "route"): "router",
+    ("engine", "prepare"): "pod",
+    ("engine", "queue"): "pod",
+    ("engine", "first_token"): "pod",
+}
+# What the mesh adds, in the order reported; "pod" is the pod's own time.
+MESH_GROUPS = ("edge", "region", "safety", "store", "router", "edge_region_transport", "region_pod_transport")
+_EDGE_WAIT = ("edge", "region")
+_POD_WAIT = ("pod_send", "pod_first_event", "request_id_hold", "pod_first_delta")
+
+
+@dataclass(frozen=True)
+class HopHistogram:
+    """One hop's histogram: cumulative counts at each upper bound (the last
+    ``inf``), the count and the sum of seconds."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum_s: float
+
+    def __add__(self, other: HopHistogram) -> HopHistogram:
+        return self._combine(other, 1.0)
+
+    def __sub__(self, other: HopHistogram) -> HopHistogram:
+        return self._combine(other, -1.0)
+
+    def _combine(self, other: HopHistogram, sign: float) -> HopHistogram:
+        if other.bounds != self.bounds:
+            raise ValueError("histograms of different buckets")
+        return HopHistogram(
+            self.bounds,
+            tuple(a + sign * b for a, b in zip(self.cumulative, other.cumulative, strict=True)),
+            self.count + sign * other.count,
+            self.sum_s + sign * other.sum_s,
+        )
+
+    @property
+    def mean_s(self) -> float | None:
+        return self.sum_s / self.count if self.count > 0 else None
+
+    def quantile_s(self, q: float) -> float | None:
+        """The ``q`` quantile (0 to 1) as ``histogram_quantile`` reads it (see the module docstring)."""
+        return bucket_quantile(q, self.bounds, self.cumulative)
+
+
+def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """The ``q`` quantile of a histogram's cumulative bucket counts at upper
+    ``bounds`` (ascending, the last ``inf``): linear within the bucket that
+    holds rank ``q * total``, from 0 for the first; the highest finite bound
+    for a rank in ``+Inf``. None without observations."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError("a quantile is between 0 and 1")
+    if not cumulative or cumulative[-1] <= 0:
+        return None
+    rank = q * cumulative[-1]
+    for index, (bound, below) in enumerate(zip(bounds, cumulative, strict=True)):
+        if below >= rank and below > 0:
+            if math.isinf(bound):
+                return bounds[index - 1] if index > 0 else None
+            lower = bounds[index - 1] if index > 0 else 0.0
+            before = cumulative[index - 1] if index > 0 else 0.0
+            in_bucket = below - before
+            if in_bucket <= 0:
+                return bound
+            return lower + (bound - lower) * (rank - before) / in_bucket
+    return None
+
+
+HopKey = tuple[str, str]
+
+
+class HopTable(TypedDict):
+    """The report's per-hop figures of one mesh at one level (:meth:`HopSnapshot.table`)."""
+
+    hops: list[dict[str, object]]
+    groups_mean_ms: dict[str, float]
+    mesh_hops_sum_mean_ms: float
+    client_added_ttft_mean_ms: float | None
+    unaccounted_mean_ms: float | None
+
+
+@dataclass(frozen=True)
+class HopSnapshot:
+    """Every plane's hop histograms at one moment (or the difference of two), by (plane, hop)."""
+
+    hops: Mapping[HopKey, HopHistogram] = field(default_factory=dict)
+
+    def __sub__(self, earlier: HopSnapshot) -> HopSnapshot:
+        return HopSnapshot(
+            {key: now - earlier.hops[key] if key in earlier.hops else now for key, now in self.hops.items()}
+        )
+
+    def __add__(self, other: HopSnapshot) -> HopSnapshot:
+        merged = dict(self.hops)
+        for key, histogram in other.hops.items():
+            merged[key] = merged[key] + histogram if key in merged else histogram
+        return HopSnapshot(merged)
+
+    def mean_s(self, plane: str, hop: str) -> float:
+        histogram = self.hops.get((plane, hop))
+        mean = histogram.mean_s if histogram is not None else None
+        return mean or 0.0
+
+    def table(self, client_added_mean_ms: float | None) -> HopTable:
+        """The report's figures: each hop's count, mean, p50 and p99 in ms and
+        its group; each group's mean; their sum beside ``client_added_mean_ms``."""
+        rows: list[dict[str, object]] = []
+        groups: dict[str, float] = dict.fromkeys(MESH_GROUPS, 0.0)
+        groups["pod"] = 0.0
+        for (plane, hop), histogram in sorted(self.hops.items(), key=_hop_order):
+            group = GROUPS.get((plane, hop), "other")
+            mean = histogram.mean_s
+            rows.append(
+                {
+                    "plane": plane,
+                    "hop": hop,
+                    "group": group,
+                    "turns": int(histogram.count),
+                    "mean_ms": _ms(mean),
+                    "p50_ms": _ms(histogram.quantile_s(0.5)),
+                    "p99_ms": _ms(histogram.quantile_s(0.99)),
+                }
+            )
+            if mean is not None and group in groups:
+                groups[group] += mean * 1000.0
+        region_total = sum(self.mean_s("region", hop) for plane, hop in self.hops if plane == "region")
+        pod_total = sum(self.mean_s("engine", hop) for plane, hop in self.hops if plane == "engine")
+        edge_wait = self.mean_s(*_EDGE_WAIT)
+        if edge_wait and region_total:
+            groups["edge_region_transport"] = (edge_wait - region_total) * 1000.0
+        pod_wait = sum(self.mean_s("region", hop) for hop in _POD_WAIT if hop != "request_id_hold")
+        if pod_wait and pod_total:
+            groups["region_pod_transport"] = (pod_wait - pod_total) * 1000.0
+        mesh_sum = sum(groups[group] for group in MESH_GROUPS)
+        return {
+            "hops": rows,
+            "groups_mean_ms": {name: round(value, 4) for name, value in groups.items()},
+            "mesh_hops_sum_mean_ms": round(mesh_sum, 4),
+            "client_added_ttft_mean_ms": _round(client_added_mean_ms),
+            "unaccounted_mean_ms": _round(
+                None if client_added_mean_ms is None else client_added_mean_ms - mesh_sum
+            ),
+        }
+
+
+_PLANE_ORDER = {"edge": 0, "region": 1, "engine": 2}
+_HOP_ORDER = {"edge": EDGE_HOPS, "region": REGION_HOPS, "engine": ENGINE_HOPS}
+
+
+def _hop_order(item: tuple[HopKey, HopHistogram]) -> tuple[int, float]:
+    """Planes edge, region, engine; within a plane, hops in the order a turn passes them."""
+    (plane, hop), _ = item
+    order = _HOP_ORDER[plane]
+    return _PLANE_ORDER[plane], order.index(hop) if hop in order else len(order)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 4)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def parse_hops(plane: str, text: str) -> dict[HopKey, HopHistogram]:
+    """The hop histograms of ``plane`` in a ``/metrics`` text."""
+    wanted = PLANE_FAMILIES[plane]
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    counts: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != wanted:
+            continue
+        for sample in family.samples:
+            hop = sample.labels.get("hop", "")
+            if sample.name.endswith("_bucket"):
+                buckets.setdefault(hop, []).append((float(sample.labels["le"]), sample.value))
+            elif sample.name.endswith("_count"):
+                counts[hop] = sample.value
+            elif sample.name.endswith("_sum"):
+                sums[hop] = sample.value
+    found: dict[HopKey, HopHistogram] = {}
+    for hop, pairs in buckets.items():
+        pairs.sort()
+        found[(plane, hop)] = HopHistogram(
+            tuple(bound for bound, _ in pairs),
+            tuple(count for _, count in pairs),
+            counts.get(hop, 0.0),
+            sums.get(hop, 0.0),
+        )
+    return found
+
+
+async def scrape_hops(client: httpx.AsyncClient, metrics_urls: Mapping[str, str]) -> HopSnapshot:
+    """Every plane's hop histograms now, from its ``/metrics`` URL by plane name."""
+    hops: dict[HopKey, HopHistogram] = {}
+    for plane, url in metrics_urls.items():
+        response = await client.get(url)
+        response.raise_for_status()
+        hops.update(parse_hops(plane, response.text))
+    return HopSnapshot(hops)
+
+
+def total(snapshots: Iterable[HopSnapshot]) -> HopSnapshot:
+    """The rounds' differences added up."""
+    out = HopSnapshot()
+    for snapshot in snapshots:
+        out = out + snapshot
+    return out

@@ -1,0 +1,1 @@
+"""The revisions, one module each, named by revision."""

@@ -1,0 +1,86 @@
+"""The overhead benchmark's per-hop figures: percentiles read off histogram
+buckets as ``histogram_quantile`` reads them, a round's hops as the
+difference of two scrapes, and the groups summed beside the client-side
+figure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from llmmesh.bench.overhead_hops import HopSnapshot, bucket_quantile, parse_hops
+from llmmesh.core.hop_timing import HopStamps, hop_histogram
+
+INF = math.inf
+
+
+def test_a_quantile_is_interpolated_in_the_bucket_that_holds_its_rank() -> None:
+    bounds, cumulative = (0.001, 0.002, 0.005, INF), (2.0, 6.0, 10.0, 10.0)
+    assert bucket_quantile(0.5, bounds, cumulative) == pytest.approx(0.00175)  # rank 5: 3 of 4 in (1, 2] ms
+    assert bucket_quantile(0.1, bounds, cumulative) == pytest.approx(0.0005)  # from 0 in the first bucket
+    assert bucket_quantile(1.0, bounds, cumulative) == pytest.approx(0.005)
+    assert bucket_quantile(0.5, bounds, (0.0, 0.0, 0.0, 0.0)) is None
+    # A rank past the last finite bound reads as that bound.
+    assert bucket_quantile(0.99, bounds, (0.0, 0.0, 1.0, 10.0)) == 0.005
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        bucket_quantile(1.5, bounds, cumulative)
+
+
+def scrape(registry: CollectorRegistry, plane: str) -> HopSnapshot:
+    return HopSnapshot(parse_hops(plane, generate_latest(registry).decode()))
+
+
+def test_a_round_is_the_difference_of_two_scrapes_and_its_groups_add_up() -> None:
+    edge_registry, region_registry, engine_registry = (
+        CollectorRegistry(),
+        CollectorRegistry(),
+        CollectorRegistry(),
+    )
+    edge = hop_histogram("llmmesh_edge_hop_seconds", "edge", "", edge_registry)
+    region = hop_histogram("llmmesh_region_hop_seconds", "region", "", region_registry)
+    engine = hop_histogram("llmmesh_engine_hop_seconds", "pod", "", engine_registry)
+    edge.labels(hop="edge_in").observe(0.5)  # before the round: left out
+
+    def snapshot() -> HopSnapshot:
+        return (
+            scrape(edge_registry, "edge")
+            + scrape(region_registry, "region")
+            + scrape(engine_registry, "engine")
+        )
+
+    before = snapshot()
+    clock = iter([0.0, 0.0002, 0.0102, 0.0104])  # start, edge_in, region, edge_out
+    stamps = HopStamps(clock=lambda: next(clock))
+    for hop in ("edge_in", "region", "edge_out"):
+        stamps.stamp(hop)
+    stamps.observe(edge)
+    stamps.observe(edge)  # once per turn
+    for hop, seconds in (
+        ("prepare", 0.0003),
+        ("store_accept", 0.001),
+        ("route", 0.0001),
+        ("pod_first_delta", 0.008),
+    ):
+        region.labels(hop=hop).observe(seconds)
+    engine.labels(hop="queue").observe(0.002)
+    engine.labels(hop="first_token").observe(0.005)
+
+    table = (snapshot() - before).table(client_added_mean_ms=2.5)
+    rows = {(row["plane"], row["hop"]): row for row in table["hops"]}
+    assert rows[("edge", "edge_in")]["turns"] == 1 and rows[("edge", "edge_in")]["mean_ms"] == pytest.approx(
+        0.2
+    )
+    assert rows[("region", "store_accept")]["group"] == "store"
+    assert [key[0] for key in rows] == ["edge"] * 3 + ["region"] * 4 + ["engine"] * 2
+    groups = table["groups_mean_ms"]
+    assert groups["edge"] == pytest.approx(0.4)  # edge_in + edge_out
+    assert groups["region"] == pytest.approx(0.3) and groups["router"] == pytest.approx(0.1)
+    assert groups["edge_region_transport"] == pytest.approx(
+        10.0 - 9.4
+    )  # the edge's wait less the region's time
+    assert groups["region_pod_transport"] == pytest.approx(8.0 - 7.0)  # the region's wait less the pod's time
+    assert groups["pod"] == pytest.approx(7.0)
+    assert table["mesh_hops_sum_mean_ms"] == pytest.approx(0.4 + 0.3 + 1.0 + 0.1 + 0.6 + 1.0)
+    assert table["unaccounted_mean_ms"] == pytest.approx(2.5 - 3.4)
