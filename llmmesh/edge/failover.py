@@ -46,7 +46,7 @@ from llmmesh.edge.errors import from_mesh_error
 from llmmesh.edge.mesh_client import MeshClient, Metadata, Principal
 from llmmesh.edge.traffic_series import TurnTraffic
 from llmmesh.edge.turn_spans import TurnSpans
-from llmmesh.edge.turns import OpenTurn, RegionLost, open_turn
+from llmmesh.edge.turns import OpenTurn, RegionLost, attempt_request_id, open_turn
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
@@ -72,11 +72,6 @@ SETTLE_DEADLINE_S = 30.0
 regions may be restarting); past it the failure is logged and counted."""
 _SETTLE_CALL_TIMEOUT_S = 5.0
 _SETTLE_RETRY_S = 1.0
-
-
-def attempt_request_id(stream_id: str, attempt: int) -> str:
-    """The request id of a turn's ``attempt``-th region (the first keeps the stream id)."""
-    return stream_id if attempt == 1 else f"{stream_id}-r{attempt}"
 
 
 class FailoverTurn:
@@ -110,7 +105,7 @@ class FailoverTurn:
         self._failed: set[str] = set()
         # Regions that stalled and were given the turn again (once each).
         self._stalled_retried: set[str] = set()
-        self._attempt = 1
+        self._attempt = first.attempt
         self._deadline: float | None = None
         # Once the turn is being cancelled or closed, a break ends it.
         self._cancelled: str | None = None

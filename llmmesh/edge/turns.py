@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 
 import grpc
@@ -68,6 +68,8 @@ class OpenTurn:
     stall_timeout_s: float | None = None
     # When the turn's start was sent to the region (time.monotonic()).
     sent_s: float = 0.0
+    # Its attempt (see attempt_request_id): 2 when it opened as a continuation.
+    attempt: int = 1
 
     @property
     def region(self) -> str:
@@ -117,6 +119,22 @@ class OpenTurn:
         self.call.abandon("the edge stopped reading")
 
 
+def attempt_request_id(stream_id: str, attempt: int) -> str:
+    """The request id of a turn's ``attempt``-th region (the first keeps the stream id)."""
+    return stream_id if attempt == 1 else f"{stream_id}-r{attempt}"
+
+
+def _continuation_from_nothing(start: chat_service_pb2.ChatStart, region: str) -> chat_service_pb2.ChatStart:
+    """``start`` as its turn's second attempt, continuing it from no token."""
+    resumed = chat_service_pb2.ChatStart()
+    resumed.CopyFrom(start)
+    resumed.request_id = attempt_request_id(start.request_id, 2)
+    resumed.continuation.CopyFrom(
+        chat_service_pb2.Continuation(original_request_id=start.request_id, original_region=region)
+    )
+    return resumed
+
+
 async def open_turn(
     mesh: MeshClient,
     principal: Principal,
@@ -144,7 +162,12 @@ async def open_turn(
     if prefer_region:
         regions.sort(key=lambda r: r.report.region != prefer_region)
     last_error: MeshError | None = None
-    for n, region in enumerate(regions):
+    # A region the turn was sent to that failed before answering: it may have begun it.
+    unsure = ""
+    attempt = 1
+    n = 0
+    while n < len(regions):
+        region = regions[n]
         name = region.report.region
         if n and next_request_id is not None:
             start.request_id = next_request_id()
@@ -153,6 +176,7 @@ async def open_turn(
         session = mesh.session(region.report.chat_address)
         call = await session.start(start.request_id, start_message(start, principal.secret))
         sent_s = time.monotonic()
+        n += 1
         try:
             async with asyncio.timeout(timeout_s):
                 first = await call.read()
@@ -162,11 +186,13 @@ async def open_turn(
             last_error = Unavailable(
                 Reason.REGION_UNAVAILABLE, f"region {name} did not accept the turn in time", retry_after_s=1.0
             )
+            unsure = name
             continue
         except SessionLost as err:
             log.warning("region %s unreachable (%s); trying the next", name, err.message)
             mesh.forget_region(name)
             last_error = err
+            unsure = name
             continue
         kind = first.WhichOneof("event") if first is not None else None
         if kind == "error":
@@ -177,9 +203,22 @@ async def open_turn(
                 mesh.forget_region(name)
                 last_error = error
                 continue
+            if unsure and error.reason == Reason.DUPLICATE_REQUEST and not start.HasField("continuation"):
+                # The region that failed had begun the turn, though nothing of
+                # it reached the edge: it goes on here as a continuation from nothing.
+                log.warning(
+                    "turn %s: region %s began it before it failed; continuing it in region %s",
+                    start.request_id,
+                    unsure,
+                    name,
+                )
+                start = _continuation_from_nothing(start, unsure)
+                attempt, unsure = 2, ""
+                n -= 1
+                continue
             raise error
         if kind != "started" or first is None:
             call.abandon("the turn opened without a started event")
             raise Unavailable(Reason.REGION_UNAVAILABLE, f"the region opened the stream with {kind!r}")
-        return OpenTurn(call=call, started=first.started, sent_s=sent_s)
+        return OpenTurn(call=call, started=first.started, sent_s=sent_s, attempt=attempt)
     raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region can serve this request")

@@ -205,6 +205,54 @@ async def test_a_killed_region_mid_stream_is_continued_by_its_zone_peer(tmp_path
         assert set(rows) == {stream_id, f"{stream_id}-r2"}
 
 
+async def test_a_continuation_whose_region_dies_too_is_continued_again(tmp_path: Path) -> None:
+    specs = [*regions()[:2], RegionSpec("us-central", "us", engine=SLOW)]
+    async with mesh_of(tmp_path, specs) as mesh:
+        _, reference_key = await mesh.new_key("us")
+        text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
+        tenant_id, secret = await mesh.new_key("us")
+        killed: list[str] = []
+
+        async def continuing_region(stream_id: str) -> str:
+            query = sa.select(schema.turn_starts.c.home_region).where(
+                schema.turn_starts.c.tenant_id == tenant_id, schema.turn_starts.c.continues == stream_id
+            )
+            homes = await mesh.store("us").transaction(lambda conn: conn.execute(query).scalars().all())
+            assert len(homes) == 1, homes
+            return str(homes[0])
+
+        async with (
+            httpx.AsyncClient(base_url=mesh.url, timeout=60) as http,
+            http.stream(
+                "POST", "/v1/chat/completions", json=body(), headers=auth(secret, **EVENT_IDS)
+            ) as resp,
+        ):
+            got = Streamed(resp.headers["x-llmmesh-region"], [])
+            contents = 0
+            async for event in events_of(resp.aiter_lines()):
+                got.events.append(event)
+                if event.data == "[DONE]":
+                    break
+                chunk = event.json()
+                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                    contents += 1
+                    if contents == K:
+                        killed.append(got.region)
+                    elif contents == 2 * K:
+                        killed.append(await continuing_region(chunk["id"]))
+                    else:
+                        continue
+                    await mesh.kill(killed[-1])
+        assert killed[0] == got.region and len(set(killed)) == 2
+        assert set(killed) < {"us-east", "us-west", "us-central"}
+        got.assert_one_whole_stream()
+        assert got.text == text
+        assert (got.usage["prompt_tokens"], got.usage["completion_tokens"]) == (prompt_tokens, output_tokens)
+        await assert_billed_once(mesh, "us", tenant_id, prompt_tokens, output_tokens)
+        stream_id = got.chunks[0]["id"]
+        assert set(await rows_of(mesh, "us", tenant_id)) <= {stream_id, f"{stream_id}-r2", f"{stream_id}-r3"}
+
+
 async def rows_of(mesh: MultiRegionMesh, zone: str, tenant_id: str) -> dict[str, int]:
     """The tenant's usage rows in the zone store: request id -> tokens."""
     store = mesh.store(zone)
@@ -310,6 +358,8 @@ class BlackHoleHop:
         self._host, port = target.rsplit(":", 1)
         self._port = int(port)
         self.cut = asyncio.Event()
+        # Only the region's replies are swallowed: what is sent to it still arrives.
+        self.replies_cut = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
@@ -322,15 +372,17 @@ class BlackHoleHop:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self._host, self._port)
         self._writers += [writer, up_writer]
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink))
+        for source, sink, cut in ((reader, up_writer, self.cut), (up_reader, writer, self.replies_cut)):
+            task = asyncio.create_task(self._pipe(source, sink, cut))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, cut: asyncio.Event
+    ) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await source.read(65536):
-                if self.cut.is_set():
+                if self.cut.is_set() or cut.is_set():
                     continue  # swallowed: nothing gets through, nothing is closed
                 sink.write(data)
                 await sink.drain()
@@ -370,6 +422,41 @@ async def test_a_cut_link_is_noticed_by_keepalive_and_failed_over(tmp_path: Path
             # Cut off, us-east may go on generating and record more than the
             # client got (before or after us-west records): billed once all the same.
             await assert_billed_once(mesh, "us", tenant_id, prompt_tokens, output_tokens)
+        finally:
+            await hop.close()
+
+
+async def test_a_turn_its_region_began_unseen_goes_on_in_the_zone_peer(tmp_path: Path) -> None:
+    # us-east takes the turn and streams it, but none of it reaches the edge:
+    # the edge cannot tell whether it began, and us-west goes on from nothing.
+    async with mesh_of(tmp_path, regions(), stall_timeout_ms=600_000) as mesh:
+        _, reference_key = await mesh.new_key("us")
+        text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
+        east = mesh.plane("us-east")
+        hop = BlackHoleHop(east.address)
+        await hop.start()
+        east.address = hop.address
+        await east.heartbeat.beat()
+        tenant_id, secret = await mesh.new_key("us")
+        try:
+            async with httpx.AsyncClient(base_url=mesh.url, timeout=60) as http:
+                # A turn opens the edge's session to us-east; then its replies stop.
+                warm = await stream(http, secret)
+                assert warm.region == "us-east"
+                hop.replies_cut.set()
+                got = await stream(http, secret)
+            assert got.region == "us-west"
+            got.assert_one_whole_stream()
+            assert got.text == text
+            assert got.usage["prompt_tokens"] == prompt_tokens
+            assert got.usage["completion_tokens"] == output_tokens
+            stream_id = got.chunks[0]["id"]
+            query = sa.select(schema.turn_starts.c.home_region).where(
+                schema.turn_starts.c.tenant_id == tenant_id, schema.turn_starts.c.request_id == stream_id
+            )
+            began = await mesh.store("us").transaction(lambda conn: conn.execute(query).scalar_one())
+            assert began == "us-east", "the turn never reached us-east: nothing was tested"
+            await assert_billed_once(mesh, "us", tenant_id, 2 * prompt_tokens, 2 * output_tokens)
         finally:
             await hop.close()
 

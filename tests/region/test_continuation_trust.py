@@ -84,7 +84,7 @@ async def test_only_a_started_turn_of_the_same_tenant_and_model_is_continued(
         (marker("req-none-r2", continues="req-none"), NotFound, "REQUEST_NOT_FOUND"),
         # Another tenant's turn is answered as a missing one.
         (marker("req-b-r2", continues="req-b"), NotFound, "REQUEST_NOT_FOUND"),
-        (marker("req-silent-r2", continues="req-silent"), FailedPrecondition, "INVALID_REQUEST"),
+        (marker("req-silent-r2", continues="req-silent", carried=1), FailedPrecondition, "INVALID_REQUEST"),
         (marker("req-a-r2", continues="req-a", model="other"), InvalidArgument, "INVALID_REQUEST"),
         (marker("req-a-r2", continues="req-a", carried=41), InvalidArgument, "INVALID_REQUEST"),
     ]
@@ -104,6 +104,17 @@ async def test_only_a_started_turn_of_the_same_tenant_and_model_is_continued(
 
     accepted = await west.accept_turn(marker("req-a-r2", continues="req-a", carried=40))
     assert accepted == AcceptedTurn(counted_prompt_tokens=12)
+
+
+async def test_a_turn_whose_region_went_silent_is_continued_from_nothing(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    silent = marker("req-s")
+    await east.accept_turn(silent)
+    # The caller lost east before anything reached it: the turn goes on in west, carrying nothing.
+    await west.accept_turn(marker("req-s-r2", continues="req-s"))
+    assert not await east.mark_started(A, "req-s", silent.holder), "two regions would stream the turn"
 
 
 async def test_a_turn_has_one_continuation_at_a_time(regions: tuple[ZoneStore, ZoneStore]) -> None:
@@ -163,9 +174,7 @@ async def test_of_concurrent_continuations_on_postgresql_one_starts(postgres_sch
             accepted = [n for n, o in enumerate(outcomes) if isinstance(o, AcceptedTurn)]
             assert accepted, outcomes
             assert all(isinstance(o, AlreadyExists) for n, o in enumerate(outcomes) if n not in accepted)
-            began = [
-                await stores[n].mark_started(A, turns[n].request_id, turns[n].holder) for n in accepted
-            ]
+            began = [await stores[n].mark_started(A, turns[n].request_id, turns[n].holder) for n in accepted]
             assert began.count(True) == 1, (outcomes, began)
     finally:
         for store in stores:

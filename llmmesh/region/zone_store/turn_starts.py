@@ -14,7 +14,9 @@ then finds it lost the id (:func:`mark_started`) and stops before any
 output.
 
 A continuation is accepted only for a turn the zone started for the same
-tenant and model, carrying no more tokens than that turn could produce;
+tenant and model (or one it accepted, when the continuation carries no
+token: the caller lost the region before anything reached it; the region
+that took the turn can then no longer start it), carrying no more tokens than that turn could produce;
 the prompt that turn reserved is what the continuation's prompt already
 counted. A turn has one continuation at a time (``continued_by``): a later
 one, which the edge sends when the continuing region fails too, takes its
@@ -158,9 +160,7 @@ def mark_started(conn: Connection, tenant_id: str, request_id: str, holder: str)
     ).first()
     if row is not None and row.continues is not None:
         linked = conn.execute(
-            sa.select(_T.c.continued_by).where(
-                _T.c.tenant_id == tenant_id, _T.c.request_id == row.continues
-            )
+            sa.select(_T.c.continued_by).where(_T.c.tenant_id == tenant_id, _T.c.request_id == row.continues)
         ).scalar_one_or_none()
         if linked != request_id:
             return False
@@ -203,7 +203,16 @@ def _check_continuation(conn: Connection, start: TurnStart) -> AcceptedTurn:
             f"{original_id!r} is a continuation; a continuation names its turn's original request id",
             metadata={"param": "continuation.original_request_id"},
         )
-    if original.state != STARTED:
+    if original.state != STARTED and start.carried_tokens == 0:
+        # Its region took it and went silent before a token reached the caller
+        # (which cannot tell whether it began): it goes on here from nothing,
+        # and the region that took it can no longer start it.
+        conn.execute(
+            sa.update(_T)
+            .where(_T.c.tenant_id == start.tenant_id, _T.c.request_id == original_id)
+            .values(holder="continued")
+        )
+    elif original.state != STARTED:
         raise FailedPrecondition(
             Reason.INVALID_REQUEST,
             f"turn {original_id!r} has streamed nothing: retry it under its own id, do not continue it",
