@@ -245,6 +245,9 @@ class OverheadBench:
                 for system, mesh in zip(mesh_systems, meshes, strict=True)
                 if system != MESH_TRACED and mesh.metrics_urls
             }
+            # Direct's calls are timed by the pod they go to, as the mesh's are.
+            if "engine" in reference.metrics_urls:
+                metrics[DIRECT] = {"engine": reference.metrics_urls["engine"]}
             runs, after_idle, marks, hops = await self._measure_levels(clients, progress, scraper, metrics)
             spans = None if sink is None else sink.spans
         return self._run(safety, tls, runs, after_idle, ignore_eos, spans, marks, hops)

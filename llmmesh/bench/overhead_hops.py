@@ -32,6 +32,11 @@ works on the first token, so it delays the first delta only by what it
 outlasts that work by; where it does, the region-to-pod transport comes out
 that much smaller (it may come out negative).
 
+Direct's calls go to the same pod, which times them the same way; the
+pod's own time through the mesh less direct's (``pod_vs_direct``: a
+request arriving at another point of the pod's step cycle, a batch of
+another size) is part of what the mesh adds as the client sees it.
+
 Their sum, in means, set beside the client-side figure (the mesh's mean
 time to first token less direct's) leaves ``unaccounted``: what no plane
 stamps (the client's HTTP leg to the edge and the reading of its first
@@ -77,7 +82,16 @@ GROUPS: Mapping[tuple[str, str], str] = {
     ("engine", "first_token"): "pod",
 }
 # What the mesh adds, in the order reported; "pod" is the pod's own time.
-MESH_GROUPS = ("edge", "region", "safety", "store", "router", "edge_region_transport", "region_pod_transport")
+MESH_GROUPS = (
+    "edge",
+    "region",
+    "safety",
+    "store",
+    "router",
+    "edge_region_transport",
+    "region_pod_transport",
+    "pod_vs_direct",
+)
 _EDGE_WAIT = ("edge", "region")
 _POD_WAIT = ("pod_send", "pod_first_event", "request_id_hold", "pod_first_delta")
 
@@ -175,9 +189,14 @@ class HopSnapshot:
         mean = histogram.mean_s if histogram is not None else None
         return mean or 0.0
 
-    def table(self, client_added_mean_ms: float | None) -> HopTable:
+    def pod_mean_s(self) -> float:
+        """The pod's whole time to a first token, in means."""
+        return sum(self.mean_s("engine", hop) for plane, hop in self.hops if plane == "engine")
+
+    def table(self, client_added_mean_ms: float | None, direct: HopSnapshot | None = None) -> HopTable:
         """The report's figures: each hop's count, mean, p50 and p99 in ms and
-        its group; each group's mean; their sum beside ``client_added_mean_ms``."""
+        its group; each group's mean (``pod_vs_direct`` from ``direct``, the
+        pod's hops of direct's calls); their sum beside ``client_added_mean_ms``."""
         rows: list[dict[str, object]] = []
         groups: dict[str, float] = dict.fromkeys(MESH_GROUPS, 0.0)
         groups["pod"] = 0.0
@@ -198,7 +217,10 @@ class HopSnapshot:
             if mean is not None and group in groups:
                 groups[group] += mean * 1000.0
         region_total = sum(self.mean_s("region", hop) for plane, hop in self.hops if plane == "region")
-        pod_total = sum(self.mean_s("engine", hop) for plane, hop in self.hops if plane == "engine")
+        pod_total = self.pod_mean_s()
+        direct_pod = direct.pod_mean_s() if direct is not None else 0.0
+        if pod_total and direct_pod:
+            groups["pod_vs_direct"] = (pod_total - direct_pod) * 1000.0
         edge_wait = self.mean_s(*_EDGE_WAIT)
         if edge_wait and region_total:
             groups["edge_region_transport"] = (edge_wait - region_total) * 1000.0

@@ -361,10 +361,12 @@ class OverheadRun:
             direct = _mean(self.results[key(DIRECT, level)].ttfts_s)
             for system in self.systems:
                 snapshot = self.hops.get(key(system, level))
-                if snapshot is None:
+                if snapshot is None or system == DIRECT:
                     continue
                 mesh = _mean(self.results[key(system, level)].ttfts_s)
-                tables[key(system, level)] = snapshot.table(_added_ms(mesh, direct))
+                tables[key(system, level)] = snapshot.table(
+                    _added_ms(mesh, direct), self.hops.get(key(DIRECT, level))
+                )
         return tables
 
     def results_dict(self, levels: Sequence[int]) -> dict[str, dict[str, float | int | None]]:

@@ -1,7 +1,7 @@
 """A pod's own Prometheus series beside its backend's (vLLM's names):
 ``llmmesh_engine_hop_seconds{hop}``, a generation's way to its first token
-through the pod (:mod:`llmmesh.core.hop_timing`), observed for the
-generations of the regions' session streams:
+through the pod (:mod:`llmmesh.core.hop_timing`), observed for every
+generation, a region session stream's or a Generate call's:
 
 - ``prepare``: its start arrived, to the request validated and handed to the backend;
 - ``queue``: to the backend scheduling it (``started``: a batch took it);

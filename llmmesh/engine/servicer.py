@@ -24,6 +24,7 @@ import grpc.aio
 
 from llmmesh.core.chat_tokenizer import tokenizer_response
 from llmmesh.core.errors import InvalidArgument, MeshError, NotFound, Reason
+from llmmesh.core.hop_timing import HopStamps
 from llmmesh.core.tasks import cancel_and_wait, wait_event
 from llmmesh.engine import messages
 from llmmesh.engine.backend import EngineBackend, GeneratedTokens, GenerationRequest, GenerationStarted
@@ -47,7 +48,9 @@ CHAT_ROLES = frozenset(common_pb2.ChatRole.values()) - {common_pb2.CHAT_ROLE_UNS
 
 class EngineServicer(pb_grpc.EngineServiceServicer):
     """Serves one backend. ``load_interval_ms`` is WatchLoad's default interval;
-    ``hop_metrics`` gets the session generations' way to their first token."""
+    ``hop_metrics`` gets every generation's way to its first token (a
+    session's and a Generate call's alike, so a pod called straight is
+    timed as the mesh's calls are)."""
 
     def __init__(
         self, backend: EngineBackend, load_interval_ms: int, hop_metrics: EngineHopMetrics | None = None
@@ -66,11 +69,14 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
             first = await anext(request_iterator, None)
+            hops = HopStamps() if self._hops is not None else None
             if first is None or first.WhichOneof("action") != "start":
                 raise InvalidArgument(
                     Reason.INVALID_REQUEST, "the first message must be start", metadata={"param": "start"}
                 )
             request = await self._generation_request(first.start)
+            if hops is not None:
+                hops.stamp("prepare")
         except MeshError as err:
             await err.abort(context)
         pod_id = self._backend.info().pod_id
@@ -83,8 +89,13 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             async with contextlib.aclosing(self._backend.generate(request)) as events:
                 async for event in events:
                     if isinstance(event, GenerationStarted):
+                        if hops is not None:
+                            hops.stamp("queue")
                         yield pb.GenerateResponse(started=messages.started(request.request_id, pod_id, event))
                     elif isinstance(event, GeneratedTokens):
+                        if hops is not None and self._hops is not None and deltas == 0:
+                            hops.stamp("first_token")
+                            hops.observe(self._hops)
                         deltas += 1
                         yield pb.GenerateResponse(delta=messages.delta(deltas, event))
                     else:

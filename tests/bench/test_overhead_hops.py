@@ -84,3 +84,14 @@ def test_a_round_is_the_difference_of_two_scrapes_and_its_groups_add_up() -> Non
     assert groups["pod"] == pytest.approx(7.0)
     assert table["mesh_hops_sum_mean_ms"] == pytest.approx(0.4 + 0.3 + 1.0 + 0.1 + 0.6 + 1.0)
     assert table["unaccounted_mean_ms"] == pytest.approx(2.5 - 3.4)
+
+    # Direct's calls to the same pod: the pod's time through the mesh less
+    # direct's is part of what the mesh adds, and of the sum.
+    direct_registry = CollectorRegistry()
+    direct_pod = hop_histogram("llmmesh_engine_hop_seconds", "pod", "", direct_registry)
+    direct_pod.labels(hop="queue").observe(0.001)
+    direct_pod.labels(hop="first_token").observe(0.0045)
+    with_direct = (snapshot() - before).table(2.5, scrape(direct_registry, "engine"))
+    assert with_direct["groups_mean_ms"]["pod_vs_direct"] == pytest.approx(7.0 - 5.5)
+    assert with_direct["mesh_hops_sum_mean_ms"] == pytest.approx(3.4 + 1.5)
+    assert with_direct["unaccounted_mean_ms"] == pytest.approx(2.5 - 4.9)

@@ -10,9 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmmesh.core.grpcserver import open_channel
 from llmmesh.edge import metrics as edge_metrics
 from llmmesh.engine.hop_metrics import ENGINE_HOPS
 from llmmesh.region import metrics as region_metrics
+from llmmesh.v1 import common_pb2, engine_service_pb2, engine_service_pb2_grpc
 from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -100,3 +102,25 @@ async def test_a_streamed_turn_observes_each_hop_once_nested(
     )
     pod_total = sum(pods[f"{hop}_s"] for hop in ENGINE_HOPS)
     assert 0 < pod_total <= pod_window
+
+
+async def test_a_pod_called_straight_times_its_hops_as_the_meshs_calls(
+    shared_stack: Stack, shared_http: httpx.AsyncClient
+) -> None:
+    # The overhead bench compares the mesh's pod time with direct's Generate calls.
+    before = await pod_hops(shared_stack, shared_http)
+    start = engine_service_pb2.GenerateStart(
+        request_id="hops-direct",
+        model=shared_stack.engine.backend.info().model,
+        messages=[common_pb2.ChatMessage(role=common_pb2.CHAT_ROLE_USER, content="Tell me about hops.")],
+        sampling=common_pb2.SamplingParams(max_tokens=4),
+    )
+    async with open_channel(shared_stack.engine.address) as channel:
+        call = engine_service_pb2_grpc.EngineServiceStub(channel).Generate(
+            iter([engine_service_pb2.GenerateRequest(start=start)]), timeout=10
+        )
+        events = [event async for event in call]
+    assert events[-1].HasField("finished")
+    pods = added(await pod_hops(shared_stack, shared_http), before)
+    assert {hop: pods[hop] for hop in ENGINE_HOPS} == dict.fromkeys(ENGINE_HOPS, 1.0)
+    assert all(pods[f"{hop}_s"] > 0 for hop in ENGINE_HOPS)
