@@ -105,7 +105,8 @@ class FailoverTurn:
         self._failed: set[str] = set()
         # Regions that stalled and were given the turn again (once each).
         self._stalled_retried: set[str] = set()
-        self._attempt = first.attempt
+        # The first region's attempt: 2 when it opened as a continuation (see open_turn).
+        self._attempt = 1 if first.call.request_id == start.request_id else 2
         self._deadline: float | None = None
         # Once the turn is being cancelled or closed, a break ends it.
         self._cancelled: str | None = None

@@ -68,8 +68,6 @@ class OpenTurn:
     stall_timeout_s: float | None = None
     # When the turn's start was sent to the region (time.monotonic()).
     sent_s: float = 0.0
-    # Its attempt (see attempt_request_id): 2 when it opened as a continuation.
-    attempt: int = 1
 
     @property
     def region(self) -> str:
@@ -164,7 +162,6 @@ async def open_turn(
     last_error: MeshError | None = None
     # A region the turn was sent to that failed before answering: it may have begun it.
     unsure = ""
-    attempt = 1
     n = 0
     while n < len(regions):
         region = regions[n]
@@ -213,12 +210,12 @@ async def open_turn(
                     name,
                 )
                 start = _continuation_from_nothing(start, unsure)
-                attempt, unsure = 2, ""
+                unsure = ""
                 n -= 1
                 continue
             raise error
         if kind != "started" or first is None:
             call.abandon("the turn opened without a started event")
             raise Unavailable(Reason.REGION_UNAVAILABLE, f"the region opened the stream with {kind!r}")
-        return OpenTurn(call=call, started=first.started, sent_s=sent_s, attempt=attempt)
+        return OpenTurn(call=call, started=first.started, sent_s=sent_s)
     raise last_error or Unavailable(Reason.NO_REGION_IN_ZONE, "no region can serve this request")

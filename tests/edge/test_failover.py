@@ -396,17 +396,22 @@ class BlackHoleHop:
             writer.close()
 
 
+async def behind_a_hop(mesh: MultiRegionMesh, region: str) -> BlackHoleHop:
+    """A started hop in front of ``region``, which reports the hop's address to geo-routing."""
+    plane = mesh.plane(region)
+    hop = BlackHoleHop(plane.address)
+    await hop.start()
+    plane.address = hop.address
+    await plane.heartbeat.beat()
+    return hop
+
+
 async def test_a_cut_link_is_noticed_by_keepalive_and_failed_over(tmp_path: Path) -> None:
     # The stall watchdog is out of the way: only keepalive can notice the cut.
     async with mesh_of(tmp_path, regions(), stall_timeout_ms=600_000) as mesh:
         _, reference_key = await mesh.new_key("us")
         text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
-        east = mesh.plane("us-east")
-        hop = BlackHoleHop(east.address)
-        await hop.start()
-        # us-east is reached through the hop: it reports that address to geo-routing.
-        east.address = hop.address
-        await east.heartbeat.beat()
+        hop = await behind_a_hop(mesh, "us-east")
         tenant_id, secret = await mesh.new_key("us")
 
         async def cut(serving: str) -> None:
@@ -432,11 +437,7 @@ async def test_a_turn_its_region_began_unseen_goes_on_in_the_zone_peer(tmp_path:
     async with mesh_of(tmp_path, regions(), stall_timeout_ms=600_000) as mesh:
         _, reference_key = await mesh.new_key("us")
         text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
-        east = mesh.plane("us-east")
-        hop = BlackHoleHop(east.address)
-        await hop.start()
-        east.address = hop.address
-        await east.heartbeat.beat()
+        hop = await behind_a_hop(mesh, "us-east")
         tenant_id, secret = await mesh.new_key("us")
         try:
             async with httpx.AsyncClient(base_url=mesh.url, timeout=60) as http:
