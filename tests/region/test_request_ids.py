@@ -28,7 +28,7 @@ from llmmesh.core.grpcserver import open_channel
 from llmmesh.core.sqlstore import create_store_engine
 from llmmesh.engine.sim.backend import SimBackend
 from llmmesh.globalplane.tiers import TenantTier
-from llmmesh.region.zone_store import AssistantMessage, TurnStart, ZoneStore
+from llmmesh.region.zone_store import AcceptedTurn, AssistantMessage, TurnStart, ZoneStore
 from llmmesh.region.zone_store import schema as zs
 from llmmesh.v1 import billing_service_pb2, chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from tests.region.test_region_turns import FAST_POD, Outcome, auth, new_tenant, turn
@@ -322,3 +322,51 @@ async def test_a_huge_model_name_is_refused_before_any_global_plane_call(
     # A well-formed name still goes to the registry (auto, and the models it weighs).
     assert (await turn(stack.region.address, secret, start())).error is None
     assert "auto" in asked
+
+
+@pytest.mark.parametrize("quota", [0, 1_000_000], ids=["no quota", "quota"])
+async def test_an_id_another_region_took_streams_nothing_and_bills_nothing(stack: Stack, quota: int) -> None:
+    # A tenant without a quota has its id taken while the pod works on the
+    # first token (this region never saw the id: the store refuses it); one
+    # with a quota is accepted, zone-wide, before any engine work.
+    secret = await new_tenant(stack, TenantTier.PRO, monthly_token_quota=quota)
+    tenant_id = stack.region.policy.authenticate(secret).tenant_id
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    elsewhere = TurnStart(request_id, tenant_id, "llmmesh-tiny", 10, 12, uuid.uuid4().hex)
+    await stack.region.store.accept_turn(elsewhere)
+    assert await stack.region.store.mark_started(tenant_id, request_id, elsewhere.holder)
+    steps = engine_steps(stack)
+    outcome = await turn(stack.region.address, secret, start(request_id))
+    assert_refused(outcome, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+    if quota:
+        assert engine_steps(stack) == steps
+    await stack.region.gateway.drain()
+    assert [r.request_id for r in await outbox_rows(stack) if r.tenant_id == tenant_id] == []
+    # The region holds no claim on the id: the turn that failed gives it back.
+    fresh = f"req-{uuid.uuid4().hex[:8]}"
+    assert (await turn(stack.region.address, secret, start(fresh))).finished.reason
+
+
+async def test_a_turn_whose_acceptance_fails_is_refused_clearly_and_its_id_given_back(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = await new_tenant(stack, TenantTier.PRO)
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    store = stack.region.store
+    real_accept = store.accept_turn
+    calls = 0
+
+    async def down_once(marker: TurnStart) -> AcceptedTurn:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sa.exc.OperationalError("INSERT", {}, Exception("the database is gone"))
+        return await real_accept(marker)
+
+    monkeypatch.setattr(store, "accept_turn", down_once)
+    outcome = await turn(stack.region.address, secret, start(request_id))
+    error = assert_refused(outcome, grpc.StatusCode.UNAVAILABLE, Reason.REGION_UNAVAILABLE)
+    assert "zone store" in error.message
+    # The caller retries under the same id, in the same region: it runs.
+    again = await turn(stack.region.address, secret, start(request_id))
+    assert again.error is None and again.finished.reason

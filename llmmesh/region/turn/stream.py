@@ -122,6 +122,8 @@ class PodStream:
         engine_request_id = generation_id(prepared.request_id, turn.holder)
         # Whether the pod itself ended the generation with an error event (it is up).
         ended_by_pod = False
+        # Whether the zone store is being asked to let the first event out: its refusal is not the pod's.
+        holding = False
         try:
             generation = await pod.session.start(
                 engine_request_id,
@@ -157,7 +159,9 @@ class PodStream:
                         continue  # a pod that took the turn over: the caller has its start
                     if hops is not None:
                         hops.stamp("pod_first_event")
+                    holding = True
                     await self._admission.hold_request_id(turn)
+                    holding = False
                     if hops is not None:
                         hops.stamp("request_id_hold")
                     meter.started = True
@@ -219,6 +223,8 @@ class PodStream:
                 return
             raise Unavailable(Reason.ENGINE_FAILED, "the engine stream ended without a finish event")
         except MeshError as error:
+            if holding:
+                raise
             pod_failed = error.code in _POD_FAILURES and not cancel.is_set()
             if not meter.started and pod_failed:
                 raise PodFailedEarly from error
