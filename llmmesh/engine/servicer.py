@@ -68,8 +68,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         try:
-            first = await anext(request_iterator, None)
+            # From the call's arrival: a session's turn arrives on a stream already open.
             hops = HopStamps() if self._hops is not None else None
+            first = await anext(request_iterator, None)
             if first is None or first.WhichOneof("action") != "start":
                 raise InvalidArgument(
                     Reason.INVALID_REQUEST, "the first message must be start", metadata={"param": "start"}
