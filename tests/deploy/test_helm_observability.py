@@ -62,6 +62,17 @@ def test_every_plane_traces_to_the_configured_collector(values_file: str) -> Non
         assert env["LLMMESH_LOG_FORMAT"] == "text", name
 
 
+@pytest.mark.parametrize("values_file", [f for f in EXAMPLES if f != "values-global.yaml"])
+def test_a_zone_bound_planes_spans_name_its_zone_and_region(values_file: str) -> None:
+    values = example_values(values_file)
+    placement = f"llmmesh.zone={values['region']['zone']},llmmesh.region={values['region']['name']}"
+    planes = plane_env(render_example(values_file))
+    zone_bound = {name for name in planes if name.endswith(("/region", "/engine"))}
+    assert any(n.endswith("/region") for n in zone_bound) and any(n.endswith("/engine") for n in zone_bound)
+    for name, env in planes.items():
+        assert env.get("OTEL_RESOURCE_ATTRIBUTES") == (placement if name in zone_bound else None), name
+
+
 @pytest.mark.parametrize(
     ("overlay", "named"),
     [

@@ -63,12 +63,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* LLMMESH_* variables for traces and logs (values' observability block).
-A component's `env` naming one of them would be a second, conflicting
-value: the render fails instead. */}}
+{{/* LLMMESH_* variables for traces and logs (values' observability block),
+and for a zone-bound plane (given "placement": true) the zone and region
+on its spans' resource (OTEL_RESOURCE_ATTRIBUTES, as `llmmesh up` sets
+them). A component's `env` naming one of them would be a second,
+conflicting value: the render fails instead. */}}
 {{- define "llmmesh.observabilityEnv" -}}
 {{- $o := .root.Values.observability }}
-{{- range $name := list "LLMMESH_OTLP_ENDPOINT" "LLMMESH_TRACE_SAMPLE_RATIO" "LLMMESH_LOG_FORMAT" }}
+{{- range $name := list "LLMMESH_OTLP_ENDPOINT" "LLMMESH_TRACE_SAMPLE_RATIO" "LLMMESH_LOG_FORMAT" "OTEL_RESOURCE_ATTRIBUTES" }}
 {{- if hasKey $.env $name }}
 {{- fail (printf "%s is set by the observability values; remove it from the component's env" $name) }}
 {{- end }}
@@ -79,6 +81,11 @@ value: the render fails instead. */}}
   value: {{ $o.traceSampleRatio | toString | quote }}
 - name: LLMMESH_LOG_FORMAT
   value: {{ $o.logFormat | quote }}
+{{- if .placement }}
+{{- $r := .root.Values.region }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ printf "llmmesh.zone=%s,llmmesh.region=%s" $r.zone $r.name | quote }}
+{{- end }}
 {{- end -}}
 
 {{/* The corporate CA bundle (values' trustBundle): the variables that point
