@@ -25,8 +25,8 @@ the first delta), ``store`` (the zone store's acceptance and its
 request-id hold), ``router``; and the two transports, known only as
 means: edge to region and back (the edge's wait for the first delta less
 the region's whole time) and region to pod and back (the region's wait for
-the pod's first delta, less the request-id hold in it, less the pod's
-whole time). The pod's own hops (``pod``: its prepare, queue and first
+the pod's first delta after it sent the start, less the request-id hold in
+it, less the pod's whole time). The pod's own hops (``pod``: its prepare, queue and first
 token) are what direct pays too. The request-id hold runs while the pod
 works on the first token, so it delays the first delta only by what it
 outlasts that work by; where it does, the region-to-pod transport comes out
@@ -93,7 +93,8 @@ MESH_GROUPS = (
     "pod_vs_direct",
 )
 _EDGE_WAIT = ("edge", "region")
-_POD_WAIT = ("pod_send", "pod_first_event", "request_id_hold", "pod_first_delta")
+# The region's wait for the pod once its start is sent (pod_send is the region's own work).
+_POD_WAIT = ("pod_first_event", "request_id_hold", "pod_first_delta")
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ def test_a_round_is_the_difference_of_two_scrapes_and_its_groups_add_up() -> Non
         ("prepare", 0.0003),
         ("store_accept", 0.001),
         ("route", 0.0001),
+        ("pod_send", 0.0005),
         ("pod_first_delta", 0.008),
     ):
         region.labels(hop=hop).observe(seconds)
@@ -73,16 +74,19 @@ def test_a_round_is_the_difference_of_two_scrapes_and_its_groups_add_up() -> Non
         0.2
     )
     assert rows[("region", "store_accept")]["group"] == "store"
-    assert [key[0] for key in rows] == ["edge"] * 3 + ["region"] * 4 + ["engine"] * 2
+    assert [key[0] for key in rows] == ["edge"] * 3 + ["region"] * 5 + ["engine"] * 2
     groups = table["groups_mean_ms"]
     assert groups["edge"] == pytest.approx(0.4)  # edge_in + edge_out
-    assert groups["region"] == pytest.approx(0.3) and groups["router"] == pytest.approx(0.1)
+    assert groups["region"] == pytest.approx(0.3 + 0.5) and groups["router"] == pytest.approx(0.1)
     assert groups["edge_region_transport"] == pytest.approx(
-        10.0 - 9.4
+        10.0 - 9.9
     )  # the edge's wait less the region's time
-    assert groups["region_pod_transport"] == pytest.approx(8.0 - 7.0)  # the region's wait less the pod's time
+    # The region's wait after sending the start, less the pod's time: the send is counted once.
+    assert groups["region_pod_transport"] == pytest.approx(8.0 - 7.0)
     assert groups["pod"] == pytest.approx(7.0)
-    assert table["mesh_hops_sum_mean_ms"] == pytest.approx(0.4 + 0.3 + 1.0 + 0.1 + 0.6 + 1.0)
+    # The groups add up to the edge's whole time less the pod's: nothing counted twice.
+    assert table["mesh_hops_sum_mean_ms"] == pytest.approx(0.4 + 0.8 + 1.0 + 0.1 + 0.1 + 1.0)
+    assert table["mesh_hops_sum_mean_ms"] == pytest.approx((0.2 + 10.0 + 0.2) - 7.0)
     assert table["unaccounted_mean_ms"] == pytest.approx(2.5 - 3.4)
 
     # Direct's calls to the same pod: the pod's time through the mesh less
