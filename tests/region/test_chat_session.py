@@ -4,7 +4,7 @@ global plane: many turns on one stream, each with its own key."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TypeAlias
 
 import grpc
@@ -56,9 +56,13 @@ async def session(stack: Stack) -> AsyncIterator[Call]:
         call.cancel()
 
 
-async def read_until_ended(call: Call, request_ids: set[str]) -> list[pb.TurnEvent]:
-    events: list[pb.TurnEvent] = []
-    left = set(request_ids)
+async def read_until_ended(
+    call: Call, request_ids: set[str], read: Sequence[pb.TurnEvent] = ()
+) -> list[pb.TurnEvent]:
+    """Every event until each of ``request_ids`` ended, after the events already ``read``."""
+    events: list[pb.TurnEvent] = list(read)
+    ended = {e.request_id for e in events if e.response.WhichOneof("event") in ("finished", "error")}
+    left = set(request_ids) - ended
     async with asyncio.timeout(20):
         while left:
             message = await call.read()
@@ -162,12 +166,13 @@ async def test_a_draining_region_refuses_new_turns_and_ends_the_stream_after_the
     stack: Stack, session: Call
 ) -> None:
     await session.write(start("running", max_tokens=30))
+    read: list[pb.TurnEvent] = []
     async with asyncio.timeout(10):
-        while not any(e.request_id == "running" for e in (await session.read()).events):
-            pass
+        while not any(e.request_id == "running" for e in read):
+            read += (await session.read()).events
     stack.region.sessions.drain()
     await session.write(start("late"))
-    events = await read_until_ended(session, {"running", "late"})
+    events = await read_until_ended(session, {"running", "late"}, read)
     late = of(events, "late")
     assert [r.WhichOneof("event") for r in late] == ["error"]
     assert (late[0].error.code, late[0].error.reason) == (
