@@ -1,34 +1,20 @@
 """Admitting a prepared turn: the key's limits, the tenant's quota and a
 slot of the fair queue (:mod:`region.admission.control`), then the zone
-store's acceptance.
+store's acceptance, the gate every turn passes before any engine work.
 
 The store takes the turn's request id once for its tenant (request ids are
 each tenant's own: another tenant's turn under the same id is a turn of its
 own) and accepts a continuation only of a turn the zone started for the
-same tenant and model. The turn's first event waits until the store marks
-it started (:meth:`TurnAdmission.hold_request_id`): a turn whose id
+same tenant and model, once. The turn's first event waits until the store
+marks it started (:meth:`TurnAdmission.hold_request_id`): a turn whose id
 another acceptance took over meanwhile (a retry of a turn that had
 streamed nothing) stops before any output.
-
-Where the acceptance holds up engine work: a continuation (the store
-vouches for the turn it continues) and a turn whose tenant has a monthly
-quota (the store reserves it zone-wide) are accepted before the turn goes
-to a pod. A turn of a tenant without a quota only takes its request id, so
-its acceptance runs while the pod works on its first token and the first
-event waits for it as well: the claim is off the turn's critical path,
-and exactly-once is kept, since nothing reaches the caller before both
-the acceptance and the mark. A request id this region already holds for
-the tenant is refused at once, before any engine work; a duplicate first
-seen by the store costs the pod its prefill, never an output token or a
-usage row.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
-from collections import OrderedDict
 
 from llmmesh.core.errors import AlreadyExists, MeshError, Reason, Unavailable
 from llmmesh.region import metrics as region_metrics
@@ -39,15 +25,12 @@ from llmmesh.region.turn.request import ReadyTurn
 from llmmesh.region.turn.state import PreparedTurn, Turn
 from llmmesh.region.zone_store.rows import AcceptedTurn, TurnStart
 from llmmesh.region.zone_store.store import ZoneStore
-from llmmesh.region.zone_store.turn_starts import duplicate_request
 from llmmesh.v1 import chat_service_pb2
 
 log = logging.getLogger(__name__)
 
 # What a queued turn keeps of its caller's deadline for the turn itself.
 _DEADLINE_MARGIN_S = 0.1
-# Request ids this region remembers holding, per tenant, for its quick refusal of a reuse.
-_CLAIMS_KEPT = 65_536
 
 
 class TurnAdmission:
@@ -60,16 +43,11 @@ class TurnAdmission:
         self.admission = admission
         self._store = store
         self._pool = pool
-        # (tenant, request id) of the turns this region took, newest last.
-        self._claims: OrderedDict[tuple[str, str], None] = OrderedDict()
-        # Acceptances still running beside their turn's engine work, by holder.
-        self._pending: dict[str, asyncio.Task[AcceptedTurn]] = {}
         pool.on_checked(self._release_turns_without_pods)
 
     async def admit(self, ready: ReadyTurn) -> Turn:
-        """The admitted turn, holding its slot and quota, accepted by the
-        zone store or being accepted (see the module's note); on a refusal,
-        nothing stays held."""
+        """The admitted and accepted turn, holding its slot and quota; on a
+        refusal, nothing stays held."""
         request, caller, prepared = ready.request, ready.caller, ready.prepared
         deadline = request.deadline_s
         queue_deadline = None if deadline is None else max(0.0, deadline - _DEADLINE_MARGIN_S)
@@ -80,18 +58,8 @@ class TurnAdmission:
             prepared.model.name,
         )
         request.hops.stamp("admission")
-        holder = secrets.token_hex(8)
         try:
-            marker = await self._marker(caller, prepared, request.start, holder)
-            if marker.quota is None and marker.continues is None:
-                self._claim(caller.tenant_id, prepared.request_id)
-                pending = asyncio.create_task(self._accept(marker))
-                # Retrieved here: a turn that ends before its first event never awaits it.
-                pending.add_done_callback(lambda done: done.cancelled() or done.exception())
-                self._pending[holder] = pending
-                accepted = AcceptedTurn()
-            else:
-                accepted = await self._accept(marker)
+            holder, accepted = await self.accept(caller, prepared, request.start)
         except BaseException:
             admitted.release_slot()
             await admitted.settle(0)
@@ -111,25 +79,24 @@ class TurnAdmission:
             )
         return turn
 
-    async def accept_again(
-        self, turn: Turn, prepared: PreparedTurn, start: chat_service_pb2.ChatStart
-    ) -> None:
-        """Have the zone store accept ``turn`` anew as ``prepared`` (moved to
-        another model before its first event), taking over its acceptance
-        (see :meth:`_accept`): the turn gets a new holder and what the store knew.
-        An acceptance of the old holder still running is let finish first, so
-        that it cannot take the id back."""
-        pending = self._pending.pop(turn.holder, None)
-        if pending is not None:
-            await asyncio.wait([pending])
-        holder = secrets.token_hex(8)
-        turn.accepted = await self._accept(await self._marker(turn.caller, prepared, start, holder))
-        turn.holder = holder
+    async def accept(
+        self,
+        caller: Caller,
+        prepared: PreparedTurn,
+        start: chat_service_pb2.ChatStart,
+    ) -> tuple[str, AcceptedTurn]:
+        """The zone store takes the turn's request id (once per tenant) and,
+        for a continuation (from a caller
+        :func:`~region.turn.request.require_continuation_allowed` let
+        through), vouches for the turn it continues: started by this tenant,
+        with this model, not continued before, and carrying no more tokens
+        than it could produce. A turn of its own is checked against its
+        tenant's quota counted over every region of the zone.
 
-    async def _marker(
-        self, caller: Caller, prepared: PreparedTurn, start: chat_service_pb2.ChatStart, holder: str
-    ) -> TurnStart:
-        return TurnStart(
+        Returns this acceptance's holder token and what the store knew.
+        """
+        holder = secrets.token_hex(8)
+        start_marker = TurnStart(
             request_id=prepared.request_id,
             tenant_id=caller.tenant_id,
             model=prepared.model.name,
@@ -140,51 +107,22 @@ class TurnAdmission:
             carried_tokens=len(start.continuation.emitted_token_ids),
             quota=None if prepared.continues is not None else await self.admission.quota.zone_check(caller),
         )
-
-    async def _accept(self, marker: TurnStart) -> AcceptedTurn:
-        """The zone store takes the turn's request id (once per tenant) and,
-        for a continuation (from a caller
-        :func:`~region.turn.request.require_continuation_allowed` let
-        through), vouches for the turn it continues: started by this tenant,
-        with this model, and carrying no more tokens than it could produce. A
-        turn of its own is checked against its tenant's quota counted over
-        every region of the zone."""
         try:
-            return await self._store.accept_turn(marker)
+            accepted = await self._store.accept_turn(start_marker)
         except MeshError:
             raise
         except Exception as err:
             # A turn the zone store cannot vouch for is not run: it could not be billed either.
-            log.exception("turn %s: the zone store could not accept it", marker.request_id)
+            log.exception("turn %s: the zone store could not accept it", prepared.request_id)
             raise Unavailable(
                 Reason.REGION_UNAVAILABLE, "the zone store cannot accept turns now", retry_after_s=1.0
             ) from err
-
-    def _claim(self, tenant_id: str, request_id: str) -> None:
-        """Note that this region holds the tenant's request id; DUPLICATE_REQUEST when it already does."""
-        key = (tenant_id, request_id)
-        if key in self._claims:
-            raise duplicate_request(request_id)
-        self._claims[key] = None
-        if len(self._claims) > _CLAIMS_KEPT:
-            self._claims.popitem(last=False)
-
-    def ended(self, turn: Turn) -> None:
-        """The turn ended: a turn that streamed nothing gives its request id
-        back (its caller may retry it, as the store allows), and an
-        acceptance still running is left to finish on its own."""
-        self._pending.pop(turn.holder, None)
-        if not turn.meter.started:
-            self._claims.pop((turn.caller.tenant_id, turn.prepared.request_id), None)
+        return holder, accepted
 
     async def hold_request_id(self, turn: Turn) -> None:
         """Mark the turn started before its first event goes out; ALREADY_EXISTS
         when another acceptance took its request id over meanwhile."""
         request_id = turn.prepared.request_id
-        pending = self._pending.get(turn.holder)
-        if pending is not None:
-            await asyncio.shield(pending)  # its refusal again if the turn is placed again
-            del self._pending[turn.holder]
         try:
             held = await self._store.mark_started(turn.caller.tenant_id, request_id, turn.holder)
         except Exception as err:
