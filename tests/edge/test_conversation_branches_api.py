@@ -36,13 +36,10 @@ async def messages(http: httpx.AsyncClient, cid: object, leaf_id: str = "") -> l
 
 
 def usage_rows(stack: Stack, request_id: str) -> int:
-    with stack.region.store.engine.connect() as conn:
-        query = (
-            sa.select(sa.func.count())
-            .select_from(zs.usage_outbox)
-            .where(zs.usage_outbox.c.request_id == request_id)
-        )
-        return int(conn.execute(query).scalar_one())
+    outbox = zs.usage_outbox
+    query = sa.select(sa.func.count()).select_from(outbox).where(outbox.c.request_id == request_id)
+    # In the store's own transaction: its planes write meanwhile.
+    return int(stack.region.store.run_transaction(lambda conn: conn.execute(query).scalar_one()))
 
 
 async def test_edit_regenerate_and_branches(http: httpx.AsyncClient) -> None:

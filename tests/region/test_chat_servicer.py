@@ -106,10 +106,8 @@ async def test_the_end_user_of_a_turn_reaches_its_usage_record_and_billing(stack
     await run_turn(stack, start(max_tokens=2))  # another turn, naming no end user
     assert await billed(stack, request_id)
     outbox = sa.table("usage_outbox", sa.column("request_id"), sa.column("usage"))
-    with stack.region.store.engine.connect() as conn:
-        payload = conn.execute(
-            sa.select(outbox.c.usage).where(outbox.c.request_id == request_id)
-        ).scalar_one()
+    query = sa.select(outbox.c.usage).where(outbox.c.request_id == request_id)
+    payload = stack.region.store.run_transaction(lambda conn: conn.execute(query).scalar_one())
     assert billing_service_pb2.UsageRecord.FromString(payload).end_user == "user-5e1d"
     tenant = stack.region.policy.authenticate(DEV_KEY).tenant_id
     pseudonym = await stack.region.shipper.pseudonyms.of(tenant, "user-5e1d")
@@ -131,8 +129,9 @@ async def test_a_continued_turns_records_keep_its_end_user(stack: Stack) -> None
     )
     await run_turn(stack, request)
     await stack.region.gateway.drain()
-    with stack.region.store.engine.connect() as conn:
-        payloads = conn.execute(sa.text("SELECT usage FROM usage_outbox")).scalars().all()
+    payloads = stack.region.store.run_transaction(
+        lambda conn: conn.execute(sa.text("SELECT usage FROM usage_outbox")).scalars().all()
+    )
     records = [billing_service_pb2.UsageRecord.FromString(p) for p in payloads]
     continued = [r for r in records if r.continues_request_id == original]
     assert continued and all(r.end_user == "user-c0" for r in continued)

@@ -54,10 +54,15 @@ async def test_a_long_branch_is_summarised_and_the_summary_stands_for_its_oldest
             # The history outgrew the window: turns were left out, and a summary was asked for.
             assert any(r.dropped_messages for r in reports)
             summaries = sa.select(zs.summaries.c.turns, zs.summaries.c.content, zs.summaries.c.home_region)
+            query = summaries.where(zs.summaries.c.conversation_id == conv.id)
+
+            def read(conn: sa.Connection) -> list[sa.Row[tuple[int, str, str]]]:
+                return list(conn.execute(query))
+
             stored: list[sa.Row[tuple[int, str, str]]] = []
             for _ in range(100):
-                with store.engine.connect() as conn:
-                    stored = list(conn.execute(summaries.where(zs.summaries.c.conversation_id == conv.id)))
+                # In the store's own transaction: the region writes meanwhile.
+                stored = store.run_transaction(read)
                 if stored:
                     break
                 await asyncio.sleep(0.05)

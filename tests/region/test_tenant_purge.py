@@ -82,9 +82,8 @@ async def _fill(zone: Zone, tenant: str) -> str:
 
 
 def _rows(zone: Zone, table: sa.Table, tenant: str) -> int:
-    with zone.store.engine.connect() as conn:
-        where = table.c.tenant_id == tenant
-        return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(where)).scalar_one())
+    query = sa.select(sa.func.count()).select_from(table).where(table.c.tenant_id == tenant)
+    return int(zone.store.run_transaction(lambda conn: conn.execute(query).scalar_one()))
 
 
 async def _hits(zone: Zone, tenant: str, store_id: str) -> int:
