@@ -118,16 +118,23 @@ async def running_stack(
     *,
     pods: int = 1,
     region_overrides: Mapping[str, object] | None = None,
+    global_overrides: Mapping[str, object] | None = None,
     **engine_overrides: object,
 ) -> AsyncIterator[Stack]:
     """Start every plane in this process (``pods`` engine pods behind the
     region); stop them all afterwards."""
     async with MeshBuilder() as build:
-        glob = await build.global_plane(database_url=database_url)
+        glob = await build.global_plane(database_url=database_url, **(global_overrides or {}))
         engines = await build.pods("us-east", pods, **engine_overrides)
         region = await build.region(region_settings(glob.address, engines, **(region_overrides or {})))
         edge = await build.edge(glob.address) if with_edge else None
         yield Stack(glob, engines[0], region, edge, tuple(engines))
+
+
+SHARED_STACK_GLOBAL: Mapping[str, object] = {"missed_heartbeats_until_down": 25}
+"""For a stack many tests share and none takes down: its region stays
+routable through 5 s without a heartbeat (25 of 200 ms), however long a
+busy test process keeps the heartbeat from being sent."""
 
 
 def region_settings(global_address: str, engines: Sequence[EnginePod], **overrides: object) -> RegionSettings:

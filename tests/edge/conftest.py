@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest_asyncio
 
-from tests.stack import Stack, running_stack
+from tests.stack import SHARED_STACK_GLOBAL, Stack, running_stack
 
 
 @pytest_asyncio.fixture
@@ -30,7 +30,7 @@ async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def shared_stack() -> AsyncIterator[Stack]:
-    async with running_stack(with_edge=True) as running:
+    async with running_stack(with_edge=True, global_overrides=SHARED_STACK_GLOBAL) as running:
         yield running
 
 
