@@ -289,10 +289,15 @@ def parse_hops(plane: str, text: str) -> dict[HopKey, HopHistogram]:
 
 
 async def scrape_hops(client: httpx.AsyncClient, metrics_urls: Mapping[str, str]) -> HopSnapshot:
-    """Every plane's hop histograms now, from its ``/metrics`` URL by plane name."""
+    """Every plane's hop histograms now, from its ``/metrics`` URL by plane
+    name. A kept-alive connection the server closed meanwhile (a metrics
+    server idle between rounds) is asked again once, on a new connection."""
     hops: dict[HopKey, HopHistogram] = {}
     for plane, url in metrics_urls.items():
-        response = await client.get(url)
+        try:
+            response = await client.get(url)
+        except httpx.TransportError:
+            response = await client.get(url, headers={"connection": "close"})
         response.raise_for_status()
         hops.update(parse_hops(plane, response.text))
     return HopSnapshot(hops)
