@@ -25,6 +25,11 @@ class Outbox(Generic[T]):
         self._items.append(item)
         self._wake.set()
 
+    @property
+    def pending(self) -> bool:
+        """Items are waiting to be taken."""
+        return bool(self._items)
+
     def poke(self) -> None:
         """Wake the sender without an item (to look at its own state)."""
         self._wake.set()

@@ -96,7 +96,10 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
             while True:
                 if batch := await self.outbox.take():
                     yield self.response(batch)
-                if (self._half_closed or self.stopping()) and not self._running:
+                # A request may end (its last events put, itself gone from
+                # ``_running``) while the message before was being sent:
+                # those events go out before the stream ends.
+                if (self._half_closed or self.stopping()) and not self._running and not self.outbox.pending:
                     return
         finally:
             self.closed()
