@@ -72,10 +72,13 @@ def _probe(port: int) -> int:
         return status
 
 
-def _wait_serving(process: subprocess.Popen[str], port: int, attempts: int = 120) -> None:
+def _wait_serving(process: subprocess.Popen[str], used: dict[str, str], attempts: int = 120) -> None:
+    """Until the process says it serves (its ready file: a port picked free
+    may since answer for another test's process) and its probe port answers SERVING."""
+    port = int(used["LLMMESH_PROBE_PORT"])
     for _ in range(attempts):
         assert process.poll() is None, process.communicate()[1]
-        if _probe(port) == SERVING:
+        if Path(used["LLMMESH_READY_FILE"]).exists() and _probe(port) == SERVING:
             return
         time.sleep(0.5)
     raise AssertionError(f"the probe port {port} never answered SERVING")
@@ -89,6 +92,8 @@ def _started(
     # Interfaces and ports a pod has to itself are shared on this machine.
     env = env | {"LLMMESH_HOST": "127.0.0.1", "LLMMESH_PORT": str(free_port())}
     env |= {name: str(free_port()) for name in ("LLMMESH_PROBE_PORT", "LLMMESH_METRICS_PORT") if name in env}
+    home.mkdir(parents=True, exist_ok=True)
+    env["LLMMESH_READY_FILE"] = str(home / "ready.json")
     # The image's environment (Dockerfile) under the container's own.
     full = {"PATH": os.environ["PATH"], "LLMMESH_HOME": str(home), "PYTHONHASHSEED": "0", **env}
     argv = [sys.executable, "-m", "llmmesh", *container["args"]]
@@ -103,7 +108,7 @@ def _started(
 
 def _serves_probes_and_drains(container: Manifest, env: dict[str, str], home: Path) -> None:
     with _started(container, env, home) as (process, used):
-        _wait_serving(process, int(used["LLMMESH_PROBE_PORT"]))
+        _wait_serving(process, used)
         # The plane's own port refuses plaintext: it serves mTLS only.
         assert _probe(int(used["LLMMESH_PORT"])) == -1
         process.send_signal(signal.SIGTERM)
@@ -163,15 +168,15 @@ def test_a_region_release_s_region_and_edge_start_against_the_global_plane(tmp_p
     edge_env = _pod_environment(planes["edge"], _certs(certs_dir, PlaneIdentity(Role.EDGE, "edge")), zone)
     assert region_env["LLMMESH_ENGINE_ADDRESSES"].count(",") == 8 + 4 - 1  # both pools' maxReplicas
     with _started(planes["global"], global_env, tmp_path / "global") as (glob, glob_env):
-        _wait_serving(glob, int(glob_env["LLMMESH_PROBE_PORT"]))
+        _wait_serving(glob, glob_env)
         # The cluster's Service name stands for the global plane's address.
         address = f"127.0.0.1:{glob_env['LLMMESH_PORT']}"
         region_env["LLMMESH_GLOBAL_ADDRESS"] = edge_env["LLMMESH_GLOBAL_ADDRESS"] = address
         with _started(planes["region"], region_env, tmp_path / "region") as (region, used):
-            _wait_serving(region, int(used["LLMMESH_PROBE_PORT"]))
+            _wait_serving(region, used)
             with _started(planes["edge"], edge_env, tmp_path / "edge") as (edge, edge_used):
                 base = f"http://127.0.0.1:{edge_used['LLMMESH_PORT']}"
-                _wait_http_ok(edge, f"{base}/readyz")
+                _wait_http_ok(edge, f"{base}/readyz", Path(edge_used["LLMMESH_READY_FILE"]))
                 # The region registered with the global plane, in its zone.
                 assert _registered_zone(base, "us-east") == "us"
                 for process in (edge, region):
@@ -180,11 +185,11 @@ def test_a_region_release_s_region_and_edge_start_against_the_global_plane(tmp_p
                     assert process.returncode == 0, stderr
 
 
-def _wait_http_ok(process: subprocess.Popen[str], url: str, attempts: int = 120) -> None:
+def _wait_http_ok(process: subprocess.Popen[str], url: str, ready: Path, attempts: int = 120) -> None:
     for _ in range(attempts):
         assert process.poll() is None, process.communicate()[1]
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if ready.exists() and httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
