@@ -29,6 +29,9 @@ MODEL_TIERS = {
     "frontier": mpb.MODEL_TIER_FRONTIER,
 }
 _MODEL_TIER_NAMES = {v: k for k, v in MODEL_TIERS.items()}
+MODEL_KINDS = {"chat": mpb.MODEL_KIND_CHAT, "embedding": mpb.MODEL_KIND_EMBEDDING}
+# A model stored before models had a kind is a chat model.
+_MODEL_KIND_NAMES = {v: k for k, v in MODEL_KINDS.items()} | {mpb.MODEL_KIND_UNSPECIFIED: "chat"}
 
 
 def _tenant_tiers(text: str) -> list[common_pb2.Tier.ValueType]:
@@ -56,6 +59,7 @@ def model_rows(models: Sequence[mpb.Model]) -> str:
     rows = [
         (
             m.name,
+            _MODEL_KIND_NAMES.get(m.kind, "?"),
             _MODEL_TIER_NAMES.get(m.tier, "?"),
             m.pricing.input_per_1k_usd,
             m.pricing.output_per_1k_usd,
@@ -69,6 +73,7 @@ def model_rows(models: Sequence[mpb.Model]) -> str:
     ]
     headers = (
         "NAME",
+        "KIND",
         "TIER",
         "IN/1K USD",
         "OUT/1K USD",
@@ -137,6 +142,7 @@ async def _register(channel: grpc.aio.Channel, args: argparse.Namespace) -> Any:
         chat_template_family=args.family,
         default_for_tiers=args.default_for,
         allowed_tiers=args.allowed_tiers,
+        kind=MODEL_KINDS[args.kind],
     )
     return await _upsert(channel, model, args)
 
@@ -172,6 +178,9 @@ def add_model_arguments(groups: Any, common: argparse.ArgumentParser) -> None:
     register = actions.add_parser("register", parents=[common], help="add a model the registry does not know")
     register.add_argument("name", help="the name clients ask for, like llmmesh-large")
     register.add_argument("--tier", required=True, choices=sorted(MODEL_TIERS), help="size class")
+    register.add_argument(
+        "--kind", default="chat", choices=sorted(MODEL_KINDS), help="what it serves: chat turns or embeddings"
+    )
     register.add_argument("--input-price", required=True, help="USD per 1,000 input tokens, a decimal")
     register.add_argument("--output-price", required=True, help="USD per 1,000 output tokens, a decimal")
     register.add_argument("--context-window", type=int, default=4096, help="most tokens of prompt and output")

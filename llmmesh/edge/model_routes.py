@@ -26,6 +26,8 @@ def model_object(model: model_registry_service_pb2.Model) -> dict[str, object]:
             "output_per_1k_usd": model.pricing.output_per_1k_usd,
         },
         "regions": sorted(d.region for d in model.deployments),
+        # Which endpoints take it: chat (completions, responses) or embeddings.
+        "kind": "embedding" if model.kind == model_registry_service_pb2.MODEL_KIND_EMBEDDING else "chat",
         "default_for_tiers": [
             common_pb2.Tier.Name(t).removeprefix("TIER_").lower() for t in model.default_for_tiers
         ],

@@ -68,6 +68,13 @@ class ModelTier(StrEnum):
     FRONTIER = "frontier"
 
 
+class ModelKind(StrEnum):
+    """What a model is for: chat (text generation) or embedding."""
+
+    CHAT = "chat"
+    EMBEDDING = "embedding"
+
+
 @dataclass(frozen=True)
 class ModelDeployment:
     """A model served in one region by ``engine_pods`` pods."""
@@ -100,6 +107,8 @@ class Model:
     """Percent of ``canary_of``'s turns this canary takes, 0 to 100."""
     canaries: tuple[tuple[str, int], ...] = ()
     """Live canaries of this model and their percents, filled when the catalog hands it out."""
+    kind: ModelKind = ModelKind.CHAT
+    """The endpoints that may use it: chat ones or embedding ones."""
 
     def allows(self, tier: TenantTier) -> bool:
         """Whether tenants of ``tier`` may use this model."""
@@ -168,6 +177,8 @@ def _model_of(row: sa.Row[Any]) -> Model:
         retired=bool(row.retired),
         canary_of=row.canary_of or "",
         canary_percent=row.canary_percent or 0,
+        # Null in a store from before models had a kind: they were all chat models.
+        kind=ModelKind(row.kind) if row.kind else ModelKind.CHAT,
     )
 
 
@@ -210,6 +221,7 @@ def _described(model: Model) -> list[object]:
         model.retired,
         model.canary_of,
         model.canary_percent,
+        model.kind.value,
     ]
 
 
@@ -237,6 +249,7 @@ def _store_model(conn: Connection, model: Model, now: datetime) -> None:
         "retired": model.retired,
         "canary_of": model.canary_of or None,
         "canary_percent": model.canary_percent or None,
+        "kind": model.kind.value,
     }
     current = conn.execute(_priced_models().where(m.c.name == model.name)).first()
     if current is None:
@@ -270,19 +283,22 @@ class ModelCatalog:
         self._clock = clock
 
     async def add_missing(self, models: Iterable[Model]) -> None:
-        """Add those of ``models`` the catalog lacks; models it has keep their stored definition."""
+        """Add those of ``models`` the catalog lacks; models it has keep their
+        stored definition, except that one stored before models had a kind
+        takes the kind given here."""
         wanted = list(models)
         for model in wanted:
             self._validate(model)
         now = self._clock()
 
         def add(conn: Connection) -> None:
+            m = schema.models
             for model in wanted:
-                if conn.execute(
-                    sa.select(schema.models.c.name).where(schema.models.c.name == model.name)
-                ).first():
-                    continue
-                _store_model(conn, model, now)
+                stored = conn.execute(sa.select(m.c.name, m.c.kind).where(m.c.name == model.name)).first()
+                if stored is None:
+                    _store_model(conn, model, now)
+                elif stored.kind is None:
+                    conn.execute(sa.update(m).where(m.c.name == model.name).values(kind=model.kind.value))
 
         await self._transaction_retrying_races(add)
 
@@ -400,6 +416,12 @@ class ModelCatalog:
         ):
             parse_price(str(price), param)
         require_fleet_fields(model)
+        if model.kind is ModelKind.EMBEDDING and model.default_for_tiers:
+            raise InvalidArgument(
+                Reason.INVALID_REQUEST,
+                'an embedding model cannot be a tier\'s default: "auto" names a chat model',
+                metadata={"param": "default_for_tiers"},
+            )
         if model.allowed_tiers and not model.default_for_tiers <= model.allowed_tiers:
             raise InvalidArgument(
                 Reason.INVALID_REQUEST,

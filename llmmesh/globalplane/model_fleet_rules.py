@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from llmmesh.globalplane.model_catalog import Model
 
 
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def require_fleet_fields(model: Model) -> None:
     """INVALID_ARGUMENT for fleet fields that contradict each other on their own."""
     if not 0 <= model.canary_percent <= 100:
@@ -53,7 +57,7 @@ def require_consistent(conn: Connection, model: Model) -> None:
     m = schema.models
     if model.canary_of:
         target = conn.execute(
-            sa.select(m.c.name, m.c.retired, m.c.canary_of).where(m.c.name == model.canary_of)
+            sa.select(m.c.name, m.c.retired, m.c.canary_of, m.c.kind).where(m.c.name == model.canary_of)
         ).first()
         if target is None or target.retired or target.canary_of:
             what = "unknown" if target is None else "retired" if target.retired else "itself a canary"
@@ -61,6 +65,13 @@ def require_consistent(conn: Connection, model: Model) -> None:
                 Reason.INVALID_REQUEST,
                 f"canary_of names {model.canary_of!r}, which is {what}",
                 metadata={"param": "canary_of"},
+            )
+        if (target.kind or "chat") != model.kind.value:
+            raise FailedPrecondition(
+                Reason.INVALID_REQUEST,
+                f"canary_of names {model.canary_of!r}, {_a(target.kind or 'chat')} model; "
+                f"this one is {_a(model.kind.value)} model",
+                metadata={"param": "kind"},
             )
         others = conn.execute(
             sa.select(sa.func.coalesce(sa.func.sum(m.c.canary_percent), 0)).where(

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from llmmesh.core.errors import InvalidArgument, Reason
 from llmmesh.globalplane.audit import AuditLog
-from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelTier, parse_price
+from llmmesh.globalplane.model_catalog import Model, ModelCatalog, ModelKind, ModelTier, parse_price
 from llmmesh.globalplane.protoconv import required_tier, tier_to_proto
 from llmmesh.globalplane.rpc_errors import ServicerContext, abort_on_mesh_error
 from llmmesh.globalplane.tiers import TenantTier
@@ -21,6 +21,14 @@ _MODEL_TIER_TO_PROTO: dict[ModelTier, mpb.ModelTier.ValueType] = {
     ModelTier.FRONTIER: mpb.MODEL_TIER_FRONTIER,
 }
 _MODEL_TIER_FROM_PROTO = {v: k for k, v in _MODEL_TIER_TO_PROTO.items()}
+_MODEL_KIND_TO_PROTO: dict[ModelKind, mpb.ModelKind.ValueType] = {
+    ModelKind.CHAT: mpb.MODEL_KIND_CHAT,
+    ModelKind.EMBEDDING: mpb.MODEL_KIND_EMBEDDING,
+}
+# A client from before models had a kind upserts chat models.
+_MODEL_KIND_FROM_PROTO = {v: k for k, v in _MODEL_KIND_TO_PROTO.items()} | {
+    mpb.MODEL_KIND_UNSPECIFIED: ModelKind.CHAT
+}
 
 
 def _tiers_to_proto(tiers: frozenset[TenantTier]) -> list[common_pb2.Tier.ValueType]:
@@ -51,6 +59,7 @@ def model_to_proto(model: Model) -> mpb.Model:
         canary_of=model.canary_of,
         canary_percent=model.canary_percent,
         canaries=[mpb.ModelCanary(name=name, percent=percent) for name, percent in model.canaries],
+        kind=_MODEL_KIND_TO_PROTO[model.kind],
     )
 
 
@@ -60,6 +69,13 @@ def model_from_proto(model: mpb.Model) -> Model:
     tier = _MODEL_TIER_FROM_PROTO.get(model.tier)
     if tier is None:
         raise InvalidArgument(Reason.INVALID_REQUEST, "model tier must be set", metadata={"param": "tier"})
+    kind = _MODEL_KIND_FROM_PROTO.get(model.kind)
+    if kind is None:
+        raise InvalidArgument(
+            Reason.INVALID_REQUEST,
+            f"unknown model kind {model.kind}: MODEL_KIND_CHAT or MODEL_KIND_EMBEDDING",
+            metadata={"param": "kind"},
+        )
     return Model(
         name=model.name,
         tier=tier,
@@ -73,6 +89,7 @@ def model_from_proto(model: mpb.Model) -> Model:
         retired=model.retired,
         canary_of=model.canary_of,
         canary_percent=model.canary_percent,
+        kind=kind,
     )
 
 

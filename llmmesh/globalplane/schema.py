@@ -74,6 +74,8 @@ models = sa.Table(
     sa.Column("retired", sa.Boolean, nullable=True),
     sa.Column("canary_of", sa.String(128), nullable=True),
     sa.Column("canary_percent", sa.Integer, nullable=True),
+    # "chat" or "embedding"; null in a store from before models had a kind (chat).
+    sa.Column("kind", sa.String(16), nullable=True),
 )
 
 model_prices = sa.Table(

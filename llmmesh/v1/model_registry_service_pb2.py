@@ -25,39 +25,41 @@ _sym_db = _symbol_database.Default()
 from llmmesh.v1 import common_pb2 as llmmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'llmmesh/v1/model_registry_service.proto\x12\nllmmesh.v1\x1a\x17llmmesh/v1/common.proto\"C\n\x0cModelPricing\x12\x18\n\x10input_per_1k_usd\x18\x01 \x01(\t\x12\x19\n\x11output_per_1k_usd\x18\x02 \x01(\t\"\xa4\x03\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04tier\x18\x02 \x01(\x0e\x32\x15.llmmesh.v1.ModelTier\x12\x16\n\x0e\x63ontext_window\x18\x03 \x01(\x05\x12)\n\x07pricing\x18\x04 \x01(\x0b\x32\x18.llmmesh.v1.ModelPricing\x12\x18\n\x10tokenizer_family\x18\x05 \x01(\t\x12\x1c\n\x14\x63hat_template_family\x18\x06 \x01(\t\x12\x30\n\x0b\x64\x65ployments\x18\x07 \x03(\x0b\x32\x1b.llmmesh.v1.ModelDeployment\x12+\n\x11\x64\x65\x66\x61ult_for_tiers\x18\x08 \x03(\x0e\x32\x10.llmmesh.v1.Tier\x12\'\n\rallowed_tiers\x18\t \x03(\x0e\x32\x10.llmmesh.v1.Tier\x12\x0f\n\x07retired\x18\n \x01(\x08\x12\x11\n\tcanary_of\x18\x0b \x01(\t\x12\x16\n\x0e\x63\x61nary_percent\x18\x0c \x01(\x05\x12)\n\x08\x63\x61naries\x18\r \x03(\x0b\x32\x17.llmmesh.v1.ModelCanary\",\n\x0bModelCanary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x05\"6\n\x0fModelDeployment\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x13\n\x0b\x65ngine_pods\x18\x02 \x01(\x05\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"P\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.llmmesh.v1.Model\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x10GetModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"J\n\x13ResolveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x0btenant_tier\x18\x02 \x01(\x0e\x32\x10.llmmesh.v1.Tier\"8\n\x14ResolveModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"6\n\x12UpsertModelRequest\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"7\n\x13UpsertModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model*l\n\tModelTier\x12\x1a\n\x16MODEL_TIER_UNSPECIFIED\x10\x00\x12\x14\n\x10MODEL_TIER_SMALL\x10\x01\x12\x14\n\x10MODEL_TIER_LARGE\x10\x02\x12\x17\n\x13MODEL_TIER_FRONTIER\x10\x03\x32\xcd\x02\n\x14ModelRegistryService\x12K\n\nListModels\x12\x1d.llmmesh.v1.ListModelsRequest\x1a\x1e.llmmesh.v1.ListModelsResponse\x12\x45\n\x08GetModel\x12\x1b.llmmesh.v1.GetModelRequest\x1a\x1c.llmmesh.v1.GetModelResponse\x12Q\n\x0cResolveModel\x12\x1f.llmmesh.v1.ResolveModelRequest\x1a .llmmesh.v1.ResolveModelResponse\x12N\n\x0bUpsertModel\x12\x1e.llmmesh.v1.UpsertModelRequest\x1a\x1f.llmmesh.v1.UpsertModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'llmmesh/v1/model_registry_service.proto\x12\nllmmesh.v1\x1a\x17llmmesh/v1/common.proto\"C\n\x0cModelPricing\x12\x18\n\x10input_per_1k_usd\x18\x01 \x01(\t\x12\x19\n\x11output_per_1k_usd\x18\x02 \x01(\t\"\xc9\x03\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04tier\x18\x02 \x01(\x0e\x32\x15.llmmesh.v1.ModelTier\x12\x16\n\x0e\x63ontext_window\x18\x03 \x01(\x05\x12)\n\x07pricing\x18\x04 \x01(\x0b\x32\x18.llmmesh.v1.ModelPricing\x12\x18\n\x10tokenizer_family\x18\x05 \x01(\t\x12\x1c\n\x14\x63hat_template_family\x18\x06 \x01(\t\x12\x30\n\x0b\x64\x65ployments\x18\x07 \x03(\x0b\x32\x1b.llmmesh.v1.ModelDeployment\x12+\n\x11\x64\x65\x66\x61ult_for_tiers\x18\x08 \x03(\x0e\x32\x10.llmmesh.v1.Tier\x12\'\n\rallowed_tiers\x18\t \x03(\x0e\x32\x10.llmmesh.v1.Tier\x12\x0f\n\x07retired\x18\n \x01(\x08\x12\x11\n\tcanary_of\x18\x0b \x01(\t\x12\x16\n\x0e\x63\x61nary_percent\x18\x0c \x01(\x05\x12)\n\x08\x63\x61naries\x18\r \x03(\x0b\x32\x17.llmmesh.v1.ModelCanary\x12#\n\x04kind\x18\x0e \x01(\x0e\x32\x15.llmmesh.v1.ModelKind\",\n\x0bModelCanary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x05\"6\n\x0fModelDeployment\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x13\n\x0b\x65ngine_pods\x18\x02 \x01(\x05\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"P\n\x12ListModelsResponse\x12!\n\x06models\x18\x01 \x03(\x0b\x32\x11.llmmesh.v1.Model\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x10GetModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"J\n\x13ResolveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x0btenant_tier\x18\x02 \x01(\x0e\x32\x10.llmmesh.v1.Tier\"8\n\x14ResolveModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"6\n\x12UpsertModelRequest\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model\"7\n\x13UpsertModelResponse\x12 \n\x05model\x18\x01 \x01(\x0b\x32\x11.llmmesh.v1.Model*l\n\tModelTier\x12\x1a\n\x16MODEL_TIER_UNSPECIFIED\x10\x00\x12\x14\n\x10MODEL_TIER_SMALL\x10\x01\x12\x14\n\x10MODEL_TIER_LARGE\x10\x02\x12\x17\n\x13MODEL_TIER_FRONTIER\x10\x03*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fMODEL_KIND_CHAT\x10\x01\x12\x18\n\x14MODEL_KIND_EMBEDDING\x10\x02\x32\xcd\x02\n\x14ModelRegistryService\x12K\n\nListModels\x12\x1d.llmmesh.v1.ListModelsRequest\x1a\x1e.llmmesh.v1.ListModelsResponse\x12\x45\n\x08GetModel\x12\x1b.llmmesh.v1.GetModelRequest\x1a\x1c.llmmesh.v1.GetModelResponse\x12Q\n\x0cResolveModel\x12\x1f.llmmesh.v1.ResolveModelRequest\x1a .llmmesh.v1.ResolveModelResponse\x12N\n\x0bUpsertModel\x12\x1e.llmmesh.v1.UpsertModelRequest\x1a\x1f.llmmesh.v1.UpsertModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmmesh.v1.model_registry_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELTIER']._serialized_start=1150
-  _globals['_MODELTIER']._serialized_end=1258
+  _globals['_MODELTIER']._serialized_start=1187
+  _globals['_MODELTIER']._serialized_end=1295
+  _globals['_MODELKIND']._serialized_start=1297
+  _globals['_MODELKIND']._serialized_end=1383
   _globals['_MODELPRICING']._serialized_start=80
   _globals['_MODELPRICING']._serialized_end=147
   _globals['_MODEL']._serialized_start=150
-  _globals['_MODEL']._serialized_end=570
-  _globals['_MODELCANARY']._serialized_start=572
-  _globals['_MODELCANARY']._serialized_end=616
-  _globals['_MODELDEPLOYMENT']._serialized_start=618
-  _globals['_MODELDEPLOYMENT']._serialized_end=672
-  _globals['_LISTMODELSREQUEST']._serialized_start=674
-  _globals['_LISTMODELSREQUEST']._serialized_end=732
-  _globals['_LISTMODELSRESPONSE']._serialized_start=734
-  _globals['_LISTMODELSRESPONSE']._serialized_end=814
-  _globals['_GETMODELREQUEST']._serialized_start=816
-  _globals['_GETMODELREQUEST']._serialized_end=847
-  _globals['_GETMODELRESPONSE']._serialized_start=849
-  _globals['_GETMODELRESPONSE']._serialized_end=901
-  _globals['_RESOLVEMODELREQUEST']._serialized_start=903
-  _globals['_RESOLVEMODELREQUEST']._serialized_end=977
-  _globals['_RESOLVEMODELRESPONSE']._serialized_start=979
-  _globals['_RESOLVEMODELRESPONSE']._serialized_end=1035
-  _globals['_UPSERTMODELREQUEST']._serialized_start=1037
-  _globals['_UPSERTMODELREQUEST']._serialized_end=1091
-  _globals['_UPSERTMODELRESPONSE']._serialized_start=1093
-  _globals['_UPSERTMODELRESPONSE']._serialized_end=1148
-  _globals['_MODELREGISTRYSERVICE']._serialized_start=1261
-  _globals['_MODELREGISTRYSERVICE']._serialized_end=1594
+  _globals['_MODEL']._serialized_end=607
+  _globals['_MODELCANARY']._serialized_start=609
+  _globals['_MODELCANARY']._serialized_end=653
+  _globals['_MODELDEPLOYMENT']._serialized_start=655
+  _globals['_MODELDEPLOYMENT']._serialized_end=709
+  _globals['_LISTMODELSREQUEST']._serialized_start=711
+  _globals['_LISTMODELSREQUEST']._serialized_end=769
+  _globals['_LISTMODELSRESPONSE']._serialized_start=771
+  _globals['_LISTMODELSRESPONSE']._serialized_end=851
+  _globals['_GETMODELREQUEST']._serialized_start=853
+  _globals['_GETMODELREQUEST']._serialized_end=884
+  _globals['_GETMODELRESPONSE']._serialized_start=886
+  _globals['_GETMODELRESPONSE']._serialized_end=938
+  _globals['_RESOLVEMODELREQUEST']._serialized_start=940
+  _globals['_RESOLVEMODELREQUEST']._serialized_end=1014
+  _globals['_RESOLVEMODELRESPONSE']._serialized_start=1016
+  _globals['_RESOLVEMODELRESPONSE']._serialized_end=1072
+  _globals['_UPSERTMODELREQUEST']._serialized_start=1074
+  _globals['_UPSERTMODELREQUEST']._serialized_end=1128
+  _globals['_UPSERTMODELRESPONSE']._serialized_start=1130
+  _globals['_UPSERTMODELRESPONSE']._serialized_end=1185
+  _globals['_MODELREGISTRYSERVICE']._serialized_start=1386
+  _globals['_MODELREGISTRYSERVICE']._serialized_end=1719
 # @@protoc_insertion_point(module_scope)

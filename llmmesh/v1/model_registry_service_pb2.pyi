@@ -40,6 +40,30 @@ MODEL_TIER_LARGE: ModelTier.ValueType  # 2
 MODEL_TIER_FRONTIER: ModelTier.ValueType  # 3
 Global___ModelTier: _TypeAlias = ModelTier  # noqa: Y015
 
+class _ModelKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_KIND_UNSPECIFIED: _ModelKind.ValueType  # 0
+    """Stored before models had a kind: a chat model."""
+    MODEL_KIND_CHAT: _ModelKind.ValueType  # 1
+    """Generates text: chat completions, responses, legacy completions."""
+    MODEL_KIND_EMBEDDING: _ModelKind.ValueType  # 2
+    """Embeds text: embeddings and vector stores only."""
+
+class ModelKind(_ModelKind, metaclass=_ModelKindEnumTypeWrapper):
+    """What a model is for: the endpoints that may use it."""
+
+MODEL_KIND_UNSPECIFIED: ModelKind.ValueType  # 0
+"""Stored before models had a kind: a chat model."""
+MODEL_KIND_CHAT: ModelKind.ValueType  # 1
+"""Generates text: chat completions, responses, legacy completions."""
+MODEL_KIND_EMBEDDING: ModelKind.ValueType  # 2
+"""Embeds text: embeddings and vector stores only."""
+Global___ModelKind: _TypeAlias = ModelKind  # noqa: Y015
+
 @_typing.final
 class ModelPricing(_message.Message):
     """Prices of a model in USD, as exact decimal strings."""
@@ -85,6 +109,7 @@ class Model(_message.Message):
     CANARY_OF_FIELD_NUMBER: _builtins.int
     CANARY_PERCENT_FIELD_NUMBER: _builtins.int
     CANARIES_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The name clients ask for."""
     tier: Global___ModelTier.ValueType
@@ -105,6 +130,11 @@ class Model(_message.Message):
     """
     canary_percent: _builtins.int
     """Percent (0 to 100) of the named model's turns this canary takes."""
+    kind: Global___ModelKind.ValueType
+    """What it is for. A chat turn naming an embedding model is refused with
+    INVALID_ARGUMENT MODEL_WRONG_KIND; an embedding request is served by
+    the pods that embed with the model it names.
+    """
     @_builtins.property
     def pricing(self) -> Global___ModelPricing:
         """Prices."""
@@ -143,10 +173,11 @@ class Model(_message.Message):
         canary_of: _builtins.str = ...,
         canary_percent: _builtins.int = ...,
         canaries: _abc.Iterable[Global___ModelCanary] | None = ...,
+        kind: Global___ModelKind.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["pricing", b"pricing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tiers", b"allowed_tiers", "canaries", b"canaries", "canary_of", b"canary_of", "canary_percent", b"canary_percent", "chat_template_family", b"chat_template_family", "context_window", b"context_window", "default_for_tiers", b"default_for_tiers", "deployments", b"deployments", "name", b"name", "pricing", b"pricing", "retired", b"retired", "tier", b"tier", "tokenizer_family", b"tokenizer_family"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tiers", b"allowed_tiers", "canaries", b"canaries", "canary_of", b"canary_of", "canary_percent", b"canary_percent", "chat_template_family", b"chat_template_family", "context_window", b"context_window", "default_for_tiers", b"default_for_tiers", "deployments", b"deployments", "kind", b"kind", "name", b"name", "pricing", b"pricing", "retired", b"retired", "tier", b"tier", "tokenizer_family", b"tokenizer_family"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -68,6 +68,9 @@ async def test_register_price_weight_and_retire(plane: GlobalPlane) -> None:
         "MODEL_TIER_LARGE",
         {"input_per_1k_usd": "0.004", "output_per_1k_usd": "0.012"},
     )
+    assert big["kind"] == "MODEL_KIND_CHAT"
+    embed = await admin_json(plane, *register[:2], "embed-big", "--kind", "embedding", *register[3:])
+    assert embed["kind"] == "MODEL_KIND_EMBEDDING"
     status, _, err = await admin(plane, *register)
     assert status == 2 and err.strip().endswith("change it with price, weight or retire (MODEL_EXISTS)")
     priced = await admin_json(
@@ -79,6 +82,8 @@ async def test_register_price_weight_and_retire(plane: GlobalPlane) -> None:
     assert (canary["canary_of"], canary["canary_percent"]) == ("big", 10)
     status, out, _ = await admin(plane, "model", "list")
     assert status == 0 and "10% of big" in out
+    kinds = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line.strip()}
+    assert [kinds[m] for m in ("big", "embed-big", "llmmesh-tiny-embed")] == ["chat", *["embedding"] * 2]
     assert (await plane.catalog.get_model("big")).canaries == (("big-v2", 10),)
     # A model with a live canary is not retired under it.
     status, _, err = await admin(plane, "model", "retire", "big")

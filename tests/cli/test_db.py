@@ -98,13 +98,13 @@ def test_the_previous_releases_stores_are_adopted_with_every_row(
         assert conn.execute(sa.select(global_schema.policy_version.c.version)).scalar_one() == 41
     engine.dispose()
     # The releases' own changes came after the baseline.
-    assert GLOBAL.revisions() == ["0001", "0002", "0003", "0004", "0005"]
+    assert GLOBAL.revisions() == ["0001", "0002", "0003", "0004", "0005", "0006"]
 
 
 def test_a_store_of_the_previous_revision_gets_this_releases_columns(tmp_path: Path) -> None:
     """A global store at revision 0001 with a tenant gets 0002's tenant caps, 0 (the region's
-    default), 0003's delete time, none (the tenant exists), 0004's daily background cap, 0, and
-    0005's per-model pods of a kept heartbeat."""
+    default), 0003's delete time, none (the tenant exists), 0004's daily background cap, 0,
+    0005's per-model pods of a kept heartbeat, and 0006's model kind, none (read as chat)."""
     url = f"sqlite:///{tmp_path / 'global.db'}"
     engine = create_store_engine(url)
     try:
@@ -123,11 +123,23 @@ def test_a_store_of_the_previous_revision_gets_this_releases_columns(tmp_path: P
                     create_time=sa.func.now(),
                 )
             )
+            conn.execute(
+                sa.insert(global_baseline.models).values(
+                    name="m",
+                    tier="small",
+                    context_window=8,
+                    tokenizer_family="f",
+                    chat_template_family="f",
+                    default_for_tiers=[],
+                    allowed_tiers=[],
+                )
+            )
         with engine.begin() as conn:
             upgrade(conn, GLOBAL)
         with engine.connect() as conn:
-            assert (revision(conn, GLOBAL), drift(conn, GLOBAL)) == ("0005", [])
+            assert (revision(conn, GLOBAL), drift(conn, GLOBAL)) == ("0006", [])
             row = conn.execute(sa.select(global_schema.tenants)).one()
+            assert conn.execute(sa.select(global_schema.models.c.kind)).scalar_one() is None
         assert (row.max_files, row.max_vector_stores, row.max_memories_per_user) == (0, 0, 0)
         assert row.delete_time is None and row.background_tokens_per_day == 0
     finally:

@@ -318,11 +318,14 @@ def test_chat_page_streams_branches_and_finds_the_conversation_again(
     key_box.send_keys(DEV_KEY)
     page.find("#sign-in").click()
     page.visible("app")
-    # Signed in, the message box has the focus; the model picker offers auto and the mesh's models.
+    # Signed in, the message box has the focus; the model picker offers auto and the mesh's
+    # chat models, not its embedding model.
     page.until(lambda c: c.execute_script("return document.activeElement.id") == "prompt", "focus in the box")
     models = httpx.get(f"{web_mesh.edge_url}/v1/models", headers=auth, timeout=10).json()["data"]
+    assert {m["kind"] for m in models} == {"chat", "embedding"}
     picker = Select(page.find("#model"))
-    assert [o.get_attribute("value") for o in picker.options] == ["auto", *(m["id"] for m in models)]
+    chat_models = [m["id"] for m in models if m["kind"] == "chat"]
+    assert [o.get_attribute("value") for o in picker.options] == ["auto", *chat_models]
     assert picker.first_selected_option.text == "auto"
 
     # A prompt's reply streams (Shift+Enter is a new line, Enter sends): the page shows it growing.

@@ -44,6 +44,7 @@ async def test_models_needs_a_key(http: httpx.AsyncClient) -> None:
     # The chat model and the embedding model the catalog starts with.
     assert set(models) == {"llmmesh-tiny", "llmmesh-tiny-embed"}
     assert models["llmmesh-tiny"]["context_window"] > 0
+    assert (models["llmmesh-tiny"]["kind"], models["llmmesh-tiny-embed"]["kind"]) == ("chat", "embedding")
 
 
 async def test_metrics_count_requests_and_tokens(http: httpx.AsyncClient) -> None:

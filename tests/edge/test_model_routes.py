@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
 from llmmesh.globalplane.tiers import TenantTier
 from tests.edge.sdk import async_client
-from tests.stack import Stack
+from tests.stack import DEV_KEY, Stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+AUTH = {"authorization": f"Bearer {DEV_KEY}"}
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 10}
 
 
 @pytest.fixture
@@ -44,3 +47,22 @@ async def test_a_callers_zone_lists_only_the_models_its_regions_serve(stack: Sta
             await elsewhere.models.retrieve("llmmesh-tiny")
     assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
     assert "not served in your zone (eu)" in missing.value.message
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", CHAT),
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/responses", {"model": "auto", "input": "Hello", "max_output_tokens": 10}),
+        ("/v1/completions", {"model": "auto", "prompt": "Hello", "max_tokens": 10}),
+    ],
+)
+async def test_a_turn_on_the_embedding_model_is_a_400_naming_the_model(
+    shared_http: httpx.AsyncClient, path: str, body: dict[str, object]
+) -> None:
+    resp = await shared_http.post(path, json={**body, "model": "llmmesh-tiny-embed"}, headers=AUTH)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["code"], error["param"]) == ("model_wrong_kind", "model")
+    assert "embedding model" in error["message"]

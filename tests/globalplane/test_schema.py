@@ -31,7 +31,7 @@ ALLOWED_COLUMNS: dict[str, set[str]] = {
     "policy_version": {"id", "version"},
     "models": {
         "name", "tier", "context_window", "tokenizer_family", "chat_template_family",
-        "default_for_tiers", "allowed_tiers", "retired", "canary_of", "canary_percent",
+        "default_for_tiers", "allowed_tiers", "retired", "canary_of", "canary_percent", "kind",
     },
     "model_prices": {"model", "revision", "input_per_1k_usd", "output_per_1k_usd", "effective_time"},
     "usage_records": {

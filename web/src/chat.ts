@@ -107,16 +107,17 @@ function showBusy(): void {
 
 async function signIn(key: string): Promise<void> {
   state.key = key;
-  let models: Page<{ id: string }>;
+  let models: Page<{ id: string; kind?: string }>;
   try {
-    models = await api<Page<{ id: string }>>("GET", "/v1/models");
+    models = await api<Page<{ id: string; kind?: string }>>("GET", "/v1/models");
   } catch (err) {
     state.key = null;
     sessionStorage.removeItem(KEY);
     throw err;
   }
   sessionStorage.setItem(KEY, key);
-  showModels(models.data.map((m) => m.id));
+  // Embedding models take no chat turn: the picker lists chat models only.
+  showModels(models.data.filter((m) => m.kind !== "embedding").map((m) => m.id));
   state.store = await findStore();
   $("signin").hidden = true;
   $("app").hidden = false;

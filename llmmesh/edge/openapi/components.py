@@ -215,6 +215,11 @@ _WRITTEN_OUT: dict[str, Schema] = {
             "pricing": _object({"input_per_1k_usd": STRING, "output_per_1k_usd": STRING}),
             "regions": {"type": "array", "items": STRING},
             "default_for_tiers": {"type": "array", "items": STRING},
+            "kind": {
+                "enum": ["chat", "embedding"],
+                "description": "Which endpoints take it: chat turns (chat completions, responses,"
+                " completions) or embeddings.",
+            },
         }
     ),
     "ModelList": _object(

@@ -24,12 +24,14 @@ def require_allowed(model: model_registry_service_pb2.Model, allowed: list[str])
 def require_chat_model(
     model: model_registry_service_pb2.Model, chat_models: Collection[str], embedding_models: Collection[str]
 ) -> None:
-    """INVALID_ARGUMENT (param ``model``) for a chat turn on a model the
+    """INVALID_ARGUMENT ``MODEL_WRONG_KIND`` (param ``model``) for a chat
+    turn on a model the registry lists as an embedding model, or one the
     region's pods only embed with: no pod could ever generate with it, so
     the refusal is final rather than UNAVAILABLE."""
-    if model.name in embedding_models and model.name not in chat_models:
+    embedding = model.kind == model_registry_service_pb2.MODEL_KIND_EMBEDDING
+    if embedding or (model.name in embedding_models and model.name not in chat_models):
         raise InvalidArgument(
-            Reason.INVALID_REQUEST,
+            Reason.MODEL_WRONG_KIND,
             f"model {model.name!r} is an embedding model; use /v1/embeddings with it",
             metadata={"param": "model"},
         )
