@@ -7,6 +7,7 @@ serves its model; a region with no other pod keeps waiting."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,6 +16,7 @@ import pytest
 from llmmesh.core.errors import MeshError
 from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.settings import RegionSettings
+from llmmesh.region.turn import stream
 from llmmesh.region.turn.stream import PodStream
 from llmmesh.v1 import engine_service_pb2
 
@@ -50,13 +52,26 @@ async def test_a_pod_found_down_gives_up_the_waiting_turn() -> None:
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE and "health checks" in caught.value.message
 
 
-async def test_with_no_other_pod_the_turn_keeps_waiting_and_gets_its_event() -> None:
+async def test_with_no_other_pod_the_turn_keeps_waiting_and_gets_its_event(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(stream, "SLOW_FIRST_EVENT_S", 0.3)
     pool = _pool(True, False)
     frozen, first = pool.pods[0], asyncio.Event()
-    waiting = asyncio.create_task(_stream(pool)._first_event(_events(first), frozen, "m"))
+    waiting = asyncio.create_task(_stream(pool)._first_event(_events(first), frozen, "m", "gen-1"))
     frozen.healthy = False
-    await asyncio.sleep(0.6)
-    assert not waiting.done()
-    first.set()
-    event = await asyncio.wait_for(waiting, 2)
+    with caplog.at_level(logging.INFO, logger=stream.__name__):
+        await asyncio.sleep(0.6)
+        assert not waiting.done()
+        # A long wait is named in the log, once, with the pod's state.
+        (slow,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert slow.startswith(f"generation gen-1: no first event from engine pod {frozen.pod_id} after 0.")
+        assert slow.endswith("(pod down, 0 generations in flight on it; another healthy pod serves m: no)")
+        first.set()
+        event = await asyncio.wait_for(waiting, 2)
     assert event.request_id == "r"
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith(f"generation gen-1: first event from engine pod {frozen.pod_id}")
+    )

@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 _POD_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 # How often a turn waiting for its pod's first event looks at the pod's health.
 _HEALTH_WATCH_S = 0.25
+# A turn waiting this long for its pod's first event is named in the log,
+# with the pod's state: a queue that long, or a pod that took the turn and
+# went quiet, is worth an operator's look.
+SLOW_FIRST_EVENT_S = 10.0
 
 
 class PodFailedEarly(Exception):
@@ -148,7 +152,9 @@ class PodStream:
             events = aiter(generation)
             while True:
                 try:
-                    resp = await self._next_event(events, pod, prepared.model.name, started=meter.started)
+                    resp = await self._next_event(
+                        events, pod, prepared.model.name, started=meter.started, request_id=engine_request_id
+                    )
                 except StopAsyncIteration:
                     break
                 kind = resp.WhichOneof("event")
@@ -253,6 +259,7 @@ class PodStream:
         model: str,
         *,
         started: bool,
+        request_id: str = "",
     ) -> engine_service_pb2.GenerationEvent:
         """The generation's next event. Once the turn has started, a pod
         that sends nothing for ``pod_stall_ms`` has stalled (frozen, cut
@@ -260,7 +267,7 @@ class PodStream:
         turn. Before the first event the wait is the queue's, not a stall,
         unless :meth:`_first_event` finds the pod down."""
         if not started:
-            return await self._first_event(events, pod, model)
+            return await self._first_event(events, pod, model, request_id)
         stall_s = self._settings.pod_stall_ms / 1000
         if stall_s <= 0:
             return await anext(events)
@@ -277,21 +284,45 @@ class PodStream:
         events: AsyncIterator[engine_service_pb2.GenerationEvent],
         pod: EnginePodHandle,
         model: str,
+        request_id: str = "",
     ) -> engine_service_pb2.GenerationEvent:
         """The generation's first event, however long the pod's queue
         holds it, unless the pool's health checks find the pod down (a
         frozen or cut-off pod took the turn before they noticed) while a
         healthy pod of the model could run it: UNAVAILABLE, so the turn is
         placed again. A region with no other pod keeps waiting: the edge's
-        first-event timeout decides."""
+        first-event timeout decides. A wait past :data:`SLOW_FIRST_EVENT_S`
+        is logged once."""
         if self._pool is None:
             return await anext(events)
         waiting = asyncio.ensure_future(anext(events))
+        loop = asyncio.get_running_loop()
+        since, logged = loop.time(), False
         try:
             while True:
                 done, _ = await asyncio.wait({waiting}, timeout=_HEALTH_WATCH_S)
                 if done:
+                    if logged:
+                        log.info(
+                            "generation %s: first event from engine pod %s after %.1f s",
+                            request_id,
+                            pod.pod_id,
+                            loop.time() - since,
+                        )
                     return waiting.result()
+                if not logged and loop.time() - since >= SLOW_FIRST_EVENT_S:
+                    logged = True
+                    log.warning(
+                        "generation %s: no first event from engine pod %s after %.1f s "
+                        "(pod %s, %d generations in flight on it; another healthy pod serves %s: %s)",
+                        request_id,
+                        pod.pod_id,
+                        loop.time() - since,
+                        "healthy" if pod.healthy else "down",
+                        pod.in_flight,
+                        model,
+                        "yes" if self._pool.serves_elsewhere(model, pod) else "no",
+                    )
                 if not pod.healthy and self._pool.serves_elsewhere(model, pod):
                     region_metrics.pod_stalled(pod.pod_id)
                     raise Unavailable(
