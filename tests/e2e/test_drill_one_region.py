@@ -29,7 +29,9 @@ def one_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningMesh
     config.write_text(ONE_REGION)
     with pytest.MonkeyPatch.context() as env:
         # The regions `llmmesh up` starts read their settings from the environment it passes on.
-        env.setenv("LLMMESH_POD_STALL_MS", "3000")
+        # A pod's stall is the region's to see before the edge's stall timeout (3 s) sees the
+        # stream's: under it, as the setting asks, by a margin a loaded machine keeps.
+        env.setenv("LLMMESH_POD_STALL_MS", "2000")
         running = start_up(
             home, "--config", str(config), "--dev-key", "sk-llmmesh-one-region", "--redis", "none"
         )
@@ -75,7 +77,11 @@ def test_freezing_a_pod_of_the_only_region_fails_no_turn(one_region: RunningMesh
     assert isinstance(metrics, dict)
     metrics_url = str(metrics["us-east"])
     stalls = counted(metrics_url, "llmmesh_region_pod_stalls_total")
-    report = drill(one_region, "--kind", "pod", "--mode", "partition", "--region", "us-east")
+    # Frozen for 6 s: well past both ways the region finds a frozen pod (its turns' 2 s stall,
+    # two failed health checks for the turns waiting on it), on a loaded machine too.
+    report = drill(
+        one_region, "--kind", "pod", "--mode", "partition", "--region", "us-east", "--restore-after-s", "6"
+    )
     assert_clean(report)
     assert report["streams_affected"] >= 1
     assert report["turns_failed_clearly"] == 0, report["errors"]
