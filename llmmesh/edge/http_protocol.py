@@ -9,11 +9,22 @@ connection must deliver each complete request head within
 ``header_timeout_s`` of opening, or of the first byte after its previous
 request; otherwise it is closed. Bodies and responses are not limited by
 it: a streamed reply can run for minutes.
+
+The deadline is kept by the client's bytes, not by when the edge gets to
+read them. uvloop runs due timers before it polls its sockets, so a process
+held up past the deadline (a long pause, a starved CPU) would meet the
+deadline before the head that arrived meanwhile: a connection whose socket
+still holds unread bytes when its deadline comes is given one more period
+for that head, once (a client that trickles bytes gains one period, not
+more).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -32,6 +43,7 @@ class _HeadDeadline(asyncio.Protocol):
 
     _head_timer: asyncio.TimerHandle | None = None
     _head_awaited_after: Any = None
+    _head_grace_taken = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -53,6 +65,7 @@ class _HeadDeadline(asyncio.Protocol):
 
     def _await_head(self) -> None:
         self._head_awaited_after = self.cycle
+        self._head_grace_taken = False
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_overdue)
 
     def _stop_awaiting_head(self) -> None:
@@ -64,8 +77,26 @@ class _HeadDeadline(asyncio.Protocol):
         self._head_timer = None
         # A head parsed since (by a path that bypassed data_received, such
         # as a pipelined request started later) means the deadline was met.
-        if self.cycle is self._head_awaited_after and self._between_requests():
-            self.transport.close()
+        if self.cycle is not self._head_awaited_after or not self._between_requests():
+            return
+        if not self._head_grace_taken and unread_bytes(self.transport) > 0:
+            self._head_grace_taken = True
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_overdue)
+            return
+        self.transport.close()
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes waiting in the transport's socket, unread by the process; 0
+    where that cannot be told."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", waiting)[0])
 
 
 def http_protocol(

@@ -29,8 +29,8 @@ from llmmesh.edge.settings import EdgeSettings
 pytestmark = pytest.mark.asyncio
 
 # The head deadline of the servers under test. The test's client shares the server's event loop:
-# a loop held up for this long between a connection and its first read (a loaded machine) would
-# close a connection whose head has arrived, so it is kept well above such a hold.
+# a loop held up for this long before the client has sent its head (a loaded machine) closes the
+# connection, as it should, so it is kept well above such a hold.
 TIMEOUT_S = 1.0
 # How long a test waits for what must happen; far above TIMEOUT_S.
 BOUND_S = 10.0
