@@ -202,16 +202,24 @@ class CompletionsHandler:
         except MeshError:
             if turn.lost_by_mesh:
                 # The client gets an error and none of the reply: no output is billed.
-                settling = asyncio.create_task(turn.settle(0), name=f"settle-{completion_id}")
-                self._settling.add(settling)
-                settling.add_done_callback(self._settling.discard)
+                self._settle_later(turn, 0, completion_id)
             raise
         finally:
             await cancel_and_wait(gone)
             await cancel_and_wait(collecting)
+            settles = turn.settles_when_done
             turn.close()
+        if settles:
+            # The client gets the whole reply; regions the turn left may have billed past it.
+            self._settle_later(turn, turn.delivered_tokens, completion_id)
         body = shape.whole(
             completion_id, created, model, reply, turn.reason, turn.usage, blocked_categories(turn.safety)
         )
         body.update(retrieval_fields(turn.started))
         return JSONResponse(body, headers={**headers, "x-llmmesh-region": turn.region})
+
+    def _settle_later(self, turn: FailoverTurn, delivered: int, completion_id: str) -> None:
+        """Settle ``turn`` to ``delivered`` output tokens beside the reply."""
+        settling = asyncio.create_task(turn.settle(delivered), name=f"settle-{completion_id}")
+        self._settling.add(settling)
+        settling.add_done_callback(self._settling.discard)

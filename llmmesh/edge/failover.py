@@ -26,8 +26,10 @@ A turn failed so (``lost_by_mesh``) is billed no more output than its
 client received: :meth:`FailoverTurn.settle` tells a region of the zone
 (``ChatService.SettleTurn``, as the edge, with the turn's key) how many
 output tokens were delivered, and the zone's usage rows of the turn are
-settled to that. A turn its client cancels or leaves is billed what its
-regions generated, as OpenAI bills it.
+settled to that. So is a turn that was continued and ended
+(``settles_when_done``): a region it left only slow generated on until it
+noticed, and its count is not the client's. A turn its client cancels or
+leaves is billed what its regions generated, as OpenAI bills it.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ class FailoverTurn:
         self._closed = False
         # The turn ended because no region could go on with it: the mesh's fault.
         self.lost_by_mesh = False
+        # Another region continued the turn.
+        self.continued = False
         self._spans = spans if spans is not None else TurnSpans(model, start.request_id)
         # Its share of the operator page's charts, timed from arrived_s (else its start sent).
         self._traffic = TurnTraffic(model, first.region, first.sent_s if arrived_s is None else arrived_s)
@@ -164,6 +168,7 @@ class FailoverTurn:
                         except BaseException:
                             self.lost_by_mesh = True
                             raise
+                    self.continued = True
                     self._spans.opened(self._turn.started)
                     await self._stop_if_asked()
         except BaseException as err:
@@ -172,6 +177,13 @@ class FailoverTurn:
                 self._traffic.failed(self.region, from_mesh_error(err).code)
             raise
         self._spans.finish(self.usage, self.reason)
+
+    @property
+    def settles_when_done(self) -> bool:
+        """Whether the turn, ended whole, is settled to what was delivered:
+        one that another region continued, unless its client cancelled or
+        left it (that is billed what was generated)."""
+        return self.continued and self._cancelled is None and not self._closed
 
     async def cancel(self, reason: str) -> None:
         """Ask the serving region to stop the turn; its usage is still metered."""
@@ -184,8 +196,8 @@ class FailoverTurn:
         self._spans.fail("the edge stopped reading the turn")
 
     async def settle(self, delivered: int) -> None:
-        """Have the zone bill this turn, which the mesh failed, the
-        ``delivered`` output tokens its client received (see the module
+        """Have the zone bill this turn, which the mesh failed or continued,
+        the ``delivered`` output tokens its client received (see the module
         docstring). Retried on the zone's regions while they are
         unreachable, up to ``SETTLE_DEADLINE_S``; never raises."""
         request = chat_service_pb2.SettleTurnRequest(

@@ -1299,7 +1299,7 @@ Global___Branch: _TypeAlias = Branch  # noqa: Y015
 
 @_typing.final
 class SettleTurnRequest(_message.Message):
-    """Asks to settle a failed turn's usage to what its client received."""
+    """Asks to settle a turn's usage to what its client received."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

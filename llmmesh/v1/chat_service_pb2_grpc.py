@@ -169,10 +169,12 @@ class ChatServiceServicer:
 
     def SettleTurn(self, request, context):
         """Settles the usage of a turn that failed by the mesh's fault (its
-        stream broke and no region of the zone could continue it) to the output
-        its client received: the turn's usage rows across the zone are billed
-        at most that many output tokens, and a region recording the turn later
-        adds nothing. Only an edge may call it, with the turn's API key.
+        stream broke and no region of the zone could continue it), or that
+        another region of the zone continued, to the output its client
+        received: the turn's usage rows across the zone are billed that many
+        output tokens (rows billing already took are not reduced), and a region
+        recording the turn later adds nothing. Only an edge may call it, with
+        the turn's API key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -67,10 +67,12 @@ class ChatServiceStub:
     """Describes the region: zone, models, health."""
     SettleTurn: _grpc.UnaryUnaryMultiCallable[_chat_service_pb2.SettleTurnRequest, _chat_service_pb2.SettleTurnResponse]
     """Settles the usage of a turn that failed by the mesh's fault (its
-    stream broke and no region of the zone could continue it) to the output
-    its client received: the turn's usage rows across the zone are billed
-    at most that many output tokens, and a region recording the turn later
-    adds nothing. Only an edge may call it, with the turn's API key.
+    stream broke and no region of the zone could continue it), or that
+    another region of the zone continued, to the output its client
+    received: the turn's usage rows across the zone are billed that many
+    output tokens (rows billing already took are not reduced), and a region
+    recording the turn later adds nothing. Only an edge may call it, with
+    the turn's API key.
     """
 
 @_typing.type_check_only
@@ -112,10 +114,12 @@ class ChatServiceAsyncStub(ChatServiceStub):
     """Describes the region: zone, models, health."""
     SettleTurn: _aio.UnaryUnaryMultiCallable[_chat_service_pb2.SettleTurnRequest, _chat_service_pb2.SettleTurnResponse]  # type: ignore[assignment]
     """Settles the usage of a turn that failed by the mesh's fault (its
-    stream broke and no region of the zone could continue it) to the output
-    its client received: the turn's usage rows across the zone are billed
-    at most that many output tokens, and a region recording the turn later
-    adds nothing. Only an edge may call it, with the turn's API key.
+    stream broke and no region of the zone could continue it), or that
+    another region of the zone continued, to the output its client
+    received: the turn's usage rows across the zone are billed that many
+    output tokens (rows billing already took are not reduced), and a region
+    recording the turn later adds nothing. Only an edge may call it, with
+    the turn's API key.
     """
 
 class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -214,10 +218,12 @@ class ChatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_chat_service_pb2.SettleTurnResponse, _abc.Awaitable[_chat_service_pb2.SettleTurnResponse]]:
         """Settles the usage of a turn that failed by the mesh's fault (its
-        stream broke and no region of the zone could continue it) to the output
-        its client received: the turn's usage rows across the zone are billed
-        at most that many output tokens, and a region recording the turn later
-        adds nothing. Only an edge may call it, with the turn's API key.
+        stream broke and no region of the zone could continue it), or that
+        another region of the zone continued, to the output its client
+        received: the turn's usage rows across the zone are billed that many
+        output tokens (rows billing already took are not reduced), and a region
+        recording the turn later adds nothing. Only an edge may call it, with
+        the turn's API key.
         """
 
 def add_ChatServiceServicer_to_server(servicer: ChatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

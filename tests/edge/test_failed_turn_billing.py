@@ -27,15 +27,11 @@ from tests.edge.test_failover import (
     regions,
     rows_of,
     settle_billing,
+    settlements,
     stream,
 )
 
 pytestmark = pytest.mark.asyncio
-
-
-def settlements(metrics: str, outcome: str) -> float:
-    line = f'llmmesh_edge_turn_settlements_total{{outcome="{outcome}"}} '
-    return float(next(m for m in metrics.splitlines() if m.startswith(line)).split()[-1])
 
 
 def content_tokens(events: list[Event]) -> int:

@@ -143,6 +143,12 @@ async def stream(
     return got
 
 
+def settlements(metrics: str, outcome: str) -> float:
+    """The edge's count of turns settled with ``outcome``; the process's, so compare increments."""
+    line = f'llmmesh_edge_turn_settlements_total{{outcome="{outcome}"}} '
+    return float(next(m for m in metrics.splitlines() if m.startswith(line)).split()[-1])
+
+
 async def settle_billing(mesh: MultiRegionMesh, zone: str) -> None:
     """Every region of the zone has recorded and shipped what it ran."""
     for running in mesh.zone_regions(zone):
@@ -189,8 +195,12 @@ async def test_a_killed_region_mid_stream_is_continued_by_its_zone_peer(tmp_path
         text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
         tenant_id, secret = await mesh.new_key("us")
         async with httpx.AsyncClient(base_url=mesh.url, timeout=60) as http:
+            settled_before = settlements((await http.get("/metrics")).text, "settled")
             got = await stream(http, secret, after_content=mesh.kill)
-            metrics = (await http.get("/metrics")).text
+            # The continued turn is settled to what its client received, once it ended.
+            async with asyncio.timeout(30):
+                while settlements(metrics := (await http.get("/metrics")).text, "settled") <= settled_before:
+                    await asyncio.sleep(0.1)
         assert 'llmmesh_edge_failovers_total{outcome="continued"}' in metrics
         assert got.region == "us-east"
         got.assert_one_whole_stream()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +24,7 @@ import sqlalchemy as sa
 
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.globalplane.tiers import TenantTier
+from llmmesh.region.turn.settle import RecordCodec
 from llmmesh.region.zone_store import AssistantMessage, Role, ZoneStore
 from llmmesh.region.zone_store import schema as zs
 from llmmesh.region.zone_store.rows import ContinuedTurn, TurnStart
@@ -195,6 +197,93 @@ async def test_a_continuation_leaves_another_tenants_turn_of_the_same_id_alone(
     ]
     assert next(r.usage for r in rows if r.tenant_id == b) == other
     assert await east.messages(b, theirs.id) == before
+
+
+async def accepted_and_started(store: ZoneStore, request_id: str, carried: int = 0) -> None:
+    """``request_id`` of T accepted and streaming in ``store``'s region; a
+    continuation of ``req-z`` when it carries tokens."""
+    holder = uuid.uuid4().hex
+    continues = "req-z" if carried else None
+    await store.accept_turn(TurnStart(request_id, T, "m", PROMPT, 40, holder, continues, carried))
+    assert await store.mark_started(T, request_id, holder)
+
+
+async def test_a_turn_continued_twice_is_settled_to_what_its_client_received(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    # req-z went slow in us-east after 3 tokens, its continuation r2 slow in
+    # us-west after 6 more, and r3 (us-east again) ended it: 16 in all.
+    await accepted_and_started(east, "req-z")
+    await accepted_and_started(west, "req-z-r2", carried=3)
+    await accepted_and_started(east, "req-z-r3", carried=6)
+    whole = await east.record_continuation(
+        T,
+        None,
+        "req-z-r3",
+        None,
+        ContinuedTurn("req-z", PROMPT, 6, ""),
+        reply("", 16),
+        10,
+        encoder("us-east"),
+    )
+    assert not whole.duplicate
+    # us-west's r2 had generated on, 20 tokens past its 3, before it noticed its client had left.
+    late = await west.record_continuation(
+        T,
+        None,
+        "req-z-r2",
+        None,
+        ContinuedTurn("req-z", PROMPT, 3, ""),
+        reply("", 23),
+        20,
+        encoder("us-west"),
+    )
+    assert not late.duplicate
+    assert sum(o for _, _, o, _ in usage_rows(west).values()) == 23  # 7 more than delivered
+
+    settled = await west.settle_turn(T, "req-z", 16, RecordCodec(T, "us-west"))
+    assert (settled.billed_output_tokens, settled.over_billed_output_tokens) == (16, 0)
+    rows = usage_rows(west)
+    assert {rid: (i, o) for rid, (_, i, o, _) in rows.items()} == {
+        "req-z": (PROMPT, 16),
+        "req-z-r2": (0, 0),
+        "req-z-r3": (0, 0),
+    }
+    # us-east's own write of the turn, coming last, adds nothing.
+    assert (await east.record_turn(T, None, "req-z", None, reply("", 30), b"", tokens=PROMPT + 30)).duplicate
+    assert await west.tenant_tokens(T, since=datetime(2000, 1, 1, tzinfo=UTC)) == PROMPT + 16
+
+
+async def test_a_continuation_not_recorded_yet_bills_what_the_turn_rows_leave(
+    regions: tuple[ZoneStore, ZoneStore],
+) -> None:
+    east, west = regions
+    await accepted_and_started(east, "req-z")
+    await accepted_and_started(west, "req-z-r2", carried=3)
+    # us-east recorded the 4 tokens it generated; us-west's record of r2 still waits in its spool.
+    await east.record_turn(
+        T, None, "req-z", None, reply("", 4), encoder("us-east")("req-z", PROMPT, 4, ""), tokens=PROMPT + 4
+    )
+    settled = await west.settle_turn(T, "req-z", 16, RecordCodec(T, "us-west"))
+    assert (settled.billed_output_tokens, settled.over_billed_output_tokens) == (16, 0)
+    rows = usage_rows(west)
+    assert {rid: (i, o) for rid, (_, i, o, _) in rows.items()} == {"req-z": (PROMPT, 4), "req-z-r2": (0, 12)}
+    # Billed as the turn's tokens, not a request of its own, and shipped by the settling region.
+    assert continued_of(west, "req-z-r2") == "req-z"
+    assert rows["req-z-r2"][0] == "us-west"
+    late = await west.record_continuation(
+        T,
+        None,
+        "req-z-r2",
+        None,
+        ContinuedTurn("req-z", PROMPT, 3, ""),
+        reply("", 16),
+        13,
+        encoder("us-west"),
+    )
+    assert late.duplicate
+    assert await west.tenant_tokens(T, since=datetime(2000, 1, 1, tzinfo=UTC)) == PROMPT + 16
 
 
 # ---------------------------------------------------------------- through the gateway

@@ -356,6 +356,9 @@ class StreamHub:
             if chunks.include_usage:
                 await appender.event(chunks.usage(turn.usage))
             await appender.end(chunks.end_frame)
+            if turn.settles_when_done:
+                # Regions the turn left may have billed past what the client has.
+                await turn.settle(turn.delivered_tokens)
         except MeshError as err:
             error = from_mesh_error(err)
             metrics.STREAM_ERRORS.labels(code=error.code or "unknown").inc()

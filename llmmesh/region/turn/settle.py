@@ -1,8 +1,9 @@
-"""``ChatService.SettleTurn``: an edge settles a turn the mesh failed to the
-output its client received (:mod:`region.zone_store.settlement`). Only the
-edge knows what reached the client, so only its certificate may ask; the
-turn is the caller's key's tenant's. Rows written or changed here are
-shipped to billing as any usage row is."""
+"""``ChatService.SettleTurn``: an edge settles a turn the mesh failed, or
+one it continued in another region, to the output its client received
+(:mod:`region.zone_store.settlement`). Only the edge knows what reached
+the client, so only its certificate may ask; the turn is the caller's
+key's tenant's. Rows written or changed here are shipped to billing as any
+usage row is."""
 
 from __future__ import annotations
 
@@ -36,22 +37,27 @@ class RecordCodec:
         record.usage.output_tokens = output_tokens
         return record.SerializeToString()
 
-    def new_row(self, request_id: str, model: str, input_tokens: int, output_tokens: int) -> bytes:
+    def new_row(
+        self, request_id: str, model: str, input_tokens: int, output_tokens: int, continues: str = ""
+    ) -> bytes:
         end = timestamp_pb2.Timestamp()
         end.GetCurrentTime()
+        # The turn's own row is written only for a turn that failed before any region recorded it.
+        reason = common_pb2.FINISH_REASON_UNSPECIFIED if continues else common_pb2.FINISH_REASON_ERROR
         return billing_service_pb2.UsageRecord(
             request_id=request_id,
             tenant_id=self._tenant_id,
             model=model,
             region=self._region,
             usage=common_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens),
-            finish_reason=common_pb2.FINISH_REASON_ERROR,
+            finish_reason=reason,
             end_time=end,
+            continues_request_id=continues,
         ).SerializeToString()
 
 
 class TurnSettlement:
-    """Settles failed turns in the zone store, then lets the shipper bill them."""
+    """Settles turns in the zone store, then lets the shipper bill them."""
 
     def __init__(self, region: str, policy: PolicyCache, store: ZoneStore, shipper: UsageShipper) -> None:
         self._region = region

@@ -1,10 +1,13 @@
-"""Settling a turn the mesh failed to what its client received.
+"""Settling a turn to what its client received.
 
 A turn whose stream broke, and that no region of the zone could continue,
-ends for its client with an error after some output. Its regions' usage
-rows may bill more than that (a region cut off from its edge generates on
-until it notices), or nothing at all (a region that died mid-turn records
-nothing). The edge, which knows what it delivered, settles the turn
+ends for its client with an error after some output; one that was
+continued ends whole, but a region it left may have generated on. Its
+regions' usage rows may bill more than the client received (a region cut
+off from its edge, or only slow, generates on until it notices, and a
+continuation that replaced it bills what the rows before it leave of its
+own count), or less (a region that died mid-turn records nothing). The
+edge, which knows what it delivered, settles the turn
 (:func:`settle_turn`): the turn's rows, its original request id's and its
 continuations', then bill exactly the delivered output, and every request
 id of the turn holds a row, so a region recording the turn later adds
@@ -16,6 +19,9 @@ nothing (its write is a no-op, the id being taken).
   attempt's first. A row billing already took is not changed (billing
   keeps no negative records); what it holds beyond the delivered output is
   reported as over-billed. So is a row shipped while the settlement runs.
+- Rows that bill less, with a continuation not recorded (its region died,
+  or its record waits in the region's spool): the latest such
+  continuation's row bills the rest, as output of the original's request.
 
 Runs inside the caller's transaction.
 """
@@ -46,8 +52,12 @@ class UsageCodec(Protocol):
     def with_output(self, usage: bytes, output_tokens: int) -> bytes:
         """The record billing ``output_tokens`` instead."""
 
-    def new_row(self, request_id: str, model: str, input_tokens: int, output_tokens: int) -> bytes:
-        """A record of the turn's request ``request_id`` billing those tokens."""
+    def new_row(
+        self, request_id: str, model: str, input_tokens: int, output_tokens: int, continues: str = ""
+    ) -> bytes:
+        """A record of the turn's request ``request_id`` billing those tokens;
+        with ``continues``, a continuation's share of the turn whose original
+        request id that is (tokens, not a request of its own)."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +113,14 @@ def settle_turn(
         )
     }
 
-    def new_row(rid: str, input_tokens: int, output: int, shipped_at: datetime | None) -> dict[str, Any]:
+    def new_row(
+        rid: str, input_tokens: int, output: int, shipped_at: datetime | None, continues: str = ""
+    ) -> dict[str, Any]:
         return {
             "request_id": rid,
             "tenant_id": tenant_id,
             "home_region": region,
-            "usage": codec.new_row(rid, start.model, input_tokens, output),
+            "usage": codec.new_row(rid, start.model, input_tokens, output, continues),
             "tokens": input_tokens + output,
             "created_at": now,
             "attempts": 0,
@@ -116,6 +128,7 @@ def settle_turn(
         }
 
     billed = over = 0
+    unrecorded = [rid for rid in ids[1:] if rid not in rows]
     if request_id not in rows:
         # Nothing recorded (its region died): the turn is one request, its prompt and what was delivered.
         insert_new_rows(conn, _O, [new_row(request_id, int(start.prompt_tokens), delivered, None)])
@@ -141,8 +154,13 @@ def settle_turn(
                 excess -= cut
                 billed -= cut
         over = max(0, excess)
+        if billed < delivered and unrecorded:
+            # A continuation that recorded nothing streamed the rest.
+            latest = unrecorded.pop()
+            insert_new_rows(conn, _O, [new_row(latest, 0, delivered - billed, None, request_id)])
+            billed = delivered
     # Every attempt holds a row, so none recorded later bills anything; these are never shipped.
-    placeholders = [new_row(rid, 0, 0, now) for rid in ids[1:] if rid not in rows]
+    placeholders = [new_row(rid, 0, 0, now) for rid in unrecorded]
     if placeholders:
         insert_new_rows(conn, _O, placeholders)
     return Settlement(billed, over)
