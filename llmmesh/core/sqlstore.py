@@ -18,7 +18,7 @@ transaction begins ``IMMEDIATE`` (one writer at a time across processes) and
 calls from one process are serialized on a lock, since the embedded database
 has a single writer anyway. Writes that arrive together (the records of the
 turns one decode step ends) can share one transaction, each in a savepoint
-of its own: :meth:`SqlStore.grouped`.
+of its own, on the store's writer thread: :meth:`SqlStore.grouped`.
 
 Transactions that fail for the database's sake (it is unreachable, or
 conflicts outlast every retry) are counted in ``llmmesh_store_errors_total``
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import random
@@ -40,6 +41,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -396,6 +398,7 @@ class SqlStore:
         with self._idle:
             if not self._idle.wait_for(lambda: self._running == 0, timeout=DISPOSE_WAIT_S):
                 log.warning("disposing the store with %d transactions still running", self._running)
+        self._group.close()
         with self._exclusive():
             self.engine.dispose()
 
@@ -425,36 +428,82 @@ class _Grouped:
 
 class _GroupCommit:
     """The grouping behind :meth:`SqlStore.grouped`: work that arrives while
-    a group is in a worker thread waits and goes in the next group."""
+    a group is being written waits and goes in the next group.
+
+    Groups are written one at a time on a thread of their own. The end of
+    a group's transaction settles its members and hands over the next group
+    in one callback on the loop, with no task in between: a member's caller
+    resumes one loop turn after its transaction commits (on a busy loop,
+    each turn is milliseconds)."""
 
     def __init__(self, store: SqlStore) -> None:
         self._store = store
         self._pending: list[_Grouped] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writing = False
+        self._thread: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     async def run(self, work: Callable[[Connection], T], urgent: bool) -> T:
         item = _Grouped(work, urgent)
         self._pending.append(item)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write())
-        # Shielded: a caller that goes away does not take the group's write with it.
-        result: T = await asyncio.shield(item.outcome)
+        loop = asyncio.get_running_loop()
+        if not self._writing or loop is not self._loop:
+            # Next turn of the loop: work arriving in this one joins the group.
+            self._loop, self._writing = loop, True
+            loop.call_soon(self._write_next)
+        # A caller that goes away leaves its work in the group: only the answer is dropped.
+        result: T = await item.outcome
         return result
 
-    async def _write(self) -> None:
+    def close(self) -> None:
+        """Let the writer thread go (a later group starts another)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=False)
+
+    def _write_next(self) -> None:
+        """Hand the next group to the writer thread, if any waits."""
+        loop = self._loop
+        assert loop is not None
         while self._pending:
             group = self._next_group()
+            write = functools.partial(self._store.run_transaction, functools.partial(_run_group, group=group))
             try:
-                write = functools.partial(_run_group, group=group)
-                await asyncio.to_thread(self._store.run_transaction, write)
-            except BaseException as err:  # the commit itself failed: every member fails with it
+                written = self._writer().submit(contextvars.copy_context().run, write)
+            except RuntimeError as err:  # the interpreter is shutting down
                 for item in group:
                     _settle(item.outcome, None, err)
-                if isinstance(err, asyncio.CancelledError):
-                    raise
                 continue
+            self._writing = True
+            written.add_done_callback(functools.partial(self._from_thread, loop, group))
+            return
+        self._writing = False
+
+    def _from_thread(
+        self, loop: asyncio.AbstractEventLoop, group: list[_Grouped], done: Future[None]
+    ) -> None:
+        """The writer thread ended ``group``'s transaction: settle it on the loop."""
+        loop.call_soon_threadsafe(self._written, group, done)
+
+    def _written(self, group: list[_Grouped], done: Future[None]) -> None:
+        """Settle ``group``'s members and hand over the next group."""
+        try:
+            done.result()
+        except BaseException as err:  # the commit itself failed: every member fails with it
+            for item in group:
+                _settle(item.outcome, None, err)
+        else:
             for item in group:
                 _settle(item.outcome, item.result, item.error)
+        self._write_next()
+
+    def _writer(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlstore-group")
+            return self._thread
 
     def _next_group(self) -> list[_Grouped]:
         """The waiting urgent work if there is any, else the oldest
