@@ -11,14 +11,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from llmmesh.edge.http_protocol import http_protocol
-from llmmesh.edge.server import listening_socket
+from tests.edge.test_http_server import serving
 
 TIMEOUT_S = 0.3
 BOUND_S = 10.0
@@ -37,24 +35,8 @@ def on_uvloop(base: type, client: Callable[[int], Awaitable[bytes]]) -> bytes:
 
     async def main() -> bytes:
         assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
-        sock = listening_socket("127.0.0.1", 0)
-        config = uvicorn.Config(
-            hello,
-            http=http_protocol(TIMEOUT_S, base),
-            lifespan="off",
-            log_level="warning",
-            timeout_keep_alive=600,
-        )
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            while not server.started:
-                assert not task.done(), task
-                await asyncio.sleep(0.01)
-            return await asyncio.wait_for(client(sock.getsockname()[1]), BOUND_S)
-        finally:
-            server.should_exit = True
-            await task
+        async with serving(base, hello, TIMEOUT_S) as port:
+            return await asyncio.wait_for(client(port), BOUND_S)
 
     return uvloop.run(main())
 

@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from llmmesh.edge.http_protocol import http_protocol
@@ -63,12 +63,13 @@ async def slow_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 @asynccontextmanager
-async def serving(base: type) -> AsyncIterator[int]:
-    """``slow_app`` on uvicorn with the edge's protocol over ``base``; yields the port."""
+async def serving(base: type, app: ASGIApp = slow_app, timeout_s: float = TIMEOUT_S) -> AsyncIterator[int]:
+    """``app`` on uvicorn with the edge's protocol over ``base`` and a head
+    deadline of ``timeout_s``; yields the port."""
     sock = listening_socket("127.0.0.1", 0)
     config = uvicorn.Config(
-        slow_app,
-        http=http_protocol(TIMEOUT_S, base),
+        app,
+        http=http_protocol(timeout_s, base),
         lifespan="off",
         log_level="warning",
         # Far longer than the test: only the header timeout can close a connection.
