@@ -328,6 +328,7 @@ class StreamHub:
         stream_id = production.stream_id
         region = turn.region
         watcher = asyncio.create_task(self._watch(production, turn), name=f"watch-{stream_id}")
+        settles = False
         try:
             opening = chunks.opening()
             if opening is not None:
@@ -356,9 +357,7 @@ class StreamHub:
             if chunks.include_usage:
                 await appender.event(chunks.usage(turn.usage))
             await appender.end(chunks.end_frame)
-            if turn.settles_when_done:
-                # Regions the turn left may have billed past what the client has.
-                await turn.settle(turn.delivered_tokens)
+            settles = turn.settles_when_done
         except MeshError as err:
             error = from_mesh_error(err)
             metrics.STREAM_ERRORS.labels(code=error.code or "unknown").inc()
@@ -387,6 +386,9 @@ class StreamHub:
             await cancel_and_wait(watcher)
             turn.close()
             self._productions.pop(stream_id, None)
+        if settles:
+            # The stream has ended whole; regions the turn left may have billed past it.
+            await turn.settle(turn.delivered_tokens)
 
     @staticmethod
     async def _end_with_error(appender: _Appender, events: Events) -> None:
