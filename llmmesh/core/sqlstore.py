@@ -186,8 +186,10 @@ class _PostgresInsertNew(postgresql.Insert):
     inherit_cache = True
 
 
+@functools.cache
 def _insert_new(table: sa.Table, dialect: str) -> sa.Insert:
-    """``INSERT … ON CONFLICT DO NOTHING RETURNING`` the primary key, cached."""
+    """``INSERT … ON CONFLICT DO NOTHING RETURNING`` the primary key of
+    ``table``, built once (a statement is immutable) and compiled once."""
     keys = table.primary_key.columns
     if dialect == "sqlite":
         stmt: sa.Insert = _SqliteInsertNew(table).returning(*keys)
@@ -476,7 +478,6 @@ class _GroupCommit:
                 for item in group:
                     _settle(item.outcome, None, err)
                 continue
-            self._writing = True
             written.add_done_callback(functools.partial(self._from_thread, loop, group))
             return
         self._writing = False
