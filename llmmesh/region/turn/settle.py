@@ -42,7 +42,8 @@ class RecordCodec:
     ) -> bytes:
         end = timestamp_pb2.Timestamp()
         end.GetCurrentTime()
-        # The turn's own row is written only for a turn that failed before any region recorded it.
+        # A shipped row of the turn's own is written only for a turn that failed before any region
+        # recorded it (the others are placeholders, never shipped); a continuation's share has no finish.
         reason = common_pb2.FINISH_REASON_UNSPECIFIED if continues else common_pb2.FINISH_REASON_ERROR
         return billing_service_pb2.UsageRecord(
             request_id=request_id,
