@@ -130,6 +130,11 @@ async def test_chat_streams_through_the_tls_grpc_listener_over_upstream_mtls(fro
 
 
 async def test_a_region_cluster_fails_over_inside_its_zone_over_mtls(fronted: Fronted) -> None:
+    # Both hosts (us-west first, us-east behind it) healthy in Envoy's eyes: a first health
+    # check may have timed out on a loaded machine.
+    members = await fronted.envoy.stat("cluster.region-us-west.membership_total")
+    assert members == 2
+    assert await _stat_reaches(fronted.envoy, "cluster.region-us-west.membership_healthy", members) == members
     async with fronted.channel() as channel:
         for _ in range(3):
             events = await chat_on(channel, REGION_HEADER, "us-west")
