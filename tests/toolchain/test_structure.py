@@ -6,7 +6,11 @@ when its constructor returns). Read from the source, so it runs in no time."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import functools
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +24,36 @@ def modules(*parts: str) -> Iterator[Path]:
     for path in sorted(PACKAGE.joinpath(*parts).rglob("*.py")):
         if "v1" not in path.relative_to(PACKAGE).parts[:1]:
             yield path
+
+
+_PARSE = "import ast, pickle, sys; sources = pickle.load(sys.stdin.buffer); " + (
+    "pickle.dump({key: ast.parse(text) for key, text in sources.items()}, sys.stdout.buffer)"
+)
+
+
+def parsed(sources: Mapping[str, str]) -> dict[str, ast.Module]:
+    """Each source parsed, in an interpreter of its own: in a test process
+    shared with other tests, CPython 3.11's parser can be left refusing
+    every later parse ("AST constructor recursion depth mismatch") by a
+    recursion error elsewhere in the process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE], input=pickle.dumps(dict(sources)), capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    trees: dict[str, ast.Module] = pickle.loads(done.stdout)
+    return trees
+
+
+@functools.cache
+def _package_trees() -> dict[Path, ast.Module]:
+    paths = list(modules())
+    trees = parsed({str(path): path.read_text() for path in paths})
+    return {path: trees[str(path)] for path in paths}
+
+
+def tree_of(path: Path) -> ast.Module:
+    """The syntax tree of one of the package's modules."""
+    return _package_trees()[path]
 
 
 def constructor_parameters(tree: ast.Module) -> Iterator[tuple[str, int, int]]:
@@ -52,10 +86,7 @@ def constructor_parameters(tree: ast.Module) -> Iterator[tuple[str, int, int]]:
 def our_classes() -> set[str]:
     """The names of every class the package defines."""
     return {
-        node.name
-        for path in modules()
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef)
+        node.name for path in modules() for node in ast.walk(tree_of(path)) if isinstance(node, ast.ClassDef)
     }
 
 
@@ -104,7 +135,7 @@ def test_no_class_takes_more_than_eight_constructor_parameters() -> None:
     wide = [
         f"{path.relative_to(ROOT)}:{line} {name} takes {count}"
         for path in modules()
-        for name, line, count in constructor_parameters(ast.parse(path.read_text()))
+        for name, line, count in constructor_parameters(tree_of(path))
         if count > MAX_PARAMETERS
     ]
     assert wide == []
@@ -116,7 +147,7 @@ def test_no_plane_hands_an_object_a_collaborator_after_building_it() -> None:
         f"{path.relative_to(ROOT)}:{line} {target}"
         for plane in PLANES
         for path in modules(plane)
-        for line, target in late_wiring(ast.parse(path.read_text()), ours)
+        for line, target in late_wiring(tree_of(path), ours)
     ]
     assert late == []
 
@@ -140,7 +171,7 @@ def test_the_checks_can_fail() -> None:
         "    gateway.retries = retries\n    gateway.started = True\n"
         "def message():\n    start = chat_service_pb2.ChatStart()\n    start.model = Model()\n"
     )
-    tree = ast.parse(source)
+    tree = parsed({"source": source})["source"]
     counted = [(name, count) for name, _, count in constructor_parameters(tree)]
     assert counted == [("Wide", 9), ("Running", 9)]
     ours = {"ChatGateway", "UserMemory"}
