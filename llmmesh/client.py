@@ -383,6 +383,7 @@ class ChatTurn:
         self._writing = asyncio.Lock()
         self._ended = False
         self._cancelled_before_start = False
+        self._cancel_sent = False
         self._text: list[str] = []
         self.started: Started | None = None
         self.usage: Usage | None = None
@@ -449,13 +450,17 @@ class ChatTurn:
     async def cancel(self, reason: str = "") -> None:
         """Ask the region to stop the turn. Iteration goes on to the turn's
         usage and ``Finished(reason="cancelled")``; a turn not yet begun
-        raises :class:`~llmmesh.errors.Cancelled` when iterated instead."""
+        raises :class:`~llmmesh.errors.Cancelled` when iterated instead.
+        Once asked (or once the turn has its usage or ended), a cancel does
+        nothing more: a second message could reach a stream the region is
+        closing, which gRPC fails."""
         async with self._writing:
             if self._call is None:
                 self._cancelled_before_start = True
                 return
-            if self._call.done():
+            if self._cancel_sent or self._ended or self.usage is not None or self._call.done():
                 return
+            self._cancel_sent = True
             try:
                 await self._call.write(pb.ChatRequest(cancel=pb.ChatCancel(reason=reason)))
             except (grpc.aio.AioRpcError, grpc.aio.UsageError):

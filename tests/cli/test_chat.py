@@ -97,7 +97,8 @@ async def test_cancel_stops_a_long_turn_which_still_reports_its_usage(client: Ch
     async with asyncio.timeout(BOUND_S):
         async for event in turn:
             events.append(event)
-            if sum(isinstance(e, TextDelta) for e in events) == 2:
+            # Asked again with every event after the second delta: once is what counts.
+            if sum(isinstance(e, TextDelta) for e in events) >= 2:
                 await turn.cancel("enough")
     assert turn.finished == Finished("cancelled", "")
     assert turn.usage is not None and 2 <= turn.usage.output_tokens < 2000
