@@ -51,14 +51,12 @@ resolution.
 By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
 path adds), then with them on (``with_output_filter``: the product path).
-``--safety off`` or ``--safety on`` makes only that run. The two differ by
-design: the streaming output filter holds text from where a rule could
-still begin, and with personal data blocking any unfinished word may begin
-an email address, so a reply's first word waits for the next token to end
-it: with the filter on the first content reaches the client about one
-decode step later, whatever the transport. The direct path has
-no such filter. The targets are therefore judged on the transport run,
-and what the filter adds to time to first token is reported on its own:
+``--safety off`` or ``--safety on`` makes only that run. The two differ
+where a reply's first token could begin a rule (a deny-listed phrase's
+first word, digits that may grow into a card number): the streaming output
+filter holds such text until the next token tells, about one decode step;
+the direct path has no such filter. The targets are judged on the
+transport run, and what the filter adds to time to first token is reported on its own:
 what the mesh adds with the filter on minus what it adds with it off, each
 run against its own direct reference.
 

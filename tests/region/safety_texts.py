@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import NamedTuple
 
 from hypothesis import strategies as st
 
@@ -51,13 +52,24 @@ def _card_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def matches(text: str, since: int = 0) -> list[tuple[int, int]]:
-    """The spans, beginning at ``since`` or later, of the rules' matches in
-    ``text`` (ASCII and normal forms only): one per pattern and start."""
-    spans = [
-        match.span()
+class Match(NamedTuple):
+    """A rule's match: its span, and ``guarded``, where the part no filter
+    may release before the match is checked begins (an email address's
+    ``@``; the start for every other rule)."""
+
+    start: int
+    end: int
+    guarded: int
+
+
+def matches(text: str, since: int = 0) -> list[Match]:
+    """The rules' matches in ``text`` (ASCII and normal forms only) whose
+    guarded part begins at ``since`` or later: one per pattern and start."""
+    found = [
+        Match(*match.span(), text.index("@", match.start()) if pattern is _EMAIL else match.start())
         for pattern in (_TERM, _EMAIL, *_PHONES, *_NATIONAL_IDS)
-        for start in range(since, len(text))
+        for start in range(len(text))
         if (match := pattern.match(text, start)) is not None
     ]
-    return [span for span in spans + _card_spans(text) if span[0] >= since]
+    found += [Match(start, end, start) for start, end in _card_spans(text)]
+    return [match for match in found if match.guarded >= since]

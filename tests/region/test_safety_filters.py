@@ -182,9 +182,14 @@ async def test_the_judge_cannot_tell_what_to_hold_back() -> None:
 async def test_the_first_clean_delta_is_released_at_once() -> None:
     output = StreamingOutputFilter([RulesBackend()])
     assert await output.feed("Sure, here it is: ") == OutputDecision("Sure, here it is: ")
+    # A word no rule can begin in goes out though it may go on ("Hellos").
     mid_word = StreamingOutputFilter([RulesBackend()])
-    assert await mid_word.feed("Hello") == OutputDecision("")  # may become "Hellos"
-    assert await mid_word.feed(", world!") == OutputDecision("Hello, world!")
+    assert await mid_word.feed("Hello") == OutputDecision("Hello")
+    assert await mid_word.feed(", world!") == OutputDecision(", world!")
+    # One a deny-listed phrase can begin with waits for the next token.
+    term_start = StreamingOutputFilter([RulesBackend()])
+    assert await term_start.feed("I") == OutputDecision("")
+    assert await term_start.feed(" agree.") == OutputDecision("I agree.")
     delivered = await FilteredOutput(StreamingOutputFilter([RulesBackend()])).feed("Yes! ", (7, 8))
     assert (delivered.text, delivered.token_ids) == ("Yes! ", (7, 8))
 
@@ -248,7 +253,21 @@ async def test_card_digits_are_held_while_they_could_still_form_a_card(
         assert released == "pay "
     last = await output.feed(deltas[-1])
     assert (last.stopped is not None) == flagged
-    assert released + last.release == ("pay " if flagged else "pay 3782 822463 10006 ")
+    assert released + last.release == ("pay " if flagged else "pay 3782 822463 10006 now")
+
+
+@pytest.mark.asyncio
+async def test_an_email_address_is_held_from_its_at_sign() -> None:
+    # The word before the "@" is no address yet and goes out; the "@" and the
+    # domain never do, and the address stops the reply once it is whole.
+    released, stopped = await stream(
+        StreamingOutputFilter([RulesBackend()]), ["write to ", "jane", "@", "example", ".com", " today"]
+    )
+    assert stopped is not None and stopped.categories == ("pii",)
+    assert released == "write to jane"
+    released, stopped = await stream(StreamingOutputFilter([RulesBackend()]), ["ask jane", "@", "home."])
+    assert stopped is None
+    assert released == "ask jane@home."
 
 
 @pytest.mark.asyncio
@@ -257,7 +276,7 @@ async def test_digits_that_can_no_longer_form_a_card_are_released() -> None:
     # Twenty digits in one group: too long for a card, however the run goes on.
     assert await output.feed("ref 12345678901234567890 ") == OutputDecision("ref 12345678901234567890 ")
     assert await output.feed("then 4111 ") == OutputDecision("then ")
-    assert await output.feed("apples") == OutputDecision("4111 ")  # the run ended
+    assert await output.feed("apples") == OutputDecision("4111 apples")  # the run ended
 
 
 @pytest.mark.asyncio
@@ -346,7 +365,7 @@ def test_no_part_of_a_match_is_released_however_the_deltas_split_it(
     assert text.startswith(released)
     # The windows see whole any match of up to the overlap: it must stop the
     # reply, and none of it may have gone out before.
-    seen_whole = [start for start, end in matches(text) if end - start <= overlap]
+    seen_whole = [match.guarded for match in matches(text) if match.end - match.start <= overlap]
     if seen_whole:
         assert stopped is not None
         assert len(released) <= min(seen_whole)

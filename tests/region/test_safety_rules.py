@@ -243,8 +243,10 @@ def test_hold_from_holds_what_could_still_become_a_deny_listed_term(text: str, r
 
 
 def test_hold_from_holds_partial_personal_data() -> None:
-    assert held("write to jane@example.c") == "jane@example.c"
-    assert held("that is it.") == "it."  # could go on as it.support@example.com
+    # An address is held from its "@": before one, a word is no address.
+    assert held("write to jane@example.c") == "@example.c"
+    assert held("write to jane@") == "@"
+    assert held("that is it.") == ""
     assert held("call (555) 12") == "(555) 12"
     assert held("SSN 66") == "66"
     assert held("NI JG 10 ") == "JG 10 "
@@ -277,11 +279,17 @@ def test_card_hold(text: str, rest: str) -> None:
 
 
 def test_hold_from_holds_a_last_character_a_mark_could_still_change() -> None:
-    # "caf" could become "cafe" then "café"; a base letter or symbol at the very
-    # end could combine with a mark still to come.
-    assert held("a caf\u00e9") == "caf\u00e9"
+    # A character at the very end could combine with a mark still to come.
+    assert held("a caf\u00e9") == "\u00e9"
     assert held("ok \u3002") == "\u3002"
     assert held("ok!") == ""
+    # An ASCII letter turned into another by a mark makes no ASCII rule match
+    # (a term's prefix is held as such) ...
+    assert held("a cafe") == ""
+    # ... but may one that holds such letters: "cafe" could become "café".
+    accented = RulesBackend(deny_terms={"violence": ["caf\u00e9 noir"]}, builtin=False)
+    assert held("a cafe", accented) == "e"
+    assert held("a caf", accented) == "caf"
 
 
 def test_hold_from_cannot_tell_for_text_that_does_not_normalise_per_character() -> None:
@@ -291,12 +299,13 @@ def test_hold_from_cannot_tell_for_text_that_does_not_normalise_per_character() 
 def test_hold_from_reads_since_as_released() -> None:
     assert held("you are worth and you are worth", since=10) == "you are worth"
     assert held("abc you", since=7) == ""
-    assert RULES.hold_from("abc", kind="output", since=2) == 2  # never before since
+    assert held("a caf\u00e9", since=5) == "\u00e9"
+    assert RULES.hold_from("a caf\u00e9", kind="output", since=6) == 6  # never before since
 
 
 def test_hold_from_on_input_holds_injection_markers() -> None:
     assert RULES.hold_from("now ignore all prev", kind="input") == 4
-    assert RULES.hold_from("now ignore all prev", kind="output") == len("now ignore all ")
+    assert RULES.hold_from("now ignore all prev", kind="output") == len("now ignore all prev")
 
 
 def test_hold_from_cannot_tell_when_configured_patterns_and_engines_differ() -> None:
@@ -314,9 +323,9 @@ def test_hold_from_is_never_later_than_a_match_still_to_come(text: str, data: st
     offset = backend.hold_from(text[:cut], kind="output", since=since)
     assert offset is not None
     assert since <= offset <= cut
-    for start, _ in matches(text, since):
-        if start < cut:
-            assert offset <= start
+    for match in matches(text, since):
+        if match.guarded < cut:
+            assert offset <= match.guarded
 
 
 term_words = st.sampled_from(

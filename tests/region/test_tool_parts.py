@@ -163,8 +163,8 @@ async def test_the_output_filter_reads_call_arguments_and_releases_parts_with_th
 async def test_held_deltas_go_out_with_their_logprobs_in_order() -> None:
     output = FilteredOutput(StreamingOutputFilter([RulesBackend()], window_chars=32, overlap_chars=12))
     released = []
-    # Mid-word pieces are held until the word ends, then released merged.
-    for n, text in enumerate(["Hel", "lo", " world", "! "]):
+    # Digits that may grow into a card number are held until their run ends, then released merged.
+    for n, text in enumerate(["41", "11", " apples", "! "]):
         entry = common_pb2.TokenLogprob(token_id=n, token=text, logprob=-float(n))
         released.append(await output.feed(text, (n,), (), (entry,)))
     released.append(await output.finish())

@@ -72,6 +72,8 @@ _NOT_AFTER_DIGITS = r"(?<![\w+])(?<!\d[ .-])"
 _NOT_BEFORE_DIGITS = r"(?!\w)(?![ .-]\d)"
 _ANY_DIGIT = re.compile(r"\d")
 _EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?!\w)")
+# An email address from its "@" on: what the output filter holds of one (see RulesBackend.hold_from).
+_EMAIL_FROM_AT = re.compile(r"(?<=[\w.+-])@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?!\w)")
 _PHONES = (
     re.compile(
         _NOT_AFTER_DIGITS
@@ -257,13 +259,18 @@ class RulesBackend(SafetyBackend):
         blocking = [t for category, listed in terms.items() if self._blocks(category) for t in listed]
         self._whole_terms = _term_pattern(blocking)
         self._term_prefixes = term_prefixes(blocking)
-        self._held_pii = _partial(_EMAIL, *_PHONES, *_NATIONAL_IDS) if self._blocks(cat.PII) else None
+        self._held_pii = _partial(_EMAIL_FROM_AT, *_PHONES, *_NATIONAL_IDS) if self._blocks(cat.PII) else None
         self._held_injection = _partial(*self._injection) if self._blocks(cat.PROMPT_INJECTION) else None
         self._held_patterns: list[regex.Pattern[str]] | None
         try:
             self._held_patterns = [_partial(p) for c, p in self._patterns if self._blocks(c)]
         except regex.error:
             self._held_patterns = None  # re accepts what regex does not: cannot tell
+        # A mark still to come can turn an ASCII letter into another one (e
+        # into é); that can make a rule match only where a term holds such a
+        # letter or a configured pattern might (an ASCII term's prefix is held
+        # anyway, and a composed letter never makes a built-in pattern match).
+        self._ascii_settles = not self._held_patterns and all(term.isascii() for term in blocking)
 
     def _blocks(self, category: str) -> bool:
         return category not in self._report_only
@@ -316,7 +323,10 @@ class RulesBackend(SafetyBackend):
         the earliest start of a whole-word, case- and whitespace-insensitive
         term prefix at the end (in the normal form :meth:`classify` matches),
         of a digit run that could still grow into a Luhn-valid card, or of a
-        partial PII (and, for input, injection) pattern match. ``None`` for
+        partial PII (and, for input, injection) pattern match. An email
+        address is held from its ``@``: a word is no address until one
+        follows it, so the word before it may be out when the address is
+        found, never the ``@`` and the domain. ``None`` for
         text that does not normalise character by character, and for a
         configured pattern the partial matcher cannot read as ``re`` does.
         """
@@ -332,7 +342,8 @@ class RulesBackend(SafetyBackend):
         found = self._held_in(normal.text, normal.to_normal(since - start), kind)
         if found is None:
             return None
-        return max(since, min(start + normal.to_original(found), settled_end(text)))
+        settled = len(text) if self._ascii_settles and text[-1:].isascii() else settled_end(text)
+        return max(since, min(start + normal.to_original(found), settled))
 
     def _held_in(self, seen: str, pos: int, kind: CheckKind) -> int | None:
         """:meth:`hold_from` in normal form, from ``pos`` on."""
