@@ -17,8 +17,8 @@ keys, unique names) for correctness under concurrency. On SQLite every write
 transaction begins ``IMMEDIATE`` (one writer at a time across processes) and
 calls from one process are serialized on a lock, since the embedded database
 has a single writer anyway. Writes that arrive together (the records of the
-turns one decode step ends) can share one transaction, each in a savepoint
-of its own, on the store's writer thread: :meth:`SqlStore.grouped`.
+turns one decode step ends) can share one transaction, each failing on its
+own, on the store's writer thread: :meth:`SqlStore.grouped`.
 
 Transactions that fail for the database's sake (it is unreachable, or
 conflicts outlast every retry) are counted in ``llmmesh_store_errors_total``
@@ -318,10 +318,11 @@ class SqlStore:
 
         Turns that end on the same decode step each write their record at
         once; one transaction for all of them costs one thread hop, one
-        ``BEGIN`` and one commit instead of one each. Each ``work`` runs in
-        a savepoint of its own, so one that raises rolls back only its own
-        writes and gets its own error; a conflict that aborts the
-        transaction runs the whole group again.
+        ``BEGIN`` and one commit instead of one each. A ``work`` that raises
+        gets its own error and leaves no write (the others run again
+        without it; no savepoint around each member, two statements less
+        each); a conflict that aborts the transaction runs the whole group
+        again.
 
         ``urgent`` work is what a caller waits on before it can answer (a
         turn's acceptance, say): waiting urgent work goes in a group of its
@@ -471,7 +472,7 @@ class _GroupCommit:
         assert loop is not None
         while self._pending:
             group = self._next_group()
-            write = functools.partial(self._store.run_transaction, functools.partial(_run_group, group=group))
+            write = functools.partial(_write_group, self._store, group)
             try:
                 written = self._writer().submit(contextvars.copy_context().run, write)
             except RuntimeError as err:  # the interpreter is shutting down
@@ -517,21 +518,44 @@ class _GroupCommit:
         return group
 
 
+class _MemberFailed(Exception):
+    """A member of a group failed: the transaction is rolled back and the group runs again without it."""
+
+    def __init__(self, item: _Grouped, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.item, self.error = item, error
+
+
+def _write_group(store: SqlStore, group: Sequence[_Grouped]) -> None:
+    """Write ``group`` in one transaction, its members one after the other
+    with no savepoint around each (two statements less per member). A
+    member that fails gets its error and is not run again; the transaction
+    is rolled back and the rest run again without it, so a failure rolls
+    back no other member's writes. An error that calls for the whole
+    transaction to run again (a conflict, a locked database) is raised for
+    :meth:`SqlStore.run_transaction` to retry."""
+    members = list(group)
+    while members:
+        try:
+            store.run_transaction(functools.partial(_run_group, group=members))
+        except _MemberFailed as failed:
+            failed.item.result, failed.item.error = None, failed.error
+            members.remove(failed.item)
+        else:
+            return
+
+
 def _run_group(conn: Connection, group: Sequence[_Grouped]) -> None:
-    """Each member in a savepoint of its own. An error that calls for the
-    whole transaction to run again (a conflict, a locked database) is raised
-    for :meth:`SqlStore.run_transaction` to retry; any other is the member's."""
     for item in group:
         item.result, item.error = None, None
         try:
-            with conn.begin_nested():
-                item.result = item.work(conn)
+            item.result = item.work(conn)
         except sa.exc.DBAPIError as err:
             if is_retryable(err):
                 raise
-            item.error = err
+            raise _MemberFailed(item, err) from err
         except Exception as err:
-            item.error = err
+            raise _MemberFailed(item, err) from err
 
 
 def _settle(outcome: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -111,6 +111,29 @@ async def test_a_failing_member_rolls_back_only_its_own_writes(store: SqlStore) 
     assert stored(store) == [1, 2, 4]
 
 
+async def test_no_savepoint_is_taken_and_a_failing_member_runs_once(store: SqlStore) -> None:
+    savepoints, runs = [0], [0]
+
+    @sa.event.listens_for(store.engine, "savepoint")
+    def _on_savepoint(conn: Connection, name: str) -> None:
+        savepoints[0] += 1
+
+    def refused_once_run(conn: Connection) -> int:
+        runs[0] += 1
+        return insert(5, fail=True)(conn)
+
+    outcomes = await asyncio.gather(
+        store.grouped(insert(1)),
+        store.grouped(refused_once_run),
+        store.grouped(insert(2)),
+        return_exceptions=True,
+    )
+    assert outcomes[0] == 1 and isinstance(outcomes[1], ValueError) and outcomes[2] == 2
+    assert runs[0] == 1
+    assert savepoints[0] == 0
+    assert stored(store) == [1, 2]
+
+
 async def test_a_caller_that_goes_away_does_not_stop_its_write(store: SqlStore) -> None:
     gone = asyncio.create_task(store.grouped(insert(7)))
     waiting = asyncio.create_task(store.grouped(insert(8)))
