@@ -312,7 +312,7 @@ class SqlStore:
         """
         return await asyncio.to_thread(self.run_transaction, work)
 
-    async def grouped(self, work: Callable[[Connection], T], *, urgent: bool = False) -> T:
+    async def grouped(self, work: Callable[[Connection], T], *, urgency: int = 0) -> T:
         """:meth:`transaction`, committed together with the other grouped
         work that arrives while a group is being written (group commit).
 
@@ -324,13 +324,14 @@ class SqlStore:
         each); a conflict that aborts the transaction runs the whole group
         again.
 
-        ``urgent`` work is what a caller waits on before it can answer (a
-        turn's acceptance, say): waiting urgent work goes in a group of its
-        own, ahead of the rest, and other groups take at most
-        ``GROUP_LIMIT`` members, so urgent work waits for at most one small
-        group already being written.
+        Work of an ``urgency`` above 0 is what a caller waits on before it
+        can answer (a turn's acceptance, say): the waiting work of the
+        highest urgency goes in a group of its own, ahead of the rest (a
+        smaller group commits sooner), and groups of work no caller waits
+        on take at most ``GROUP_LIMIT`` members, so urgent work waits for at
+        most one small group already being written.
         """
-        return await self._group.run(work, urgent)
+        return await self._group.run(work, urgency)
 
     def run_transaction(self, work: Callable[[Connection], T]) -> T:
         """:meth:`transaction` on the calling thread (which it blocks)."""
@@ -413,15 +414,15 @@ DISPOSE_WAIT_S = 10.0
 """How long :meth:`SqlStore.dispose` waits for running transactions."""
 
 GROUP_LIMIT = 8
-"""The most members of a group of work that is not urgent."""
+"""The most members of a group of work no caller waits on (urgency 0)."""
 
 
 class _Grouped:
     """One piece of grouped work and where its outcome goes."""
 
-    def __init__(self, work: Callable[[Connection], Any], urgent: bool) -> None:
+    def __init__(self, work: Callable[[Connection], Any], urgency: int) -> None:
         self.work = work
-        self.urgent = urgent
+        self.urgency = urgency
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # Retrieved here, so the error of a member whose caller went away is not reported as lost.
         self.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -447,8 +448,8 @@ class _GroupCommit:
         self._thread: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    async def run(self, work: Callable[[Connection], T], urgent: bool) -> T:
-        item = _Grouped(work, urgent)
+    async def run(self, work: Callable[[Connection], T], urgency: int) -> T:
+        item = _Grouped(work, urgency)
         self._pending.append(item)
         loop = asyncio.get_running_loop()
         if not self._writing or loop is not self._loop:
@@ -508,12 +509,13 @@ class _GroupCommit:
             return self._thread
 
     def _next_group(self) -> list[_Grouped]:
-        """The waiting urgent work if there is any, else the oldest
-        ``GROUP_LIMIT`` members; taken off the waiting list."""
-        urgent = [item for item in self._pending if item.urgent]
-        if urgent:
-            self._pending = [item for item in self._pending if not item.urgent]
-            return urgent
+        """The waiting work of the highest urgency if any is urgent, else the
+        oldest ``GROUP_LIMIT`` members; taken off the waiting list."""
+        most = max(item.urgency for item in self._pending)
+        if most > 0:
+            group = [item for item in self._pending if item.urgency == most]
+            self._pending = [item for item in self._pending if item.urgency != most]
+            return group
         group, self._pending = self._pending[:GROUP_LIMIT], self._pending[GROUP_LIMIT:]
         return group
 

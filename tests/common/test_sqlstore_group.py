@@ -87,13 +87,14 @@ async def test_urgent_work_goes_ahead_of_waiting_work(store: SqlStore) -> None:
 
     commits = commits_of(store)
     waiting = [store.grouped(logged(i)) for i in range(3 * GROUP_LIMIT)]
-    urgent = [store.grouped(logged(100 + i), urgent=True) for i in range(2)]
-    assert await asyncio.gather(*waiting, *urgent) == [*range(3 * GROUP_LIMIT), 100, 101]
-    # Both urgent pieces in one group, written before any of the others.
-    assert ran[:2] == [100, 101]
-    assert ran[2:] == list(range(3 * GROUP_LIMIT))
-    assert commits[0] == 1 + 3
-    assert stored(store) == [*range(3 * GROUP_LIMIT), 100, 101]
+    urgent = [store.grouped(logged(100 + i), urgency=1) for i in range(2)]
+    most = store.grouped(logged(200), urgency=2)
+    assert await asyncio.gather(*waiting, *urgent, most) == [*range(3 * GROUP_LIMIT), 100, 101, 200]
+    # The most urgent first, then both pieces of urgency 1 in one group, before any of the others.
+    assert ran[:3] == [200, 100, 101]
+    assert ran[3:] == list(range(3 * GROUP_LIMIT))
+    assert commits[0] == 2 + 3
+    assert stored(store) == [*range(3 * GROUP_LIMIT), 100, 101, 200]
 
 
 async def test_a_failing_member_rolls_back_only_its_own_writes(store: SqlStore) -> None:

@@ -91,6 +91,10 @@ _MAX_PAGE = 500
 _ID_CHUNK = 500  # request ids per UPDATE … IN (…)
 _MAX_TITLE = 256
 _MAX_REQUEST_ID = 128
+# Grouped writes' urgency: a turn's acceptance holds up its engine work, so it
+# goes ahead of the start marks, which run while the pod works on the first token.
+ACCEPTANCE = 2
+START_MARK = 1
 
 
 def utc_now() -> datetime:
@@ -278,12 +282,14 @@ class ZoneStore(SqlStore):
         _require_tenant(start.tenant_id)
         _require_request_id(start.request_id)
         now = self._clock()
-        return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now), urgent=True)
+        return await self.grouped(lambda conn: accept_turn(conn, start, self.region, now), urgency=ACCEPTANCE)
 
     async def mark_started(self, tenant_id: str, request_id: str, holder: str) -> bool:
         """Note that the tenant's turn accepted as ``holder`` is about to stream;
         False when another acceptance took its request id over (it must stop)."""
-        return await self.grouped(lambda conn: mark_started(conn, tenant_id, request_id, holder), urgent=True)
+        return await self.grouped(
+            lambda conn: mark_started(conn, tenant_id, request_id, holder), urgency=START_MARK
+        )
 
     async def record_turn(
         self,
