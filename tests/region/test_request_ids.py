@@ -324,9 +324,12 @@ async def test_a_huge_model_name_is_refused_before_any_global_plane_call(
     assert "auto" in asked
 
 
-async def test_an_id_another_region_took_streams_nothing_and_bills_nothing(stack: Stack) -> None:
-    # This region never saw the id: the zone store refuses it, before any engine work.
-    secret = await new_tenant(stack, TenantTier.PRO)
+@pytest.mark.parametrize("quota", [0, 1_000_000], ids=["no quota", "quota"])
+async def test_an_id_another_region_took_streams_nothing_and_bills_nothing(stack: Stack, quota: int) -> None:
+    # This region never saw the id: the zone store refuses it. A tenant
+    # without a quota has it taken while the pod works on the first token;
+    # one with a quota is accepted, zone-wide, before any engine work.
+    secret = await new_tenant(stack, TenantTier.PRO, monthly_token_quota=quota)
     tenant_id = stack.region.policy.authenticate(secret).tenant_id
     request_id = f"req-{uuid.uuid4().hex[:8]}"
     elsewhere = TurnStart(request_id, tenant_id, "llmmesh-tiny", 10, 12, uuid.uuid4().hex)
@@ -335,9 +338,47 @@ async def test_an_id_another_region_took_streams_nothing_and_bills_nothing(stack
     steps = engine_steps(stack)
     outcome = await turn(stack.region.address, secret, start(request_id))
     assert_refused(outcome, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
-    assert engine_steps(stack) == steps
+    if quota:
+        assert engine_steps(stack) == steps
     await stack.region.gateway.drain()
     assert [r.request_id for r in await outbox_rows(stack) if r.tenant_id == tenant_id] == []
+    # The store still holds the id for the turn that started elsewhere.
+    again = await turn(stack.region.address, secret, start(request_id))
+    assert_refused(again, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+
+
+async def test_a_retry_of_a_turn_that_has_not_started_takes_its_id_over_in_the_same_region(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The edge retries a turn whose first event is overdue (a frozen pod)
+    # under the same id, in the same region when it is the only one: the
+    # retry runs, and the turn it replaced stops at its first event.
+    secret = await new_tenant(stack, TenantTier.PRO)
+    tenant_id = stack.region.policy.authenticate(secret).tenant_id
+    request_id = f"req-{uuid.uuid4().hex[:8]}"
+    store = stack.region.store
+    real_mark = store.mark_started
+    stalled_at_first_event, thaw = asyncio.Event(), asyncio.Event()
+    holders: list[str] = []
+
+    async def first_one_stalls(tenant: str, request: str, holder: str) -> bool:
+        holders.append(holder)
+        if len(holders) == 1:
+            stalled_at_first_event.set()
+            await thaw.wait()
+        return await real_mark(tenant, request, holder)
+
+    monkeypatch.setattr(store, "mark_started", first_one_stalls)
+    stalled = asyncio.create_task(turn(stack.region.address, secret, start(request_id)))
+    await asyncio.wait_for(stalled_at_first_event.wait(), 10)
+    retry = await turn(stack.region.address, secret, start(request_id))
+    assert retry.error is None and retry.finished.reason, retry
+    thaw.set()
+    replaced = await asyncio.wait_for(stalled, 10)
+    assert_refused(replaced, grpc.StatusCode.ALREADY_EXISTS, Reason.DUPLICATE_REQUEST)
+    assert len(set(holders)) == 2
+    await stack.region.gateway.drain()
+    assert [r.request_id for r in await outbox_rows(stack) if r.tenant_id == tenant_id] == [request_id]
 
 
 async def test_a_turn_whose_acceptance_fails_is_refused_clearly_and_its_id_given_back(

@@ -130,7 +130,7 @@ class TurnPlacement:
         again.request_id = turn.prepared.request_id
         try:
             prepared = await self._preparation.prompts.prepare(turn.caller, model, again, ready.lead)
-            turn.holder, turn.accepted = await self._admission.accept(turn.caller, prepared, again)
+            await self._admission.accept_again(turn, prepared, again)
         except MeshError as error:
             log.warning("turn %s cannot fall back to %s: %s", again.request_id, model.name, error.message)
             return False
