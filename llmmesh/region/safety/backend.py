@@ -23,6 +23,14 @@ class SafetyBackend(ABC):
         """Classify ``text``; ``kind`` says whether it is the caller's input or
         the model's output (some categories apply to one only)."""
 
+    def check_at_once(self, text: str, *, kind: CheckKind) -> Verdict | None:
+        """:meth:`check`'s verdict where the backend reaches it without
+        waiting on anything (no I/O, no thread): the filters then take it as
+        it is, with no timeout to arm, since nothing could interrupt it
+        anyway. ``None``, the default, means :meth:`check` must be awaited
+        (within the filters' timeout)."""
+        return None
+
     def hold_from(self, text: str, *, kind: CheckKind, since: int = 0) -> int | None:
         """Where, in ``text`` (a reply so far, its end the newest character
         received), a flag could still begin: the earliest offset ``>= since``

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,12 +40,16 @@ async def screen(
     first, each within ``timeout_s``), or ``None`` when all pass.
 
     Raises ``Unavailable(SAFETY_UNAVAILABLE)`` when a backend raises or times
-    out; a flag from an earlier backend wins, since it needs no retry.
+    out; a flag from an earlier backend wins, since it needs no retry. A
+    backend that decides at once (:meth:`SafetyBackend.check_at_once`) is
+    taken without a timer: no timeout could interrupt it.
     """
     for backend in backends:
         try:
-            async with asyncio.timeout(timeout_s):
-                verdict = await backend.check(text, kind=kind)
+            verdict = backend.check_at_once(text, kind=kind)
+            if verdict is None:
+                async with asyncio.timeout(timeout_s):
+                    verdict = await backend.check(text, kind=kind)
         except Exception as exc:
             log.warning("safety backend %s failed on %s: %r", backend.name, kind, exc)
             raise Unavailable(
@@ -278,13 +283,29 @@ class StreamingOutputFilter:
         may stretch the step by ``WORD_SLACK``; a longer one is cut. ``None``:
         wait for more text."""
         limit = self._checked + self._window - self._overlap
-        for stop in range(min(end, limit), self._checked, -1):
-            if self._is_edge(stop, end, final):
-                return stop
+        stop = self._last_edge(min(end, limit), end, final)
+        if stop is not None:
+            return stop
         for stop in range(limit + 1, min(end, limit + WORD_SLACK) + 1):
             if self._is_edge(stop, end, final):
                 return stop
         return limit if end >= limit + WORD_SLACK else None
+
+    def _last_edge(self, high: int, end: int, final: bool) -> int | None:
+        """The last word edge after the checked end and at most ``high``
+        (:meth:`_is_edge` of each, from ``high`` down, in one search): a
+        position is an edge where the character before it or at it is no
+        word character, and the end where the reply is final or its last
+        character is no word character."""
+        if high == end and high > self._checked and self._is_edge(end, end, final):
+            return end
+        # The characters an edge up to the last one before ``end`` can turn on.
+        last = high if high < end else end - 1
+        found = _LAST_NON_WORD.match(self._text, self._checked - self._base, last - self._base + 1)
+        if found is None:
+            return None
+        at = found.start(1) + self._base
+        return at + 1 if at + 1 <= last else (at if at > self._checked else None)
 
     def _is_edge(self, pos: int, end: int, final: bool) -> bool:
         before = self._text[pos - 1 - self._base]
@@ -312,6 +333,11 @@ def _hold_from(backend: SafetyBackend, text: str, since: int) -> int | None:
     except Exception:
         log.exception("safety backend %s could not tell what to hold back", backend.name)
         return None
+
+
+# The last character that is no word character (``\\W``: neither
+# ``str.isalnum`` nor ``_``, as :func:`_is_word` reads it).
+_LAST_NON_WORD = re.compile(r".*(\W)", re.DOTALL)
 
 
 def _is_word(char: str) -> bool:

@@ -281,6 +281,10 @@ class RulesBackend(SafetyBackend):
             return await asyncio.to_thread(self.classify, text, kind=kind)
         return self.classify(text, kind=kind)
 
+    def check_at_once(self, text: str, *, kind: CheckKind) -> Verdict | None:
+        """:meth:`classify` for a text short enough to classify on the event loop."""
+        return self.classify(text, kind=kind) if len(text) <= OFFLOAD_CHARS else None
+
     def classify(self, text: str, *, kind: CheckKind) -> Verdict:
         """The same decision as :meth:`check`, synchronously."""
         normal = normalise(text)
