@@ -138,6 +138,58 @@ class Targets:
 TARGET_NAMES = ("added_ttft_p50", "added_ttft_p99", "output_tok_s", "mtls_ttft_p50", "traced_ttft_p50", "all")
 
 
+@dataclass(frozen=True)
+class DefaultPathTargets:
+    """What the default path (the output filter on, judged on the run with
+    the filters on; mutual TLS by its own comparison, ``targets_met``'s
+    ``mtls_ttft_p50``) may add: time to first token at the median and the
+    99th percentile at concurrency 16 and at the median at 64, the share of
+    direct's throughput at 64, and how far the per-hop table's sum may be
+    from the client-side mean at 16."""
+
+    c16_added_ttft_p50_ms_max: float = 2.0
+    c16_added_ttft_p99_ms_max: float = 10.0
+    c64_added_ttft_p50_ms_max: float = 5.0
+    c64_output_tok_s_ratio_min: float = 0.97
+    c16_hops_unaccounted_ms_max: float = 1.0
+
+    def met(
+        self, deltas: Mapping[str, Mapping[str, float | None]], hops: Mapping[str, HopTable]
+    ) -> dict[str, bool | None]:
+        """Each target's verdict (None where its level was not run), and
+        ``all`` (False while any verdict is False or missing)."""
+        c16, c64 = deltas.get("c16"), deltas.get("c64")
+        table = hops.get(key(MESH, 16))
+        unaccounted = None if table is None else table["unaccounted_mean_ms"]
+        limits = (
+            ("c16_added_ttft_p50", c16, "added_ttft_p50_ms", self.c16_added_ttft_p50_ms_max),
+            ("c16_added_ttft_p99", c16, "added_ttft_p99_ms", self.c16_added_ttft_p99_ms_max),
+            ("c64_added_ttft_p50", c64, "added_ttft_p50_ms", self.c64_added_ttft_p50_ms_max),
+        )
+        checks: dict[str, bool | None] = {
+            name: None if level is None else _at_most(level.get(figure), limit)
+            for name, level, figure, limit in limits
+        }
+        checks["c64_output_tok_s"] = (
+            None if c64 is None else _at_least(c64.get("output_tok_s_ratio"), self.c64_output_tok_s_ratio_min)
+        )
+        checks["c16_hops_sum"] = (
+            None
+            if table is None
+            else _at_most(None if unaccounted is None else abs(unaccounted), self.c16_hops_unaccounted_ms_max)
+        )
+        return {**checks, "all": all(verdict is True for verdict in checks.values())}
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "c16_added_ttft_p50_ms_max": self.c16_added_ttft_p50_ms_max,
+            "c16_added_ttft_p99_ms_max": self.c16_added_ttft_p99_ms_max,
+            "c64_added_ttft_p50_ms_max": self.c64_added_ttft_p50_ms_max,
+            "c64_output_tok_s_ratio_min": self.c64_output_tok_s_ratio_min,
+            "c16_hops_unaccounted_ms_max": self.c16_hops_unaccounted_ms_max,
+        }
+
+
 def _at_most(value: float | None, limit: float) -> bool:
     return value is not None and value <= limit
 
@@ -428,6 +480,7 @@ class OverheadReport:
     setup: Mapping[str, object]
     measured: str
     targets: Targets = field(default_factory=Targets)
+    default_path_targets: DefaultPathTargets = field(default_factory=DefaultPathTargets)
 
     def __post_init__(self) -> None:
         if len(self.runs) not in (1, 2) or len({run.safety for run in self.runs}) != len(self.runs):
@@ -470,6 +523,14 @@ class OverheadReport:
             return dict.fromkeys(TARGET_NAMES)
         return dict(self.targets.met(at))
 
+    def default_path_met(self) -> dict[str, bool | None] | None:
+        """:class:`DefaultPathTargets`' verdicts on the run with the output
+        filter on; None when no such run was made."""
+        run = next((run for run in self.runs if run.safety), None)
+        if run is None:
+            return None
+        return self.default_path_targets.met(run.deltas(self.levels), run.hops_dict(self.levels))
+
     def errors(self) -> int:
         """Failed requests over every run."""
         return sum(run.errors() for run in self.runs)
@@ -501,6 +562,10 @@ class OverheadReport:
             "targets_measured_on": targets_measured_on(target.safety, target.tls, target.traced),
             "hops": target.hops_dict(self.levels),
         }
+        default_path = self.default_path_met()
+        if default_path is not None:
+            body["default_path_targets"] = self.default_path_targets.as_dict()
+            body["default_path_targets_met"] = default_path
         filtered = self.filter_run
         if filtered is not None:
             body[WITH_OUTPUT_FILTER] = {

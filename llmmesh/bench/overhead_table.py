@@ -53,6 +53,18 @@ def render_table(report: OverheadReport) -> str:
         f"{t.traced_added_ttft_p50_ms_max:g} ms: "
         + ", ".join(f"{name} {_verdict(value)}" for name, value in verdicts.items()),
     ]
+    default_path = report.default_path_met()
+    if default_path is not None:
+        d = report.default_path_targets
+        lines += [
+            "",
+            "default-path targets, measured on the run with the output filter on (mTLS as above): "
+            f"added ttft at c16 p50 <= {d.c16_added_ttft_p50_ms_max:g} ms and p99 <= "
+            f"{d.c16_added_ttft_p99_ms_max:g} ms, at c64 p50 <= {d.c64_added_ttft_p50_ms_max:g} ms, "
+            f"throughput at c64 >= {d.c64_output_tok_s_ratio_min:.0%} of direct, the hops' sum within "
+            f"{d.c16_hops_unaccounted_ms_max:g} ms of the client-side mean at c16: "
+            + ", ".join(f"{name} {_verdict(value)}" for name, value in default_path.items()),
+        ]
     return "\n".join(lines)
 
 

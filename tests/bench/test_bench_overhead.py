@@ -13,14 +13,17 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from llmmesh.bench import overhead
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter
+from llmmesh.bench.overhead_hops import HopTable
 from llmmesh.bench.overhead_plan import OverheadBenchPlan, SimTiming, overhead_plan_from_args
 from llmmesh.bench.overhead_report import (
     TARGETS_MEASURED_ON,
+    DefaultPathTargets,
     OverheadReport,
     OverheadRun,
     PathMetrics,
@@ -719,6 +722,42 @@ def test_a_single_run_with_the_filter_on_is_what_the_targets_judge() -> None:
     assert body["ratios"]["c16"]["added_ttft_p50_ms"] == pytest.approx(17.0)
     assert body["targets_met"]["added_ttft_p50"] is False
     assert set(body["setup"]["runs"]) == {"with_output_filter"}
+
+
+def test_the_default_path_targets_are_judged_on_the_run_with_the_output_filter() -> None:
+    levels = (16, 64)
+    off = _run(levels)
+    body = json.loads(_report(levels, off, _run(levels, safety=True, mesh_ttft_s=0.041)).to_json())
+    assert body["default_path_targets"] == DefaultPathTargets().as_dict()
+    met = body["default_path_targets_met"]
+    assert met["c16_added_ttft_p50"] is True and met["c16_added_ttft_p99"] is True
+    assert met["c64_added_ttft_p50"] is True
+    # Direct's wall is 2.0 s, the mesh's 2.5 s: 80% of its throughput.
+    assert met["c64_output_tok_s"] is False
+    # No hop table was scraped: the sum is not judged, and the whole is not met.
+    assert met["c16_hops_sum"] is None and met["all"] is False
+    # 3 ms at the median, 6 ms at the tail: over the median's 2 ms, within the tail's 10.
+    slow = _run(levels, safety=True, mesh_ttft_s=0.043, mesh_tail_s=0.046)
+    verdicts = json.loads(_report(levels, off, slow).to_json())["default_path_targets_met"]
+    assert (verdicts["c16_added_ttft_p50"], verdicts["c16_added_ttft_p99"]) == (False, True)
+    table = _report(levels, off, slow).to_table().splitlines()
+    (line,) = [line for line in table if line.startswith("default-path targets")]
+    assert line.endswith(
+        "c16_added_ttft_p50 missed, c16_added_ttft_p99 met, c64_added_ttft_p50 met, "
+        "c64_output_tok_s missed, c16_hops_sum -, all missed"
+    )
+    # Without a run with the filter on there is no default path to judge.
+    assert "default_path_targets_met" not in json.loads(_report(levels, off).to_json())
+
+
+@pytest.mark.parametrize(("unaccounted", "met"), [(-0.9, True), (1.2, False), (None, False)])
+def test_the_hop_table_must_sum_to_the_client_side_figure_within_a_millisecond(
+    unaccounted: float | None, met: bool
+) -> None:
+    level = {"added_ttft_p50_ms": 1.0, "added_ttft_p99_ms": 9.0, "output_tok_s_ratio": 0.98}
+    table = cast(HopTable, {"unaccounted_mean_ms": unaccounted})
+    verdicts = DefaultPathTargets().met({"c16": level, "c64": level}, {"mesh/c16": table})
+    assert verdicts["c16_hops_sum"] is met and verdicts["all"] is met
 
 
 def test_failed_requests_in_either_run_are_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
