@@ -113,7 +113,6 @@ class ChatGateway:
             self._end(ready.request, turn)
 
     def _end(self, request: TurnRequest, turn: Turn) -> None:
-        self._admission.ended(turn)
         turn.admitted.release_slot()
         self._recorder.start(turn)
         self._preparation.knowledge.learn_soon(request.start, turn.caller, turn.prepared.request_id)

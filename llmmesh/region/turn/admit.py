@@ -22,9 +22,11 @@ this very acceptance. A reuse of an id whose turn started in this region
 is refused at once, before any engine work (the store never lets a started
 turn's id go); any other reuse costs the pod the prefill of a reply nobody
 sees, never an output token or a usage row. The store alone decides
-whether a turn that has not started keeps its id: a retry of a turn that streamed nothing may take its id over
-(the edge retries a stalled turn so, in this region too), and the turn it
-replaced then stops at its first event.
+whether a turn that has not started keeps its id: a retry of a turn that
+streamed nothing may take its id over (the edge retries a stalled turn so,
+in this region too), and the turn it replaced then stops at its first
+event. A turn that ends before its first event leaves its acceptance to
+finish on its own.
 """
 
 from __future__ import annotations
@@ -64,8 +66,6 @@ class TurnAdmission:
         self.admission = admission
         self._store = store
         self._pool = pool
-        # Acceptances still running beside their turn's engine work, by holder.
-        self._pending: dict[str, asyncio.Task[AcceptedTurn]] = {}
         # (tenant, request id) of the turns started here, newest last.
         self._started: OrderedDict[tuple[str, str], None] = OrderedDict()
         pool.on_checked(self._release_turns_without_pods)
@@ -87,13 +87,13 @@ class TurnAdmission:
         )
         request.hops.stamp("admission")
         holder = secrets.token_hex(8)
+        accepting = None
         try:
             marker = await self._marker(caller, prepared, request.start, holder)
             if marker.quota is None and marker.continues is None:
-                pending = asyncio.create_task(self._accept(marker))
+                accepting = asyncio.create_task(self._accept(marker))
                 # Retrieved here: a turn that ends before its first event never awaits it.
-                pending.add_done_callback(_retrieved)
-                self._pending[holder] = pending
+                accepting.add_done_callback(_retrieved)
                 accepted = AcceptedTurn()
             else:
                 accepted = await self._accept(marker)
@@ -103,7 +103,7 @@ class TurnAdmission:
             admitted.release_quota()
             raise
         request.hops.stamp("store_accept")
-        turn = Turn(caller, prepared, admitted, holder, accepted, hops=request.hops)
+        turn = Turn(caller, prepared, admitted, holder, accepted, accepting, hops=request.hops)
         meter = turn.meter
         meter.latency = region_metrics.TurnLatency(prepared.model.name, request.arrived_s)
         continuation = request.continuation
@@ -124,16 +124,12 @@ class TurnAdmission:
         the turn gets a new holder and what the store knew. An acceptance of
         the old holder still running is let finish first, so that it cannot
         take the id back."""
-        pending = self._pending.pop(turn.holder, None)
-        if pending is not None:
-            await asyncio.wait([pending])
+        if turn.accepting is not None:
+            await asyncio.wait([turn.accepting])
+            turn.accepting = None
         holder = secrets.token_hex(8)
         turn.accepted = await self._accept(await self._marker(turn.caller, prepared, start, holder))
         turn.holder = holder
-
-    def ended(self, turn: Turn) -> None:
-        """The turn ended: an acceptance still running is left to finish on its own."""
-        self._pending.pop(turn.holder, None)
 
     async def _marker(
         self, caller: Caller, prepared: PreparedTurn, start: chat_service_pb2.ChatStart, holder: str
@@ -173,10 +169,9 @@ class TurnAdmission:
         """Mark the turn started before its first event goes out; ALREADY_EXISTS
         when another acceptance took its request id over meanwhile."""
         request_id = turn.prepared.request_id
-        pending = self._pending.get(turn.holder)
-        if pending is not None:
-            await asyncio.shield(pending)  # its refusal again if the turn is placed again
-            self._pending.pop(turn.holder, None)
+        if turn.accepting is not None:
+            await asyncio.shield(turn.accepting)  # its refusal again if the turn is placed again
+            turn.accepting = None
         try:
             held = await self._store.mark_started(turn.caller.tenant_id, request_id, turn.holder)
         except Exception as err:

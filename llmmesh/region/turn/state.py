@@ -146,6 +146,9 @@ class Turn:
     # This acceptance of the request id, and what the zone knew of the turn.
     holder: str
     accepted: AcceptedTurn
+    # The zone store's acceptance still running beside the engine's first
+    # token (region.turn.admit); None once awaited, or where it ran before.
+    accepting: asyncio.Task[AcceptedTurn] | None = None
     meter: TurnMeter = field(default_factory=TurnMeter)
     record: asyncio.Task[str] | None = None
     # The turn's way to its first token (region.metrics.HOPS); None: not timed.
