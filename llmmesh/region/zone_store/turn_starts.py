@@ -78,13 +78,27 @@ RUNNING_WINDOW = timedelta(hours=1)
 region died mid-turn and that nobody continued stops counting then."""
 
 
+# The statements every turn runs, built once: building a statement and its
+# cache key on each call costs more than SQLite takes to run it.
+_RECORDED = sa.select(_O.c.request_id).where(
+    _O.c.tenant_id == sa.bindparam("b_tenant"), _O.c.request_id == sa.bindparam("b_request")
+)
+_START_OWN = (
+    sa.update(_T)
+    .where(
+        _T.c.tenant_id == sa.bindparam("b_tenant"),
+        _T.c.request_id == sa.bindparam("b_request"),
+        _T.c.holder == sa.bindparam("b_holder"),
+        _T.c.state == ACCEPTED,
+        _T.c.continues.is_(None),
+    )
+    .values(state=STARTED)
+)
+
+
 def accept_turn(conn: Connection, start: TurnStart, region: str, now: datetime) -> AcceptedTurn:
     """Take ``start.request_id`` of ``start.tenant_id`` for ``start``'s turn in region ``region``."""
-    recorded = conn.execute(
-        sa.select(_O.c.request_id).where(
-            _O.c.tenant_id == start.tenant_id, _O.c.request_id == start.request_id
-        )
-    ).first()
+    recorded = conn.execute(_RECORDED, {"b_tenant": start.tenant_id, "b_request": start.request_id}).first()
     if recorded is not None:
         raise duplicate_request(start.request_id)
     accepted = AcceptedTurn()
@@ -155,10 +169,11 @@ def mark_started(conn: Connection, tenant_id: str, request_id: str, holder: str)
     """Note that the tenant's turn's first event is about to reach its caller;
     False when this acceptance no longer holds the id (another took it over),
     or, for a continuation, when a later continuation of the turn took its place."""
-    held = _still_accepted(tenant_id, request_id, holder)
     # A turn of its own (the common case) in one statement.
-    if conn.execute(held.where(_T.c.continues.is_(None)).values(state=STARTED)).rowcount == 1:
+    own = {"b_tenant": tenant_id, "b_request": request_id, "b_holder": holder}
+    if conn.execute(_START_OWN, own).rowcount == 1:
         return True
+    held = _still_accepted(tenant_id, request_id, holder)
     row = conn.execute(
         sa.select(_T.c.continues).where(_T.c.tenant_id == tenant_id, _T.c.request_id == request_id)
     ).first()
