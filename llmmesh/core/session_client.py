@@ -41,18 +41,42 @@ def ends_its_request(event: Message) -> bool:
     return event.WhichOneof("event") in ("finished", "error")
 
 
+class _Interruption:
+    """What :meth:`SessionRequest.interrupt` queues: ``error``, which ends the reading, not the request."""
+
+    def __init__(self, error: MeshError) -> None:
+        self.error = error
+
+
 class SessionRequest(Generic[Request, Event]):
     """One request on a session: its events in order, then None."""
 
     def __init__(self, session: SessionClient[Request, Event], request_id: str) -> None:
         self.request_id = request_id
         self._session = session
-        self._events: asyncio.Queue[Event | MeshError] = asyncio.Queue()
+        self._events: asyncio.Queue[Event | MeshError | _Interruption] = asyncio.Queue()
         self.ended = False
         """The request's last event has been read (or the stream broke)."""
+        self._last_event_s = 0.0
 
-    def _push(self, event: Event | MeshError) -> None:
+    def _push(self, event: Event | MeshError | _Interruption) -> None:
         self._events.put_nowait(event)
+
+    @property
+    def last_event_s(self) -> float:
+        """When the server last sent the request an event, on the loop's clock (0: never)."""
+        return self._last_event_s
+
+    @property
+    def unread(self) -> int:
+        """Events received and not read yet."""
+        return self._events.qsize()
+
+    def interrupt(self, error: MeshError) -> None:
+        """Stop the request's reader: ``read`` raises ``error`` after the
+        events received before it (a caller's own timeout, say). The request
+        has not ended: abandoning it then has the server stop it."""
+        self._push(_Interruption(error))
 
     async def read(self) -> Event | None:
         """The next event; None after the last. Raises the session's
@@ -60,6 +84,8 @@ class SessionRequest(Generic[Request, Event]):
         if self.ended:
             return None
         event = await self._events.get()
+        if isinstance(event, _Interruption):
+            raise event.error
         if isinstance(event, MeshError):
             self.ended = True
             raise event
@@ -78,6 +104,60 @@ class SessionRequest(Generic[Request, Event]):
         """The caller stops reading: forget the request and, unless it
         ended, have the server stop it."""
         self._session.forget(self, reason)
+
+
+class SilenceWatch:
+    """Stops the reading of ``request`` when its server sent it nothing for
+    ``limit_s``: ``read`` then raises the error ``stalled`` makes of the
+    limit (see :meth:`SessionRequest.interrupt`).
+
+    One timer for the whole request, moved on to its last event's time each
+    time it fires, rather than a timeout around every read: an event costs
+    its reader no timer. A request with events still unread is behind its
+    reader, not stalled; its server's silence counts from when it was last
+    found so. Changing ``limit_s`` (a first event's wait, then a gap's)
+    takes effect at once."""
+
+    def __init__(
+        self, request: SessionRequest[Any, Any], limit_s: float, stalled: Callable[[float], MeshError]
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._request = request
+        self._limit_s = limit_s
+        self._stalled = stalled
+        self._since = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    @property
+    def limit_s(self) -> float:
+        return self._limit_s
+
+    @limit_s.setter
+    def limit_s(self, limit_s: float) -> None:
+        changed, self._limit_s = limit_s != self._limit_s, limit_s
+        if changed and self._timer is not None:
+            self._timer.cancel()
+            self._arm()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self) -> None:
+        due = max(self._since, self._request.last_event_s) + self._limit_s
+        self._timer = self._loop.call_at(due, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._request.unread:
+            self._since = now
+        if now < max(self._since, self._request.last_event_s) + self._limit_s:
+            self._arm()
+            return
+        self._timer = None
+        self._request.interrupt(self._stalled(self._limit_s))
 
 
 class SessionClient(Generic[Request, Event]):
@@ -160,12 +240,15 @@ class SessionClient(Generic[Request, Event]):
         self._reader = asyncio.create_task(self._read(call), name=f"session-{self._name}")
 
     async def _read(self, call: Call) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async for message in call:
+                now = loop.time()
                 for request_id, event in self._events_of(message):
                     request = self._requests.get(request_id)
                     if request is None:
                         continue  # abandoned by its caller
+                    request._last_event_s = now
                     request._push(event)
                     if self.is_last(event):
                         del self._requests[request_id]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
+from llmmesh.core.session_client import SilenceWatch
 from llmmesh.edge.mesh_client import MeshClient, Principal
 from llmmesh.edge.region_session import SessionLost, SessionTurn, start_message
 from llmmesh.v1 import chat_service_pb2, common_pb2
@@ -76,37 +77,56 @@ class OpenTurn:
     async def deltas(self) -> AsyncIterator[chat_service_pb2.ChatDelta]:
         """The turn's output deltas; ``usage``, ``reason`` and ``safety`` are
         set once it ends. A broken stream raises :class:`RegionLost`; an
-        error event from the region raises its MeshError."""
-        timeout_s = self.first_delta_timeout_s
-        while True:
-            try:
-                async with asyncio.timeout(timeout_s):
+        error event from the region raises its MeshError. So does a region
+        that sends nothing for ``first_delta_timeout_s`` before the first
+        delta, or ``stall_timeout_s`` after it (``stalled``)."""
+
+        def stalled(limit_s: float) -> RegionLost:
+            return RegionLost(self.region, f"no event for {limit_s:g} s while generating", stalled=True)
+
+        watch: SilenceWatch | None = None
+        try:
+            watch = self._watch(watch, self.first_delta_timeout_s, stalled)
+            while True:
+                try:
                     event = await self.call.read()
-            except TimeoutError:
-                raise RegionLost(
-                    self.region, f"no event for {timeout_s:g} s while generating", stalled=True
-                ) from None
-            except SessionLost as err:
-                raise RegionLost(self.region, err.message) from err
-            if event is None:
-                break
-            kind = event.WhichOneof("event")
-            if kind == "delta":
-                timeout_s = self.stall_timeout_s
-                yield event.delta
-            elif kind == "usage":
-                self.usage = event.usage.usage
-            elif kind == "safety" and event.safety.flagged:
-                self.safety = event.safety
-            elif kind == "finished":
-                self.reason = event.finished.reason
-            elif kind == "error":
-                error = from_stream_error(event.error)
-                if error.reason in _FAILED_REASONS:
-                    raise RegionLost(self.region, error.message, error)
-                raise error
+                except SessionLost as err:
+                    raise RegionLost(self.region, err.message) from err
+                if event is None:
+                    break
+                kind = event.WhichOneof("event")
+                if kind == "delta":
+                    watch = self._watch(watch, self.stall_timeout_s, stalled)
+                    yield event.delta
+                elif kind == "usage":
+                    self.usage = event.usage.usage
+                elif kind == "safety" and event.safety.flagged:
+                    self.safety = event.safety
+                elif kind == "finished":
+                    self.reason = event.finished.reason
+                elif kind == "error":
+                    error = from_stream_error(event.error)
+                    if error.reason in _FAILED_REASONS:
+                        raise RegionLost(self.region, error.message, error)
+                    raise error
+        finally:
+            if watch is not None:
+                watch.cancel()
         if self.reason == common_pb2.FINISH_REASON_UNSPECIFIED:
             raise RegionLost(self.region, "the stream ended without a finish event")
+
+    def _watch(
+        self, watch: SilenceWatch | None, limit_s: float | None, stalled: Callable[[float], MeshError]
+    ) -> SilenceWatch | None:
+        """``watch`` set to ``limit_s`` (None: no limit), started if need be."""
+        if limit_s is None:
+            if watch is not None:
+                watch.cancel()
+            return None
+        if watch is None:
+            return SilenceWatch(self.call, limit_s, stalled)
+        watch.limit_s = limit_s
+        return watch
 
     async def cancel(self, reason: str) -> None:
         """Ask the region to stop the turn; its usage is still metered."""

@@ -283,6 +283,8 @@ class TurnLatency:
     pool: str
     arrived_s: float = field(default_factory=time.monotonic)
     last_s: float | None = None
+    # The pool's inter-token histogram, looked up once a turn rather than once a delta.
+    _gaps: Histogram | None = field(default=None, repr=False)
 
     def delivered(self, tokens: int) -> None:
         if tokens <= 0:
@@ -292,9 +294,10 @@ class TurnLatency:
             TIME_TO_FIRST_TOKEN.labels(self.pool).observe(now - self.arrived_s)
         else:
             gap = (now - self.last_s) / tokens
-            histogram = INTER_TOKEN_LATENCY.labels(self.pool)
+            if self._gaps is None:
+                self._gaps = INTER_TOKEN_LATENCY.labels(self.pool)
             for _ in range(tokens):
-                histogram.observe(gap)
+                self._gaps.observe(gap)
         self.last_s = now
 
 

@@ -108,6 +108,24 @@ class HedgedGeneration(SessionRequest[pb.GenerateSessionRequest, pb.GenerationEv
         self._after_s = after_s
         self._winner: _Leg | None = None
 
+    @property
+    def _reading(self) -> list[_Leg]:
+        """The legs whose events the turn may read: the winner's once there is one."""
+        return self._legs if self._winner is None else [self._winner]
+
+    @property
+    def last_event_s(self) -> float:
+        return max((leg.generation.last_event_s for leg in self._reading), default=0.0)
+
+    @property
+    def unread(self) -> int:
+        return sum(len(leg.buffered) + leg.generation.unread for leg in self._reading)
+
+    def interrupt(self, error: MeshError) -> None:
+        # Before a winner, every leg's reader stops on it, and the first leg's failure is the turn's.
+        for leg in self._reading:
+            leg.generation.interrupt(error)
+
     async def read(self) -> pb.GenerationEvent | None:
         if self._winner is None:
             self._winner = await self._race()

@@ -29,6 +29,7 @@ from google.protobuf import timestamp_pb2
 from llmmesh.core import tracing
 from llmmesh.core.errors import MeshError, Reason, Unavailable, from_stream_error
 from llmmesh.core.pricing import format_usd
+from llmmesh.core.session_client import SilenceWatch
 from llmmesh.core.tasks import cancel_and_wait
 from llmmesh.region import metrics as region_metrics
 from llmmesh.region.admission.fair_queue import engine_priority
@@ -123,6 +124,7 @@ class PodStream:
         pod.in_flight += 1
         generation: SessionGeneration | None = None
         forward: asyncio.Task[None] | None = None
+        watch: SilenceWatch | None = None
         engine_request_id = generation_id(prepared.request_id, turn.holder)
         # Whether the pod itself ended the generation with an error event (it is up).
         ended_by_pod = False
@@ -148,6 +150,8 @@ class PodStream:
             hops = turn.hops if not meter.started else None
             if hops is not None:
                 hops.stamp("pod_send")
+            if meter.started:  # a pod that takes the turn over
+                watch = self._watch(generation, pod)
             forward = asyncio.create_task(self._forward_cancel(generation, cancel))
             events = aiter(generation)
             while True:
@@ -171,6 +175,7 @@ class PodStream:
                     if hops is not None:
                         hops.stamp("request_id_hold")
                     meter.started = True
+                    watch = self._watch(generation, pod)
                     yield chat_service_pb2.ChatResponse(
                         started=chat_service_pb2.ChatStarted(
                             request_id=prepared.request_id,
@@ -198,6 +203,7 @@ class PodStream:
                         if hops is not None:
                             hops.stamp_once("output_filter")
                             hops.observe(region_metrics.HOPS)
+                            hops = None  # every hop of the turn is timed: no more stamps per delta
                         yield meter.deliver(base_sequence, release)
                     elif output.stopped is not None:
                         break
@@ -247,10 +253,29 @@ class PodStream:
             yield self.failed(turn, error)
         finally:
             pod.in_flight -= 1
+            if watch is not None:
+                watch.cancel()
             await cancel_and_wait(forward)
             if generation is not None:
                 # The pod aborts a generation its turn stopped reading.
                 generation.abandon("the turn stopped reading")
+
+    def _watch(self, generation: SessionGeneration, pod: EnginePodHandle) -> SilenceWatch | None:
+        """The watch of a started generation: a pod that sends it nothing
+        for ``pod_stall_ms`` has stalled (frozen, cut off, its batch
+        wedged): UNAVAILABLE ``ENGINE_FAILED``, so another pod goes on with
+        the turn. None where stalls are not watched."""
+        stall_s = self._settings.pod_stall_ms / 1000
+        if stall_s <= 0:
+            return None
+
+        def stalled(silent_s: float) -> MeshError:
+            region_metrics.pod_stalled(pod.pod_id)
+            return Unavailable(
+                Reason.ENGINE_FAILED, f"engine pod {pod.pod_id} sent nothing for {silent_s:g} s mid-stream"
+            )
+
+        return SilenceWatch(generation, stall_s, stalled)
 
     async def _next_event(
         self,
@@ -261,23 +286,13 @@ class PodStream:
         started: bool,
         request_id: str = "",
     ) -> engine_service_pb2.GenerationEvent:
-        """The generation's next event. Once the turn has started, a pod
-        that sends nothing for ``pod_stall_ms`` has stalled (frozen, cut
-        off, its batch wedged): UNAVAILABLE, so another pod goes on with the
-        turn. Before the first event the wait is the queue's, not a stall,
-        unless :meth:`_first_event` finds the pod down."""
+        """The generation's next event. Once the turn has started, a
+        :class:`SilenceWatch` (see :meth:`_watch`) ends the wait of a pod that sends nothing for
+        ``pod_stall_ms``. Before the first event the wait is the queue's, not
+        a stall, unless :meth:`_first_event` finds the pod down."""
         if not started:
             return await self._first_event(events, pod, model, request_id)
-        stall_s = self._settings.pod_stall_ms / 1000
-        if stall_s <= 0:
-            return await anext(events)
-        try:
-            return await asyncio.wait_for(anext(events), stall_s)
-        except TimeoutError:
-            region_metrics.pod_stalled(pod.pod_id)
-            raise Unavailable(
-                Reason.ENGINE_FAILED, f"engine pod {pod.pod_id} sent nothing for {stall_s:g} s mid-stream"
-            ) from None
+        return await anext(events)
 
     async def _first_event(
         self,
