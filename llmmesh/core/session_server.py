@@ -8,9 +8,12 @@ holds as one message each time it wakes, so a decode step that reaches
 every request of a batch at once goes out as one message.
 
 A request's failure is an event of that request; the stream stays up for
-the others. When the client half-closes (or the server stops taking
-requests), the stream ends once its requests have; a cancelled stream
-cancels every request still running on it. Subclasses say how a request
+the others. A client message that holds neither a start nor a cancel (a
+client speaking a newer contract, or a broken one) is never skipped: the
+stream ends with INVALID_ARGUMENT, its running requests cancelled. When
+the client half-closes (or the server stops taking requests), the stream
+ends once its requests have; a cancelled stream cancels every request
+still running on it. Subclasses say how a request
 runs and how its events and errors are shaped: ``engine/session.py`` for
 ``EngineService.GenerateSession``, ``region/chat_session.py`` for
 ``ChatService.ChatSession``.
@@ -50,6 +53,7 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
         self.outbox: Outbox[Event] = Outbox()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._half_closed = False
+        self._refused: MeshError | None = None
 
     @abstractmethod
     def request_id(self, start: Start) -> str:
@@ -90,12 +94,15 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
 
     async def serve(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Response, None]:
         """The stream's messages out, until the client has half-closed (or
-        the server is stopping) and every request has ended."""
+        the server is stopping) and every request has ended. Raises
+        InvalidArgument once the client sent a message holding no action."""
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
                 if batch := await self.outbox.take():
                     yield self.response(batch)
+                if self._refused is not None:
+                    raise self._refused
                 # A request may end (its last events put, itself gone from
                 # ``_running``) while the message before was being sent:
                 # those events go out before the stream ends.
@@ -115,8 +122,17 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
                 action = request.WhichOneof("action")
                 if action == "start":
                     self._begin(request.start)
-                elif action == "cancel" and request.cancel.request_id in self._running:
-                    await self.cancel(request.cancel.request_id, request.cancel.reason or "no reason given")
+                elif action == "cancel":
+                    stop = request.cancel
+                    if stop.request_id in self._running:
+                        await self.cancel(stop.request_id, stop.reason or "no reason given")
+                else:
+                    self._refused = InvalidArgument(
+                        Reason.INVALID_REQUEST,
+                        "a session message must hold a start or a cancel",
+                        metadata={"param": "action"},
+                    )
+                    break
         self._half_closed = True
         self.outbox.poke()
 

@@ -123,9 +123,12 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         session = GenerationSession(
             self._backend, self._generation_request, self._backend.info().pod_id, self._hops
         )
-        async with contextlib.aclosing(session.serve(request_iterator)) as responses:
-            async for response in responses:
-                yield response
+        try:
+            async with contextlib.aclosing(session.serve(request_iterator)) as responses:
+                async for response in responses:
+                    yield response
+        except MeshError as err:
+            await err.abort(context)
 
     async def CancelGeneration(
         self, request: pb.CancelGenerationRequest, context: Context

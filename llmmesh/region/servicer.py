@@ -92,9 +92,12 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         self, request_iterator: AsyncIterator[chat_service_pb2.ChatSessionRequest], context: Context
     ) -> AsyncIterator[chat_service_pb2.ChatSessionResponse]:
         run = self._sessions.open(self._gateway)
-        async with contextlib.aclosing(run.serve(request_iterator)) as responses:
-            async for response in responses:
-                yield response
+        try:
+            async with contextlib.aclosing(run.serve(request_iterator)) as responses:
+                async for response in responses:
+                    yield response
+        except MeshError as err:
+            await err.abort(context)
 
     @staticmethod
     async def _watch_controls(

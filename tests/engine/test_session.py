@@ -12,6 +12,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.errors import from_rpc_error
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.engine.server import EnginePod
 from llmmesh.engine.sim.backend import SimBackend
@@ -182,3 +183,28 @@ async def test_a_half_closed_stream_ends_after_its_generations(
             messages.append(message)
     assert events_of(messages, "last")[-1].finished.usage.output_tokens == 5
     assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_message_holding_no_action_ends_the_stream_with_invalid_argument(
+    slow_stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    call = slow_stub.GenerateSession()
+    await call.write(start("running", max_tokens=200))
+    await wait_until_running(slow_stub, 1)
+    await call.write(pb.GenerateSessionRequest())
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await read_to_the_end(call)
+    error = from_rpc_error(failed.value)
+    assert (error.code, error.reason, error.metadata) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        {"param": "action"},
+    )
+    await wait_until_running(slow_stub, 0)
+
+
+async def read_to_the_end(call: Call) -> None:
+    """Read until the stream ends (a failed one raises)."""
+    async with asyncio.timeout(10):
+        while await call.read() is not grpc.aio.EOF:
+            pass

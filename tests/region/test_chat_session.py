@@ -12,6 +12,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
+from llmmesh.core.errors import from_rpc_error
 from llmmesh.core.grpcserver import open_channel
 from llmmesh.v1 import chat_service_pb2 as pb
 from llmmesh.v1 import chat_service_pb2_grpc, common_pb2, engine_service_pb2, engine_service_pb2_grpc
@@ -183,3 +184,31 @@ async def test_a_draining_region_refuses_new_turns_and_ends_the_stream_after_the
     async with asyncio.timeout(10):
         assert await session.read() is grpc.aio.EOF
     assert await session.code() == grpc.StatusCode.OK
+
+
+async def test_a_message_holding_no_action_ends_the_stream_and_cancels_its_turns(
+    stack: Stack, session: Call
+) -> None:
+    await session.write(start("running", max_tokens=2000))
+    async with asyncio.timeout(10):
+        while not any(
+            e.request_id == "running" and e.response.HasField("delta") for e in (await session.read()).events
+        ):
+            pass
+    await session.write(pb.ChatSessionRequest())
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await read_to_the_end(session)
+    error = from_rpc_error(failed.value)
+    assert (error.code, error.reason, error.metadata) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        {"param": "action"},
+    )
+    assert await billed(stack, "running")
+
+
+async def read_to_the_end(call: Call) -> None:
+    """Read until the stream ends (a failed one raises)."""
+    async with asyncio.timeout(10):
+        while await call.read() is not grpc.aio.EOF:
+            pass
