@@ -59,6 +59,18 @@ class RecordingBackend(SafetyBackend):
         return Verdict.safe(self.name)
 
 
+class RecordingRules(RulesBackend):
+    """The rules, with the deny term "forbidden phrase", recording each text checked."""
+
+    def __init__(self) -> None:
+        super().__init__(deny_terms={"violence": ["forbidden phrase"]}, builtin=False)
+        self.texts: list[str] = []
+
+    def check_at_once(self, text: str, *, kind: CheckKind) -> Verdict | None:
+        self.texts.append(text)
+        return super().check_at_once(text, kind=kind)
+
+
 def rules_with_phrase() -> RulesBackend:
     return RulesBackend(deny_terms={"violence": [PHRASE, "ass"]}, builtin=False)
 
@@ -271,6 +283,20 @@ async def test_an_email_address_is_held_from_its_at_sign() -> None:
 
 
 @pytest.mark.asyncio
+async def test_an_address_whose_local_part_went_out_longer_than_the_overlap_still_stops_the_reply() -> None:
+    # Narrow windows reach the overlap back before the "@": a longer local
+    # part is out of the window, but its tail still reads as an address.
+    local = "first.middle.last." * 6
+    text = f"mail {local}jane@mail.example.org now"
+    deltas = [text[i : i + 3] for i in range(0, len(text), 3)]
+    seen = RecordingRules()
+    released, stopped = await stream(StreamingOutputFilter([seen], 256, 16), deltas)
+    assert stopped is not None and stopped.categories == ("pii",)
+    assert "@" not in released and released.startswith("mail first.middle")
+    assert len(seen.texts[-1]) < len(text) - len("mail ")
+
+
+@pytest.mark.asyncio
 async def test_digits_that_can_no_longer_form_a_card_are_released() -> None:
     output = StreamingOutputFilter([RulesBackend()])
     # Twenty digits in one group: too long for a card, however the run goes on.
@@ -371,6 +397,57 @@ def test_no_part_of_a_match_is_released_however_the_deltas_split_it(
         assert len(released) <= min(seen_whole)
     elif stopped is None:
         assert released == text
+
+
+class WholeWindows(StreamingOutputFilter):
+    """Checks every window whole, as the filter did before it narrowed
+    windows for backends that tell exactly what to hold back."""
+
+    def _window_floor(self, stop: int) -> int:
+        return min(stop - self._window, self._checked - self._overlap)
+
+
+async def decisions(output: StreamingOutputFilter, deltas: Sequence[str]) -> list[tuple[str, bool]]:
+    """Each delta's release and whether it stopped the reply, then the finish's."""
+    made = []
+    for delta in deltas:
+        decision = await output.feed(delta)
+        made.append((decision.release, decision.stopped is not None))
+        if decision.stopped is not None:
+            return made
+    decision = await output.finish()
+    return [*made, (decision.release, decision.stopped is not None)]
+
+
+@given(
+    text=texts(max_pieces=60),
+    cuts=st.lists(st.integers(0, 10_000), max_size=60),
+    window=st.integers(16, 256),
+    builtin=st.booleans(),
+    data=st.data(),
+)
+def test_narrow_windows_decide_as_whole_ones_for_backends_that_tell_exactly(
+    text: str, cuts: list[int], window: int, builtin: bool, data: st.DataObject
+) -> None:
+    overlap = data.draw(st.integers(1, window - 1))
+    backend = RulesBackend(deny_terms={"violence": ["forbidden phrase"]}, builtin=builtin)
+    deltas = split_at(text, cuts)
+    narrow = asyncio.run(decisions(StreamingOutputFilter([backend], window, overlap), deltas))
+    whole = asyncio.run(decisions(WholeWindows([backend], window, overlap), deltas))
+    assert narrow == whole
+
+
+@pytest.mark.asyncio
+async def test_a_check_reads_the_unreleased_text_and_the_overlap_before_it() -> None:
+    seen = RecordingRules()
+    output = StreamingOutputFilter([seen], 256, 16)
+    for word in ("alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta ", "eta ", "theta ", "iota "):
+        assert (await output.feed(word)).release == word
+    assert seen.texts[-1] == " zeta eta theta iota "
+    # A term's prefix is held, and the next window reaches the overlap back before it.
+    assert (await output.feed("forbidden ")).release == ""
+    assert (await output.feed("fruit ")).release == "forbidden fruit "
+    assert seen.texts[-1] == " eta theta iota forbidden fruit "
 
 
 @pytest.mark.asyncio

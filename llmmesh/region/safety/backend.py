@@ -18,6 +18,13 @@ class SafetyBackend(ABC):
     name: str
     """Short name reported in verdicts and error metadata (``rules``, ``judge``)."""
 
+    context_chars: int | None = None
+    """How far before a match any of the backend's rules looks (its look-behinds),
+    in characters, for :meth:`check` and :meth:`hold_from` alike; ``None``, the
+    default, for any distance. The output filter narrows its windows to the
+    text still unreleased and this much (and its overlap) before it only where
+    every backend bounds it and tells exactly what to hold back."""
+
     @abstractmethod
     async def check(self, text: str, *, kind: CheckKind) -> Verdict:
         """Classify ``text``; ``kind`` says whether it is the caller's input or

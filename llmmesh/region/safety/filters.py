@@ -192,6 +192,11 @@ class StreamingOutputFilter:
         self._checked = 0  # end of the last window checked clean
         self._window_start = 0  # and where it began
         self._released = 0
+        # Every backend said exactly, at the last release, where a match could still begin.
+        self._exact = False
+        # How far before a match every backend's rules look, if all bound it.
+        contexts = [c for backend in self._backends if (c := backend.context_chars) is not None]
+        self._context = max([overlap_chars, *contexts]) if len(contexts) == len(self._backends) else None
         self._stopped: Verdict | None = None
         self._failure: Unavailable | None = None
         self._finished = False
@@ -229,7 +234,7 @@ class StreamingOutputFilter:
             stop = self._next_stop(end, final)
             if stop is None:
                 break
-            start = self._word_start(max(0, min(stop - self._window, self._checked - self._overlap)))
+            start = self._word_start(max(0, self._window_floor(stop)))
             window = self._text[start - self._base : stop - self._base]
             try:
                 verdict = await screen(
@@ -271,10 +276,35 @@ class StreamingOutputFilter:
         text = self._text[start - self._base : end - self._base]
         since = max(0, self._released - start)
         clear = end
+        exact = True
         for backend in self._backends:
             hold = _hold_from(backend, text, since)
+            exact = exact and hold is not None
             clear = min(clear, self._checked - self._overlap if hold is None else start + hold)
+        self._exact = exact
         return clear
+
+    def _window_floor(self, stop: int) -> int:
+        """Where the window ending at ``stop`` begins (before moving out of a
+        word): ``window_chars`` back, and at least the overlap before the
+        checked end.
+
+        Where every backend bounds how far its rules look back
+        (:attr:`SafetyBackend.context_chars`) and told exactly where a match
+        could still begin when text was last released, no match can begin
+        in the released text, whatever follows, but for an email address's
+        local part (held from its ``@``, see :meth:`RulesBackend.hold_from`):
+        the window then begins that look-back, or the overlap if longer,
+        before the released point (or the checked end, if that is earlier).
+        It holds all a rule reads of what can still match, a local part up
+        to the overlap whole (a longer one's tail still reads as an
+        address), and the backends decide on it as on the whole window; a
+        check then reads the text still unreleased and a few dozen
+        characters, not the whole window."""
+        floor = min(stop - self._window, self._checked - self._overlap)
+        if self._exact and self._context is not None:
+            floor = max(floor, min(self._checked, self._released) - self._context)
+        return floor
 
     def _next_stop(self, end: int, final: bool) -> int | None:
         """Where the next window ends: at most a step past the last one, and

@@ -271,6 +271,8 @@ class RulesBackend(SafetyBackend):
         # letter or a configured pattern might (an ASCII term's prefix is held
         # anyway, and a composed letter never makes a built-in pattern match).
         self._ascii_settles = not self._held_patterns and all(term.isascii() for term in blocking)
+        # Configured patterns may look back any distance; the built-in rules and terms a few characters.
+        self.context_chars = None if self._patterns else _CONTEXT_CHARS
 
     def _blocks(self, category: str) -> bool:
         return category not in self._report_only
