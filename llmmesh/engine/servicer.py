@@ -46,6 +46,23 @@ CHAT_ROLES = frozenset(common_pb2.ChatRole.values()) - {common_pb2.CHAT_ROLE_UNS
 """The roles a message may have."""
 
 
+def _second_start() -> InvalidArgument:
+    return InvalidArgument(
+        Reason.INVALID_REQUEST,
+        "a Generate stream carries one generation; it was stopped at a second start "
+        "(GenerateSession carries many)",
+        metadata={"param": "start"},
+    )
+
+
+def _no_action() -> InvalidArgument:
+    return InvalidArgument(
+        Reason.INVALID_REQUEST,
+        "a message after the start must hold a cancel; the generation was stopped at one holding no action",
+        metadata={"param": "action"},
+    )
+
+
 class EngineServicer(pb_grpc.EngineServiceServicer):
     """Serves one backend. ``load_interval_ms`` is WatchLoad's default interval;
     ``hop_metrics`` gets every generation's way to its first token (a
@@ -81,10 +98,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except MeshError as err:
             await err.abort(context)
         pod_id = self._backend.info().pod_id
-        second_start = asyncio.Event()
-        watcher = asyncio.create_task(
-            self._watch_requests(request_iterator, request.request_id, second_start)
-        )
+        refused: list[MeshError] = []
+        watcher = asyncio.create_task(self._watch_requests(request_iterator, request.request_id, refused))
         deltas = 0
         try:
             async with contextlib.aclosing(self._backend.generate(request)) as events:
@@ -101,13 +116,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                         yield pb.GenerateResponse(delta=messages.delta(deltas, event))
                     else:
                         yield pb.GenerateResponse(finished=messages.finished(request.request_id, event))
-            if second_start.is_set():
-                raise InvalidArgument(
-                    Reason.INVALID_REQUEST,
-                    "a Generate stream carries one generation; it was stopped at a second start "
-                    "(GenerateSession carries many)",
-                    metadata={"param": "start"},
-                )
+            if refused:
+                raise refused[0]
         except MeshError as err:
             await err.abort(context)
         except asyncio.CancelledError:
@@ -185,21 +195,20 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         self,
         request_iterator: AsyncIterator[pb.GenerateRequest],
         request_id: str,
-        second_start: asyncio.Event,
+        refused: list[MeshError],
     ) -> None:
         """Abort on a cancel message. The stream carries one generation, so a
-        cancel stops it whatever request id it names. A second start is a
-        caller's mistake, never silently dropped: it stops the generation
-        too, and sets ``second_start`` so that the call ends refusing it."""
+        cancel stops it whatever request id it names. A second start, or a
+        message holding no action, is a caller's mistake, never silently
+        dropped: it stops the generation too, and goes in ``refused`` so that
+        the call ends refusing it."""
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
             async for message in request_iterator:
                 action = message.WhichOneof("action")
                 if action == "cancel":
                     log.info("cancel of %s requested: %s", request_id, message.cancel.reason or "no reason")
-                elif action == "start":
-                    second_start.set()
                 else:
-                    continue
+                    refused.append(_second_start() if action == "start" else _no_action())
                 await self._backend.abort(request_id)
                 return
 

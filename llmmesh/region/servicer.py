@@ -26,11 +26,21 @@ from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-_SECOND_START = InvalidArgument(
-    Reason.INVALID_REQUEST,
-    "a Chat stream carries one turn; it was stopped at a second start (ChatSession carries many)",
-    metadata={"param": "start"},
-)
+
+def _second_start() -> InvalidArgument:
+    return InvalidArgument(
+        Reason.INVALID_REQUEST,
+        "a Chat stream carries one turn; it was stopped at a second start (ChatSession carries many)",
+        metadata={"param": "start"},
+    )
+
+
+def _no_action() -> InvalidArgument:
+    return InvalidArgument(
+        Reason.INVALID_REQUEST,
+        "a message after the start must hold a cancel; the turn was stopped at one holding no action",
+        metadata={"param": "action"},
+    )
 
 
 class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
@@ -56,8 +66,8 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("action") != "start":
             await InvalidArgument(Reason.INVALID_REQUEST, "the first message must be 'start'").abort(context)
-        cancel, second_start = asyncio.Event(), asyncio.Event()
-        watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel, second_start))
+        cancel, refused = asyncio.Event(), list[MeshError]()
+        watcher = asyncio.create_task(self._watch_controls(request_iterator, cancel, refused))
         emitted = False
         bind_request_id(first.start.request_id)
         spans = contextlib.ExitStack()
@@ -71,11 +81,11 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
                 emitted = True
                 recorder.observe(event)
                 yield event
-            if second_start.is_set():
-                raise _SECOND_START
+            if refused:
+                raise refused[0]
         except MeshError as raised:
             # However the stopped turn ended, the caller hears why it was stopped.
-            err = _SECOND_START if second_start.is_set() else raised
+            err = refused[0] if refused else raised
             region_metrics.turn_failed(err)
             recorder.observe(chat_service_pb2.ChatResponse(error=err.to_stream_error()))
             if emitted:
@@ -103,21 +113,19 @@ class ChatServicer(chat_service_pb2_grpc.ChatServiceServicer):
     async def _watch_controls(
         request_iterator: AsyncIterator[chat_service_pb2.ChatRequest],
         cancel: asyncio.Event,
-        second_start: asyncio.Event,
+        refused: list[MeshError],
     ) -> None:
-        """Cancel the turn on a cancel message. A second start is a caller's
-        mistake, never silently dropped: it cancels the turn too (which is
-        still metered), and sets ``second_start`` so that the stream ends
-        refusing it."""
+        """Cancel the turn on a cancel message. A second start, or a message
+        holding no action, is a caller's mistake, never silently dropped: it
+        cancels the turn too (which is still metered), and goes in
+        ``refused`` so that the stream ends refusing it."""
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
             async for request in request_iterator:
                 action = request.WhichOneof("action")
                 if action == "cancel":
                     log.info("turn cancelled by client: %s", request.cancel.reason or "no reason given")
-                elif action == "start":
-                    second_start.set()
                 else:
-                    continue
+                    refused.append(_second_start() if action == "start" else _no_action())
                 cancel.set()
                 return
 

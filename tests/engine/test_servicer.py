@@ -126,19 +126,24 @@ async def read_to_end(call: grpc.aio.StreamStreamCall, into: list[pb.GenerateRes
 
 
 @pytest.mark.asyncio
-async def test_a_second_start_stops_the_generation_and_is_refused(
-    slow_stub: pb_grpc.EngineServiceAsyncStub,
+@pytest.mark.parametrize(
+    ("second", "param"),
+    [(start("second"), "start"), (pb.GenerateRequest(), "action")],
+    ids=["start", "empty"],
+)
+async def test_a_second_start_or_an_empty_message_stops_the_generation_and_is_refused(
+    slow_stub: pb_grpc.EngineServiceAsyncStub, second: pb.GenerateRequest, param: str
 ) -> None:
     call = slow_stub.Generate()
     await call.write(start("first"))
     assert (await call.read()).WhichOneof("event") == "started"
-    await call.write(start("second"))
+    await call.write(second)
     rest: list[pb.GenerateResponse] = []
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await read_to_end(call, rest)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     error = from_rpc_error(raised.value)
-    assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", "start")
+    assert (error.reason, error.metadata.get("param")) == ("INVALID_REQUEST", param)
     # The first generation stopped there, its usage reported.
     assert rest[-1].finished.reason == common_pb2.FINISH_REASON_CANCELLED
     assert await running(slow_stub) == 0

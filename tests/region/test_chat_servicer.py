@@ -253,12 +253,19 @@ async def test_cancel_message_ends_the_turn_and_bills_it(stack: Stack) -> None:
     assert await billed(stack, events[0].started.request_id)
 
 
-async def test_a_second_start_stops_the_turn_bills_it_and_is_refused(stack: Stack) -> None:
+@pytest.mark.parametrize(
+    ("second", "param"),
+    [(start("And another thing."), "start"), (chat_service_pb2.ChatRequest(), "action")],
+    ids=["start", "empty"],
+)
+async def test_a_second_start_or_an_empty_message_stops_the_turn_bills_it_and_is_refused(
+    stack: Stack, second: chat_service_pb2.ChatRequest, param: str
+) -> None:
     async with open_channel(stack.region.address) as channel:
         call = chat_service_pb2_grpc.ChatServiceStub(channel).Chat(metadata=auth())
         await call.write(start(max_tokens=2000))
         events = [await call.read(), await call.read()]
-        await call.write(start("And another thing."))
+        await call.write(second)
         while (event := await call.read()) is not grpc.aio.EOF:
             events.append(event)
     kinds = [e.WhichOneof("event") for e in events]
@@ -266,7 +273,7 @@ async def test_a_second_start_stops_the_turn_bills_it_and_is_refused(stack: Stac
     assert events[-2].finished.reason == common_pb2.FINISH_REASON_CANCELLED
     error = events[-1].error
     assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_REQUEST")
-    assert error.metadata["param"] == "start"
+    assert error.metadata["param"] == param
     assert kinds.count("started") == 1, "the second start ran a turn"
     assert await billed(stack, events[0].started.request_id)
 
