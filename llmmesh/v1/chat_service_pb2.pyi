@@ -43,7 +43,9 @@ Global___SafetyStage: _TypeAlias = SafetyStage  # noqa: Y015
 
 @_typing.final
 class ChatSessionRequest(_message.Message):
-    """A message from the client on a ChatSession stream."""
+    """A message from the client on a ChatSession stream. One that holds no
+    action ends the stream with INVALID_ARGUMENT (its turns are cancelled).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -191,7 +193,10 @@ Global___TurnEvent: _TypeAlias = TurnEvent  # noqa: Y015
 
 @_typing.final
 class ChatRequest(_message.Message):
-    """A message from the client on a Chat stream."""
+    """A message from the client on a Chat stream. A second start, or a
+    message that holds no action, stops the turn and ends the stream with
+    INVALID_ARGUMENT.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

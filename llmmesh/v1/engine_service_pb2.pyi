@@ -55,7 +55,10 @@ Global___PodRole: _TypeAlias = PodRole  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
-    """A message from the client on a Generate stream."""
+    """A message from the client on a Generate stream. A second start, or a
+    message that holds no action, stops the generation and ends the stream
+    with INVALID_ARGUMENT.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -87,7 +90,10 @@ Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
 @_typing.final
 class GenerateSessionRequest(_message.Message):
-    """A message from the client on a GenerateSession stream."""
+    """A message from the client on a GenerateSession stream. One that holds
+    no action ends the stream with INVALID_ARGUMENT (its generations are
+    cancelled).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
