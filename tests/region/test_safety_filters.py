@@ -297,6 +297,16 @@ async def test_an_address_whose_local_part_went_out_longer_than_the_overlap_stil
 
 
 @pytest.mark.asyncio
+async def test_no_part_of_a_term_goes_out_before_a_mark_to_come_completes_it() -> None:
+    # "cafe" is no prefix of "café noir" until a combining acute follows the e.
+    accented = RulesBackend(deny_terms={"violence": ["caf\u00e9 noir"]}, builtin=False)
+    deltas = ["a caf", "e", "\u0301", " noir", " ok"]
+    released, stopped = await stream(StreamingOutputFilter([accented]), deltas)
+    assert stopped is not None
+    assert released == "a "
+
+
+@pytest.mark.asyncio
 async def test_digits_that_can_no_longer_form_a_card_are_released() -> None:
     output = StreamingOutputFilter([RulesBackend()])
     # Twenty digits in one group: too long for a card, however the run goes on.

@@ -286,10 +286,12 @@ def test_hold_from_holds_a_last_character_a_mark_could_still_change() -> None:
     # An ASCII letter turned into another by a mark makes no ASCII rule match
     # (a term's prefix is held as such) ...
     assert held("a cafe") == ""
-    # ... but may one that holds such letters: "cafe" could become "café".
+    # ... but may one that holds such letters: "cafe" could become "café",
+    # so the term's prefix before that letter is held with it.
     accented = RulesBackend(deny_terms={"violence": ["caf\u00e9 noir"]}, builtin=False)
-    assert held("a cafe", accented) == "e"
+    assert held("a cafe", accented) == "cafe"
     assert held("a caf", accented) == "caf"
+    assert held("a cafe", accented, since=3) == "afe"
 
 
 def test_hold_from_cannot_tell_for_text_that_does_not_normalise_per_character() -> None:

@@ -349,7 +349,16 @@ class RulesBackend(SafetyBackend):
         if found is None:
             return None
         settled = len(text) if self._ascii_settles and text[-1:].isascii() else settled_end(text)
-        return max(since, min(start + normal.to_original(found), settled))
+        hold = min(start + normal.to_original(found), settled)
+        if since < settled < len(text):
+            # The end may still become another letter (``cafe`` then a mark
+            # makes ``café``): a match may begin before it, in what precedes
+            # it followed by whatever it becomes.
+            before = self.hold_from(text[:settled], kind=kind, since=since)
+            if before is None:
+                return None
+            hold = min(hold, before)
+        return max(since, hold)
 
     def _held_in(self, seen: str, pos: int, kind: CheckKind) -> int | None:
         """:meth:`hold_from` in normal form, from ``pos`` on."""
