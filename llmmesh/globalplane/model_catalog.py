@@ -177,8 +177,7 @@ def _model_of(row: sa.Row[Any]) -> Model:
         retired=bool(row.retired),
         canary_of=row.canary_of or "",
         canary_percent=row.canary_percent or 0,
-        # Null in a store from before models had a kind: they were all chat models.
-        kind=ModelKind(row.kind) if row.kind else ModelKind.CHAT,
+        kind=ModelKind(schema.stored_kind(row.kind)),
     )
 
 

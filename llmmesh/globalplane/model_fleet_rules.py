@@ -66,10 +66,11 @@ def require_consistent(conn: Connection, model: Model) -> None:
                 f"canary_of names {model.canary_of!r}, which is {what}",
                 metadata={"param": "canary_of"},
             )
-        if (target.kind or "chat") != model.kind.value:
+        kind = schema.stored_kind(target.kind)
+        if kind != model.kind.value:
             raise FailedPrecondition(
                 Reason.INVALID_REQUEST,
-                f"canary_of names {model.canary_of!r}, {_a(target.kind or 'chat')} model; "
+                f"canary_of names {model.canary_of!r}, {_a(kind)} model; "
                 f"this one is {_a(model.kind.value)} model",
                 metadata={"param": "kind"},
             )

@@ -78,6 +78,12 @@ models = sa.Table(
     sa.Column("kind", sa.String(16), nullable=True),
 )
 
+
+def stored_kind(kind: str | None) -> str:
+    """A stored model's kind: a null one is from before models had a kind, when all were chat models."""
+    return kind or "chat"
+
+
 model_prices = sa.Table(
     "model_prices",
     metadata,
