@@ -158,14 +158,32 @@ def bucket_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[floa
 HopKey = tuple[str, str]
 
 
+STEP_FAMILIES = {"steps": "llmmesh_sim_steps", "prefill_steps": "llmmesh_sim_prefill_steps"}
+"""The simulator pod's step counters (:mod:`llmmesh.engine.sim.metrics`), by what they count."""
+
+
+class PodSteps(TypedDict):
+    """The steps a simulator pod ran while one system's rounds were measured."""
+
+    steps: int
+    prefill_steps: int
+    prefill_steps_per_100: float | None
+
+
 class HopTable(TypedDict):
-    """The report's per-hop figures of one mesh at one level (:meth:`HopSnapshot.table`)."""
+    """The report's per-hop figures of one mesh at one level (:meth:`HopSnapshot.table`);
+    ``pod_steps`` and ``direct_pod_steps``, the steps of its pod and of the
+    direct system's (where the pod is the simulator): every step that
+    prefills costs the simulator's prefill overhead, so starts that reach the
+    pod spread over more steps cost throughput."""
 
     hops: list[dict[str, object]]
     groups_mean_ms: dict[str, float]
     mesh_hops_sum_mean_ms: float
     client_added_ttft_mean_ms: float | None
     unaccounted_mean_ms: float | None
+    pod_steps: PodSteps | None
+    direct_pod_steps: PodSteps | None
 
 
 @dataclass(frozen=True)
@@ -173,17 +191,31 @@ class HopSnapshot:
     """Every plane's hop histograms at one moment (or the difference of two), by (plane, hop)."""
 
     hops: Mapping[HopKey, HopHistogram] = field(default_factory=dict)
+    steps: Mapping[str, float] = field(default_factory=dict)
+    """The simulator pod's step counters (:data:`STEP_FAMILIES`' keys), where the pod has them."""
 
     def __sub__(self, earlier: HopSnapshot) -> HopSnapshot:
         return HopSnapshot(
-            {key: now - earlier.hops[key] if key in earlier.hops else now for key, now in self.hops.items()}
+            {key: now - earlier.hops[key] if key in earlier.hops else now for key, now in self.hops.items()},
+            {name: now - earlier.steps.get(name, 0.0) for name, now in self.steps.items()},
         )
 
     def __add__(self, other: HopSnapshot) -> HopSnapshot:
         merged = dict(self.hops)
         for key, histogram in other.hops.items():
             merged[key] = merged[key] + histogram if key in merged else histogram
-        return HopSnapshot(merged)
+        steps = dict(self.steps)
+        for name, count in other.steps.items():
+            steps[name] = steps.get(name, 0.0) + count
+        return HopSnapshot(merged, steps)
+
+    def pod_steps(self) -> PodSteps | None:
+        """The pod's steps and those that prefilled; None where it counts none."""
+        if "steps" not in self.steps:
+            return None
+        steps, prefill = int(self.steps["steps"]), int(self.steps.get("prefill_steps", 0.0))
+        per_100 = round(100.0 * prefill / steps, 2) if steps else None
+        return {"steps": steps, "prefill_steps": prefill, "prefill_steps_per_100": per_100}
 
     def mean_s(self, plane: str, hop: str) -> float:
         histogram = self.hops.get((plane, hop))
@@ -237,6 +269,8 @@ class HopSnapshot:
             "unaccounted_mean_ms": _round(
                 None if client_added_mean_ms is None else client_added_mean_ms - mesh_sum
             ),
+            "pod_steps": self.pod_steps(),
+            "direct_pod_steps": direct.pod_steps() if direct is not None else None,
         }
 
 
@@ -293,6 +327,7 @@ async def scrape_hops(client: httpx.AsyncClient, metrics_urls: Mapping[str, str]
     name. A kept-alive connection the server closed meanwhile (a metrics
     server idle between rounds) is asked again once, on a new connection."""
     hops: dict[HopKey, HopHistogram] = {}
+    steps: dict[str, float] = {}
     for plane, url in metrics_urls.items():
         try:
             response = await client.get(url)
@@ -300,7 +335,19 @@ async def scrape_hops(client: httpx.AsyncClient, metrics_urls: Mapping[str, str]
             response = await client.get(url, headers={"connection": "close"})
         response.raise_for_status()
         hops.update(parse_hops(plane, response.text))
-    return HopSnapshot(hops)
+        if plane == "engine":
+            steps.update(parse_steps(response.text))
+    return HopSnapshot(hops, steps)
+
+
+def parse_steps(text: str) -> dict[str, float]:
+    """The simulator pod's step counters in a ``/metrics`` text (none for another engine)."""
+    names = {family: name for name, family in STEP_FAMILIES.items()}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in names:
+            found[names[family.name]] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return found
 
 
 def total(snapshots: Iterable[HopSnapshot]) -> HopSnapshot:

@@ -144,6 +144,13 @@ def _hops_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
             f"{_num(table['client_added_ttft_mean_ms']).strip()} (unaccounted "
             f"{_num(table['unaccounted_mean_ms']).strip()})"
         )
+        steps, direct = table["pod_steps"], table["direct_pod_steps"]
+        if steps is not None and direct is not None:
+            lines.append(
+                f"pod steps that prefilled, per 100: mesh {_num(steps['prefill_steps_per_100']).strip()} "
+                f"(of {steps['steps']}), direct {_num(direct['prefill_steps_per_100']).strip()} "
+                f"(of {direct['steps']})"
+            )
     return lines
 
 

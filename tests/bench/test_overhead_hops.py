@@ -10,8 +10,9 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from llmmesh.bench.overhead_hops import HopSnapshot, bucket_quantile, parse_hops
+from llmmesh.bench.overhead_hops import HopSnapshot, bucket_quantile, parse_hops, parse_steps
 from llmmesh.core.hop_timing import HopStamps, hop_histogram
+from llmmesh.engine.sim.metrics import SchedulerStats, SimStepsCollector
 
 INF = math.inf
 
@@ -99,3 +100,23 @@ def test_a_round_is_the_difference_of_two_scrapes_and_its_groups_add_up() -> Non
     assert with_direct["groups_mean_ms"]["pod_vs_direct"] == pytest.approx(7.0 - 5.5)
     assert with_direct["mesh_hops_sum_mean_ms"] == pytest.approx(3.4 + 1.5)
     assert with_direct["unaccounted_mean_ms"] == pytest.approx(2.5 - 4.9)
+
+
+def test_the_pods_steps_of_a_round_and_those_that_prefilled_are_counted_apart() -> None:
+    counts = {"steps": 10, "prefill_steps": 1}
+    pod = CollectorRegistry()
+    pod.register(SimStepsCollector(lambda: SchedulerStats(0, 0, 0.0, 0, 0, 0, **counts)))
+
+    def snapshot() -> HopSnapshot:
+        return HopSnapshot(steps=parse_steps(generate_latest(pod).decode()))
+
+    before = snapshot()
+    counts.update(steps=210, prefill_steps=13)  # a round: 200 steps, 12 of them prefilling
+    mesh = snapshot() - before
+    counts.update(steps=410, prefill_steps=19)  # direct's round on the same pod: 6 of 200
+    direct = snapshot() - (before + mesh)
+    table = mesh.table(1.0, direct)
+    assert table["pod_steps"] == {"steps": 200, "prefill_steps": 12, "prefill_steps_per_100": 6.0}
+    assert table["direct_pod_steps"] == {"steps": 200, "prefill_steps": 6, "prefill_steps_per_100": 3.0}
+    # A pod that is no simulator counts no steps.
+    assert HopSnapshot().table(1.0)["pod_steps"] is None

@@ -43,6 +43,10 @@ async def test_a_finished_request_is_timed_by_phase(backend: SimBackend) -> None
     tpot = value(backend, "vllm:request_time_per_output_token_seconds_sum")
     assert tpot == pytest.approx(timing.decode_step_s(1))
     assert value(backend, "vllm:prompt_tokens_cached_total") == backend.load().prefix_cache_hits
+    # The simulator's own: one step prefilled, the five after it decoded.
+    registry = backend.prometheus_registry()
+    assert registry.get_sample_value("llmmesh_sim_steps_total") == 6
+    assert registry.get_sample_value("llmmesh_sim_prefill_steps_total") == 1
 
 
 def test_token_buckets_are_vllms() -> None:

@@ -35,6 +35,7 @@ from llmmesh.engine.sim.disaggregation import (
 )
 from llmmesh.engine.sim.faults import CrashCallback, FaultPlan
 from llmmesh.engine.sim.kv_blocks import KvBlockPool
+from llmmesh.engine.sim.metrics import SimStepsCollector
 from llmmesh.engine.sim.model_tokenizer import PromptTokenizer, prompt_tokenizer_of
 from llmmesh.engine.sim.sampler import DeterministicSampler
 from llmmesh.engine.sim.scheduler import ContinuousBatchScheduler
@@ -88,6 +89,7 @@ class SimBackend(EngineBackend):
         self._arrivals = itertools.count()
         self._gpu = gpu or NvmlProbe()
         self.scheduler.metrics.registry.register(GpuCollector(self._gpu))
+        self.scheduler.metrics.registry.register(SimStepsCollector(self.scheduler.stats))
         self._task: asyncio.Task[None] | None = None
         self._info = EngineInfo(
             pod_id=settings.pod_id,

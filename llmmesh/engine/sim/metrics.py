@@ -82,6 +82,9 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     preemptions: int
+    steps: int = 0
+    prefill_steps: int = 0
+    """Steps that prefilled anything: each costs the timing's ``prefill_overhead_s`` more."""
 
 
 @dataclass
@@ -143,6 +146,28 @@ class SchedulerStatsCollector:
             counter = CounterMetricFamily(name, documentation, labels=LABELS)
             counter.add_metric(self._labels, total)
             yield counter
+
+
+class SimStepsCollector:
+    """The simulator's own series, which vLLM has no name for: the steps it
+    ran and those that prefilled (each costs the timing's
+    ``prefill_overhead_s`` more), as ``llmmesh_sim_steps_total`` and
+    ``llmmesh_sim_prefill_steps_total``. The pod serves them beside vLLM's
+    names, as it serves its GPU's."""
+
+    def __init__(self, stats: Callable[[], SchedulerStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        steps = CounterMetricFamily("llmmesh_sim_steps", "Engine steps the simulator ran.")
+        steps.add_metric([], stats.steps)
+        prefill = CounterMetricFamily(
+            "llmmesh_sim_prefill_steps",
+            "Engine steps that prefilled anything (each costs sim_prefill_overhead_s more).",
+        )
+        prefill.add_metric([], stats.prefill_steps)
+        return iter((steps, prefill))
 
 
 class SimEngineMetrics:

@@ -107,6 +107,7 @@ class ContinuousBatchScheduler:
         # Engine steps taken and simulated time spent in them, for tests,
         # metrics and benchmarks that must not read the wall clock.
         self.steps = 0
+        self.prefill_steps = 0
         self.clock_s = 0.0
 
     @property
@@ -127,6 +128,8 @@ class ContinuousBatchScheduler:
             prefix_cache_queries=self._pool.query_tokens,
             prefix_cache_hits=self._pool.hit_tokens,
             preemptions=self.preemptions,
+            steps=self.steps,
+            prefill_steps=self.prefill_steps,
         )
 
     def submit(self, sequence: SimSequence) -> None:
@@ -185,6 +188,7 @@ class ContinuousBatchScheduler:
     def finish_step(self, plan: StepPlan) -> None:
         """Advance the clock by the step and record what it computed."""
         self.steps += 1
+        self.prefill_steps += plan.prefill_tokens > 0
         self.clock_s += plan.duration_s
         self._apply_aborts()
         for sequence, num_tokens in plan.tokens.items():
