@@ -118,6 +118,12 @@ TURNS_MOVED = Counter(
     ["model"],
     registry=REGISTRY,
 )
+TURNS_PLACED_AGAIN = Counter(
+    "llmmesh_region_turns_placed_again",
+    "Turns another pod of the region took after their pod failed before any output, by model",
+    ["model"],
+    registry=REGISTRY,
+)
 PODS_STALLED = Counter(
     "llmmesh_region_pod_stalls",
     "Turns whose pod sent nothing for --pod-stall-ms after their first token, or fell to its health "
@@ -210,6 +216,10 @@ def continuation_accepted() -> None:
 
 def turn_moved(model: str) -> None:
     TURNS_MOVED.labels(model).inc()
+
+
+def turn_placed_again(model: str) -> None:
+    TURNS_PLACED_AGAIN.labels(model).inc()
 
 
 def pod_stalled(pod: str) -> None:

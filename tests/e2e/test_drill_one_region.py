@@ -47,15 +47,18 @@ def counted(metrics_url: str, counter: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{counter}{{"))
 
 
-def turns_moved(metrics_url: str) -> float:
-    return counted(metrics_url, "llmmesh_region_turns_moved_total")
+def turns_taken_over(metrics_url: str) -> float:
+    """Turns another pod of the region took after theirs failed: mid-stream, or before any output."""
+    return counted(metrics_url, "llmmesh_region_turns_moved_total") + counted(
+        metrics_url, "llmmesh_region_turns_placed_again_total"
+    )
 
 
 def test_killing_a_pod_of_the_only_region_fails_no_turn(one_region: RunningMesh) -> None:
     metrics = one_region.info["metrics"]
     assert isinstance(metrics, dict)
     metrics_url = str(metrics["us-east"])
-    moved = turns_moved(metrics_url)
+    taken_over = turns_taken_over(metrics_url)
     # The kind's former name, engine-pod, still runs it; the report names it pod.
     # No --pod: the drill kills the pod running most generations, so the kill reaches turns.
     report = drill(one_region, "--kind", "engine-pod", "--region", "us-east")
@@ -66,7 +69,7 @@ def test_killing_a_pod_of_the_only_region_fails_no_turn(one_region: RunningMesh)
     assert report["tokens_lost"] == 0 and report["sequence_gaps"] == 0
     assert report["usage"]["difference"] == 0, report["usage"]
     # The turns went on in us-east, on the other pod: the edge had nowhere else to go.
-    assert turns_moved(metrics_url) > moved
+    assert turns_taken_over(metrics_url) > taken_over
 
 
 def test_freezing_a_pod_of_the_only_region_fails_no_turn(one_region: RunningMesh) -> None:

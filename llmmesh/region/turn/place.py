@@ -79,6 +79,8 @@ class TurnPlacement:
             if broke is not None:
                 meter.take_over()
                 region_metrics.turn_moved(prepared.model.name)
+            elif tried:
+                region_metrics.turn_placed_again(prepared.model.name)
                 log.warning(
                     "turn %s: pod %s takes it over after %d delivered tokens",
                     prepared.request_id,
