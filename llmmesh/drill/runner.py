@@ -104,7 +104,7 @@ class DrillRunner:
             f"{plan.streams} streams of {plan.max_tokens}-token turns; steady for {plan.disrupt_after_s:g} s"
         )
         await self._phase("steady", plan.disrupt_after_s)
-        self._region = await setup.choose_region(fleet.in_flight.values())
+        self._region = await setup.choose_region(fleet.in_flight.values)
         if self._region and not any(r.region == self._region for r in fleet.in_flight.values()):
             self.progress(
                 f"no turn in flight runs on {self._region} now: the drill measures no stall there "

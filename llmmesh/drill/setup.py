@@ -6,7 +6,11 @@ For the kinds that name a region (``region``, ``pod``, ``partition-global``)
 without ``--region``, the region is chosen at the moment of the disruption:
 the region of the traffic's zone running most of the turns then in flight
 (geo-routing orders a zone's regions by load, so the busy one changes as
-the drill runs), else the one geo-routing puts first. Kind ``pod``
+the drill runs). Streams whose turns end together start their next ones
+together, so there are moments when no turn in flight has been accepted
+yet (its region is not known): the choice waits for the first acceptance
+then (at most :data:`ACCEPT_WAIT_S`), and only when none comes takes the
+region geo-routing puts first, which, ordered by load, is the idler one. Kind ``pod``
 without ``--pod`` disrupts the region's pod running most generations then
 (:meth:`DrillSetup.choose_pod`). The traffic uses the
 key of that zone (the region's zone when one is named; the primary key's
@@ -28,8 +32,10 @@ line names another).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc.aio
@@ -58,6 +64,10 @@ from llmmesh.drill.target import (
     tenant_of,
 )
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
+
+ACCEPT_WAIT_S = 10.0
+"""How long the region's choice waits for a turn in flight to be accepted."""
+ACCEPT_POLL_S = 0.02
 
 
 class DrillInputError(Exception):
@@ -92,15 +102,22 @@ class DrillSetup:
         """The regions of the traffic's zone."""
         return sorted(r for r, zone in self.region_zones.items() if zone == self.watched.zone)
 
-    async def choose_region(self, in_flight: Iterable[TurnRecord]) -> str:
-        """The region to disrupt now (see the module docstring); empty for kinds that name none."""
+    async def choose_region(
+        self, in_flight: Callable[[], Iterable[TurnRecord]], wait_s: float = ACCEPT_WAIT_S
+    ) -> str:
+        """The region to disrupt now (see the module docstring): ``in_flight``
+        gives the turns in flight at each look; empty for kinds that name none."""
         if not self.plan.names_region or self.region:
             return self.region
         ours = set(self.zone_regions())
-        busy = Counter(r.region for r in in_flight if r.region in ours).most_common(1)
-        if busy:
-            return busy[0][0]
-        return await first_region(self.target, self.watched.tenant_id)
+        deadline = time.monotonic() + wait_s
+        while True:
+            busy = Counter(r.region for r in in_flight() if r.region in ours).most_common(1)
+            if busy:
+                return busy[0][0]
+            if time.monotonic() >= deadline:
+                return await first_region(self.target, self.watched.tenant_id)
+            await asyncio.sleep(ACCEPT_POLL_S)
 
     async def choose_pod(self, region: str) -> str:
         """For kind ``pod``, the pod of ``region`` to disrupt now: ``--pod``,

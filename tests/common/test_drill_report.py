@@ -3,6 +3,7 @@ turns and stalls, residency, routing times and the verdict."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from llmmesh.drill.rotation import RotationTally
 from llmmesh.drill.routing_watch import RoutingSample, RoutingWatch
 from llmmesh.drill.setup import DrillInputError, DrillSetup, tls_servers
 from llmmesh.drill.sse_turn import Outcome, TurnRecord
-from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TenantKey
+from llmmesh.drill.target import ListedRegion, MeshTarget, PodRef, TargetError, TenantKey
 from llmmesh.drill.usage import UsageCheck
 from llmmesh.topology.mesh_certs import ensure_mesh_certs
 
@@ -336,10 +337,25 @@ async def test_an_unnamed_region_is_the_one_running_most_turns_at_the_disruption
     setup = DrillSetup(DrillPlan(kind="region"), target, (key,), ZONES)
     assert setup.zone_regions() == ["us-east", "us-west"]
     in_flight = [turn(0, 1, 2, region="us-west"), turn(1, 1, 2), turn(2, 1, 2, region="us-west")]
-    assert await setup.choose_region(in_flight) == "us-west"
+    assert await setup.choose_region(lambda: in_flight) == "us-west"
     named = DrillSetup(DrillPlan(kind="region", region="us-east"), target, (key,), ZONES, "us-east")
-    assert await named.choose_region(in_flight) == "us-east"
-    assert await DrillSetup(DrillPlan(kind="redis"), target, (key,), ZONES).choose_region(in_flight) == ""
+    assert await named.choose_region(lambda: in_flight) == "us-east"
+    redis = DrillSetup(DrillPlan(kind="redis"), target, (key,), ZONES)
+    assert await redis.choose_region(lambda: in_flight) == ""
+
+
+@pytest.mark.asyncio
+async def test_a_region_is_chosen_when_a_turn_in_flight_is_accepted_not_before() -> None:
+    # Streams whose turns ended together are all waiting for their next
+    # acceptance: geo-routing's first (the idler region, by load) is not
+    # where they run, so the choice waits (geo-routing at port 1 answers no one).
+    target = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", MeshSecurity.insecure())
+    setup = DrillSetup(DrillPlan(kind="region"), target, (TenantKey("sk", "tenant", "us"),), ZONES)
+    waiting = [turn(0, 1, 2, region=""), turn(1, 1, 2, region="")]
+    asyncio.get_running_loop().call_later(0.1, setattr, waiting[1], "region", "us-west")
+    assert await setup.choose_region(lambda: waiting) == "us-west"
+    with pytest.raises(TargetError, match="geo-routing"):
+        await setup.choose_region(lambda: [turn(2, 1, 2, region="")], wait_s=0.05)
 
 
 def test_a_rotation_needs_certificates_and_the_ca_that_issues_them(tmp_path: Path) -> None:
