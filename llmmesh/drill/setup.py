@@ -58,6 +58,7 @@ from llmmesh.drill.target import (
     Dial,
     ListedRegion,
     MeshTarget,
+    PodRef,
     TenantKey,
     first_region,
     region_directory,
@@ -68,6 +69,7 @@ from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 ACCEPT_WAIT_S = 10.0
 """How long the region's choice waits for a turn in flight to be accepted."""
 ACCEPT_POLL_S = 0.02
+POD_POLL_S = 0.1
 
 
 class DrillInputError(Exception):
@@ -119,16 +121,31 @@ class DrillSetup:
                 return await first_region(self.target, self.watched.tenant_id)
             await asyncio.sleep(ACCEPT_POLL_S)
 
-    async def choose_pod(self, region: str) -> str:
+    async def choose_pod(self, region: str, wait_s: float = ACCEPT_WAIT_S) -> str:
         """For kind ``pod``, the pod of ``region`` to disrupt now: ``--pod``,
         else the one running (and queueing) most generations, by each pod's
-        own ``GetLoad`` (the first when none answers or all are idle), so the
-        disruption reaches turns in flight; empty for the other kinds."""
+        own ``GetLoad``, so the disruption reaches turns in flight; empty for
+        the other kinds. While every pod that answers is idle (streams between
+        turns, as for the region's choice) it asks again, for at most
+        ``wait_s``; then the busiest that answered, else the region's first."""
         if self.plan.kind != "pod" or self.plan.pod:
             return self.plan.pod
         refs = self.target.pods.get(region, ())
-        busiest, most = "", -1
-        for ref in refs:
+        deadline = time.monotonic() + wait_s
+        while True:
+            loads = await self.pod_loads(region)
+            busiest = max(loads.items(), key=lambda load: load[1], default=None)
+            if busiest is not None and (busiest[1] > 0 or time.monotonic() >= deadline):
+                return busiest[0]
+            if time.monotonic() >= deadline:
+                return refs[0].pod_id if refs else ""
+            await asyncio.sleep(POD_POLL_S)
+
+    async def pod_loads(self, region: str) -> dict[str, int]:
+        """The generations each pod of ``region`` runs and queues, by pod id
+        (a pod that does not answer is left out)."""
+
+        async def load_of(ref: PodRef) -> int | None:
             try:
                 async with self.target.pod_dial(
                     ref.address, self.region_zones.get(region, ""), region
@@ -137,11 +154,12 @@ class DrillSetup:
                         engine_service_pb2.GetLoadRequest(), timeout=2.0
                     )
             except grpc.aio.AioRpcError:
-                continue
-            busy = load.report.running + load.report.waiting
-            if busy > most:
-                busiest, most = ref.pod_id, busy
-        return busiest or (refs[0].pod_id if refs else "")
+                return None
+            return int(load.report.running + load.report.waiting)
+
+        refs = self.target.pods.get(region, ())
+        answers = await asyncio.gather(*(load_of(ref) for ref in refs))
+        return {ref.pod_id: busy for ref, busy in zip(refs, answers, strict=True) if busy is not None}
 
     def plane_of(self, region: str, pod: str = "") -> str:
         """The name ``mesh.json``'s pids give the process to disrupt (``pod``: the pod chosen, kind pod)."""

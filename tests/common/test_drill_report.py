@@ -358,6 +358,32 @@ async def test_a_region_is_chosen_when_a_turn_in_flight_is_accepted_not_before()
         await setup.choose_region(lambda: [turn(2, 1, 2, region="")], wait_s=0.05)
 
 
+class ScriptedLoads(DrillSetup):
+    """A drill setup whose pods answer GetLoad from a script, one answer per look."""
+
+    def __init__(self, answers: list[dict[str, int]]) -> None:
+        pods = {"us-east": (PodRef("pod-a", "127.0.0.1:11"), PodRef("pod-b", "127.0.0.1:12"))}
+        target = MeshTarget(
+            "http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", MeshSecurity.insecure(), pods=pods
+        )
+        super().__init__(DrillPlan(kind="pod"), target, (TenantKey("sk", "tenant", "us"),), ZONES)
+        self.answers, self.looks = answers, 0
+
+    async def pod_loads(self, region: str) -> dict[str, int]:
+        self.looks += 1
+        return self.answers[min(self.looks, len(self.answers)) - 1]
+
+
+@pytest.mark.asyncio
+async def test_the_pod_to_disrupt_is_the_busiest_once_a_pod_is_busy() -> None:
+    # Between turns every pod is idle: the choice asks again rather than take the first.
+    setup = ScriptedLoads([{"pod-a": 0, "pod-b": 0}, {"pod-b": 0}, {"pod-a": 1, "pod-b": 3}])
+    assert await setup.choose_pod("us-east") == "pod-b" and setup.looks == 3
+    # Idle to the end: the busiest that answered, else the region's first pod.
+    assert await ScriptedLoads([{"pod-b": 0}]).choose_pod("us-east", wait_s=0.05) == "pod-b"
+    assert await ScriptedLoads([{}]).choose_pod("us-east", wait_s=0.05) == "pod-a"
+
+
 def test_a_rotation_needs_certificates_and_the_ca_that_issues_them(tmp_path: Path) -> None:
     key = TenantKey("sk", "tenant", "us")
     plaintext = MeshTarget("http://edge", "127.0.0.1:1", {"us": "sk"}, "sk", MeshSecurity.insecure())
