@@ -105,7 +105,7 @@ from llmmesh.bench.grpc_client import EngineGrpcClient
 from llmmesh.bench.loadgen import LevelRun, StreamingClient, measure_level, run_closed_loop
 from llmmesh.bench.mesh_tls import pod_client_security, pod_server_name
 from llmmesh.bench.overhead_clients import ArrivalJitter, SimChunkCounter, TraceSampling, split_run
-from llmmesh.bench.overhead_hops import HopSnapshot, scrape_hops, total
+from llmmesh.bench.overhead_hops import HopSnapshot, cpu_seconds, scrape_hops, total
 from llmmesh.bench.overhead_otlp import SpanSink, running_span_sink
 from llmmesh.bench.overhead_plan import OverheadBenchPlan
 from llmmesh.bench.overhead_report import (
@@ -243,10 +243,15 @@ class OverheadBench:
                 for system, mesh in zip(mesh_systems, meshes, strict=True)
                 if system != MESH_TRACED and mesh.metrics_urls
             }
+            pids = {system: mesh.pids for system, mesh in zip(mesh_systems, meshes, strict=True)}
             # Direct's calls are timed by the pod they go to, as the mesh's are.
             if "engine" in reference.metrics_urls:
                 metrics[DIRECT] = {"engine": reference.metrics_urls["engine"]}
-            runs, after_idle, marks, hops = await self._measure_levels(clients, progress, scraper, metrics)
+            if "engine" in reference.pids:
+                pids[DIRECT] = {"engine": reference.pids["engine"]}
+            runs, after_idle, marks, hops = await self._measure_levels(
+                clients, progress, scraper, metrics, pids
+            )
             spans = None if sink is None else sink.spans
         return self._run(safety, tls, runs, after_idle, ignore_eos, spans, marks, hops)
 
@@ -273,6 +278,7 @@ class OverheadBench:
         progress: Progress,
         scraper: httpx.AsyncClient | None = None,
         metrics: Mapping[str, Mapping[str, str]] | None = None,
+        pids: Mapping[str, Mapping[str, int]] | None = None,
     ) -> tuple[
         dict[str, list[LevelRun]],
         dict[str, list[RequestRecord]],
@@ -284,7 +290,8 @@ class OverheadBench:
         requests of each round it traced (:class:`TraceSampling`), and for
         each system in ``metrics`` (its planes' ``/metrics`` URLs) the hop
         histograms of its rounds (:mod:`llmmesh.bench.overhead_hops`),
-        scraped with ``scraper`` just before and after each round."""
+        scraped with ``scraper`` just before and after each round, with the
+        CPU time its processes (``pids``, by name) and this one used in them."""
         plan = self.plan
         busiest = max(plan.levels)
         systems = tuple(clients)
@@ -300,6 +307,7 @@ class OverheadBench:
         marks: dict[str, list[list[bool]]] = {}
         rounds_hops: dict[str, list[HopSnapshot]] = {}
         metrics = metrics or {}
+        pids = pids or {}
         for level in plan.levels:
             sizes = plan.round_sizes(level)
             for round_index, size in enumerate(sizes):
@@ -318,11 +326,16 @@ class OverheadBench:
                         marks.setdefault(key(system, level), []).append(sampled)
                     urls = metrics.get(system) if scraper is not None else None
                     before = await scrape_hops(scraper, urls) if scraper is not None and urls else None
+                    cpu_before = HopSnapshot(cpu_s=cpu_seconds(pids.get(system, {})))
                     run = await measure_level(name, jittered[system], requests, level, progress)
+                    delivered = sum(record.output_tokens for record in run.records)
+                    used = HopSnapshot(cpu_s=cpu_seconds(pids.get(system, {})), output_tokens=delivered)
                     runs.setdefault(key(system, level), []).append(run)
                     if before is not None and scraper is not None and urls:
                         after = await scrape_hops(scraper, urls)
-                        rounds_hops.setdefault(key(system, level), []).append(after - before)
+                        rounds_hops.setdefault(key(system, level), []).append(
+                            after - before + (used - cpu_before)
+                        )
         hops = {name: total(snapshots) for name, snapshots in rounds_hops.items()}
         return runs, after_idle, marks, hops
 

@@ -37,6 +37,17 @@ pod's own time through the mesh less direct's (``pod_vs_direct``: a
 request arriving at another point of the pod's step cycle, a batch of
 another size) is part of what the mesh adds as the client sees it.
 
+Each round also reads the CPU time (user and system, from ``/proc``) of
+every process of the system (``edge``, ``region``, ``engine``, ``global``;
+direct's, its pod) and of the benchmark's own process, its client
+(``client``), just before and after it. Per output token delivered
+(``cpu_us_per_token``, with the ``total`` of the serving processes, the
+client left out; beside direct's, and the one total over the other as
+``cpu_ratio``), that is what the path costs whatever the machine's
+scheduling does to its latency: on a machine with fewer cores than processes, the cost of every
+token is what decides how far the mesh's latency stretches under load, and
+it changes far less from run to run than the latency does.
+
 Their sum, in means, set beside the client-side figure (the mesh's mean
 time to first token less direct's) leaves ``unaccounted``: what no plane
 stamps (the client's HTTP leg to the edge and the reading of its first
@@ -48,8 +59,11 @@ comparison are in means.
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypedDict
 
 import httpx
@@ -175,7 +189,10 @@ class HopTable(TypedDict):
     ``pod_steps`` and ``direct_pod_steps``, the steps of its pod and of the
     direct system's (where the pod is the simulator): every step that
     prefills costs the simulator's prefill overhead, so starts that reach the
-    pod spread over more steps cost throughput."""
+    pod spread over more steps cost throughput. ``cpu_us_per_token`` and
+    ``direct_cpu_us_per_token``: each process's CPU time per output token
+    (and the ``total`` of the serving ones), ``cpu_ratio`` the one total
+    over the other (None where a figure is missing)."""
 
     hops: list[dict[str, object]]
     groups_mean_ms: dict[str, float]
@@ -184,6 +201,9 @@ class HopTable(TypedDict):
     unaccounted_mean_ms: float | None
     pod_steps: PodSteps | None
     direct_pod_steps: PodSteps | None
+    cpu_us_per_token: dict[str, float] | None
+    direct_cpu_us_per_token: dict[str, float] | None
+    cpu_ratio: float | None
 
 
 @dataclass(frozen=True)
@@ -193,11 +213,17 @@ class HopSnapshot:
     hops: Mapping[HopKey, HopHistogram] = field(default_factory=dict)
     steps: Mapping[str, float] = field(default_factory=dict)
     """The simulator pod's step counters (:data:`STEP_FAMILIES`' keys), where the pod has them."""
+    cpu_s: Mapping[str, float] = field(default_factory=dict)
+    """CPU seconds by process (:func:`cpu_seconds`); in a round's difference, what the round used."""
+    output_tokens: int = 0
+    """The output tokens the round delivered (a difference of two scrapes has none of its own)."""
 
     def __sub__(self, earlier: HopSnapshot) -> HopSnapshot:
         return HopSnapshot(
             {key: now - earlier.hops[key] if key in earlier.hops else now for key, now in self.hops.items()},
             {name: now - earlier.steps.get(name, 0.0) for name, now in self.steps.items()},
+            {name: now - earlier.cpu_s[name] for name, now in self.cpu_s.items() if name in earlier.cpu_s},
+            self.output_tokens - earlier.output_tokens,
         )
 
     def __add__(self, other: HopSnapshot) -> HopSnapshot:
@@ -207,7 +233,21 @@ class HopSnapshot:
         steps = dict(self.steps)
         for name, count in other.steps.items():
             steps[name] = steps.get(name, 0.0) + count
-        return HopSnapshot(merged, steps)
+        cpu = dict(self.cpu_s)
+        for name, seconds in other.cpu_s.items():
+            cpu[name] = cpu.get(name, 0.0) + seconds
+        return HopSnapshot(merged, steps, cpu, self.output_tokens + other.output_tokens)
+
+    def cpu_us_per_token(self) -> dict[str, float] | None:
+        """Each process's CPU time per output token in microseconds, and the
+        ``total`` of those that serve (all but the :data:`CLIENT`); None
+        when the round counted no serving process or no token."""
+        serving = {name: seconds for name, seconds in self.cpu_s.items() if name != CLIENT}
+        if not serving or self.output_tokens <= 0:
+            return None
+        per = {name: round(seconds * 1e6 / self.output_tokens, 2) for name, seconds in self.cpu_s.items()}
+        per["total"] = round(sum(serving.values()) * 1e6 / self.output_tokens, 2)
+        return per
 
     def pod_steps(self) -> PodSteps | None:
         """The pod's steps and those that prefilled; None where it counts none."""
@@ -261,6 +301,8 @@ class HopSnapshot:
         if pod_wait and pod_total:
             groups["region_pod_transport"] = (pod_wait - pod_total) * 1000.0
         mesh_sum = sum(groups[group] for group in MESH_GROUPS)
+        cpu = self.cpu_us_per_token()
+        direct_cpu = direct.cpu_us_per_token() if direct is not None else None
         return {
             "hops": rows,
             "groups_mean_ms": {name: round(value, 4) for name, value in groups.items()},
@@ -271,6 +313,13 @@ class HopSnapshot:
             ),
             "pod_steps": self.pod_steps(),
             "direct_pod_steps": direct.pod_steps() if direct is not None else None,
+            "cpu_us_per_token": cpu,
+            "direct_cpu_us_per_token": direct_cpu,
+            "cpu_ratio": (
+                round(cpu["total"] / direct_cpu["total"], 3)
+                if cpu is not None and direct_cpu is not None and direct_cpu["total"] > 0
+                else None
+            ),
         }
 
 
@@ -347,6 +396,26 @@ def parse_steps(text: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         if family.name in names:
             found[names[family.name]] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return found
+
+
+CLIENT = "client"
+"""The benchmark's own process, in :func:`cpu_seconds`: the client of every system."""
+
+
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """The CPU time, user and system, each process of ``pids`` (by name)
+    has used, from ``/proc``, and this process's own as :data:`CLIENT`; a
+    process that cannot be read (gone, or no ``/proc``) is left out."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {CLIENT: time.process_time()}
+    for name, pid in pids.items():
+        try:
+            # The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            found[name] = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue
     return found
 
 

@@ -42,13 +42,15 @@ class Mesh:
     """Where the running mesh serves: the engine pod's gRPC address (the
     direct path) and the edge's base URL (the full path); ``certs``, the
     directory of its planes' certificates, None when they talk plaintext;
-    ``metrics_urls``, each plane's ``/metrics`` (edge, region, engine)."""
+    ``metrics_urls``, each plane's ``/metrics`` (edge, region, engine);
+    ``pids``, each plane's process (global, engine, region, edge)."""
 
     engine_address: str
     region_address: str
     edge_url: str
     certs: Path | None = None
     metrics_urls: Mapping[str, str] = field(default_factory=dict)
+    pids: Mapping[str, int] = field(default_factory=dict)
 
 
 def sim_engine_command(plan: OverheadBenchPlan, ready_file: Path, certs: Path | None = None) -> list[str]:
@@ -162,4 +164,4 @@ async def running_mesh(
                     "region": await _ready_value(region, ready["region"], "metrics_url", timeout_s),
                     "engine": await _ready_value(engine, ready["engine"], "metrics_url", timeout_s),
                 }
-                yield Mesh(engine_address, region_address, edge_url, certs, metrics_urls)
+                yield Mesh(engine_address, region_address, edge_url, certs, metrics_urls, dict(launcher.pids))

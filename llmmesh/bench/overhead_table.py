@@ -5,8 +5,9 @@ the output filter adds, and the targets' verdicts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from llmmesh.bench.overhead_hops import CLIENT
 from llmmesh.bench.overhead_report import (
     MESH,
     MESH_TRACED,
@@ -151,7 +152,24 @@ def _hops_table(run: OverheadRun, levels: Sequence[int]) -> list[str]:
                 f"(of {steps['steps']}), direct {_num(direct['prefill_steps_per_100']).strip()} "
                 f"(of {direct['steps']})"
             )
+        cpu, direct_cpu = table["cpu_us_per_token"], table["direct_cpu_us_per_token"]
+        if cpu is not None and direct_cpu is not None:
+            lines.append(
+                f"cpu per output token (us): mesh {_cpu(cpu)}; direct {_cpu(direct_cpu)}; "
+                f"mesh over direct {_num(table['cpu_ratio']).strip()}"
+            )
     return lines
+
+
+def _cpu(per_token: Mapping[str, float]) -> str:
+    """The serving processes' figures, their total, then the client's."""
+    serving = [f"{name} {value:.1f}" for name, value in per_token.items() if name not in ("total", CLIENT)]
+    client = per_token.get(CLIENT)
+    return (
+        ", ".join(serving)
+        + f" (total {per_token['total']:.1f}"
+        + (f"; client {client:.1f})" if client is not None else ")")
+    )
 
 
 def _num(value: object) -> str:

@@ -204,6 +204,8 @@ class Launcher:
         self._progress = progress
         self._startup_timeout_s = startup_timeout_s
         self._started = 0
+        # The process of each child running, by name.
+        self.pids: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
     async def child(
@@ -214,9 +216,11 @@ class Launcher:
         self._started += 1
         log_path = self.run_dir / f"{self._started:02d}-{name}.log"
         child = ChildProcess.start(name, argv, log_path, env if env is not None else child_environment())
+        self.pids[name] = child.process.pid
         try:
             yield child
         finally:
+            self.pids.pop(name, None)
             if not child.stop():
                 self._progress(f"{name}: some of its processes outlived SIGKILL")
 

@@ -855,6 +855,14 @@ def test_quick_overhead_run_measures_the_transport_mtls_and_the_filter_through_t
         on, off = filtered["ratios"][level], report["ratios"][level]
         expected = on["added_ttft_p50_ms"] - off["added_ttft_p50_ms"]
         assert filtered["filter_added_ttft_p50_ms"][level] == pytest.approx(expected, abs=0.001)
+    # Every mesh's rounds read the CPU its processes and the client used, direct's its pod's.
+    tables = [*report["hops"].values(), *filtered["hops"].values()]
+    assert len(tables) == 2 * 3 + 2 * 1
+    for table in tables:
+        assert set(table["cpu_us_per_token"]) == {"edge", "region", "engine", "global", "client", "total"}
+        assert set(table["direct_cpu_us_per_token"]) == {"engine", "client", "total"}
+        assert all(value >= 0 for value in table["cpu_us_per_token"].values())
+    assert sum(table["cpu_us_per_token"]["total"] for table in tables) > 0
     # The targets are at concurrency 16, which this run leaves out.
     assert set(report["targets_met"].values()) == {None}
 

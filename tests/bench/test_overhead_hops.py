@@ -1,16 +1,26 @@
 """The overhead benchmark's per-hop figures: percentiles read off histogram
 buckets as ``histogram_quantile`` reads them, a round's hops as the
-difference of two scrapes, and the groups summed beside the client-side
-figure."""
+difference of two scrapes, the groups summed beside the client-side
+figure, and each process's CPU time per output token."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from llmmesh.bench.overhead_hops import HopSnapshot, bucket_quantile, parse_hops, parse_steps
+from llmmesh.bench.overhead_hops import (
+    CLIENT,
+    HopSnapshot,
+    bucket_quantile,
+    cpu_seconds,
+    parse_hops,
+    parse_steps,
+)
 from llmmesh.core.hop_timing import HopStamps, hop_histogram
 from llmmesh.engine.sim.metrics import SchedulerStats, SimStepsCollector
 
@@ -120,3 +130,55 @@ def test_the_pods_steps_of_a_round_and_those_that_prefilled_are_counted_apart() 
     assert table["direct_pod_steps"] == {"steps": 200, "prefill_steps": 6, "prefill_steps_per_100": 3.0}
     # A pod that is no simulator counts no steps.
     assert HopSnapshot().table(1.0)["pod_steps"] is None
+
+
+def test_a_rounds_cpu_per_output_token_is_its_processes_cpu_over_the_tokens_delivered() -> None:
+    def at(tokens: int, **cpu_s: float) -> HopSnapshot:
+        return HopSnapshot(cpu_s=cpu_s, output_tokens=tokens)
+
+    start = at(0, edge=1.0, region=2.0, engine=3.0, client=5.0)
+    first = at(1000, edge=1.1, region=2.3, engine=3.1, client=5.2) - start
+    second = at(3000, edge=1.5, region=3.1, engine=3.3, client=5.6) - at(
+        1000, edge=1.1, region=2.3, engine=3.1, client=5.2
+    )
+    rounds = first + second  # 3000 tokens: edge 0.5 s, region 1.1 s, engine 0.3 s, client 0.6 s
+    direct = at(3000, engine=0.15, client=0.3) - at(0, engine=0.0, client=0.0)
+    table = rounds.table(1.0, direct)
+    assert table["cpu_us_per_token"] == pytest.approx(
+        {"edge": 166.67, "region": 366.67, "engine": 100.0, CLIENT: 200.0, "total": 633.33}, abs=0.01
+    )
+    assert table["direct_cpu_us_per_token"] == pytest.approx({"engine": 50.0, CLIENT: 100.0, "total": 50.0})
+    # The serving processes' totals: the clients (an HTTP one, a gRPC one) are not the path's cost.
+    assert table["cpu_ratio"] == pytest.approx(633.33 / 50.0, abs=0.01)
+    # A process read only at one end of a round is left out; no token, no figure.
+    assert (at(10, edge=2.0, region=1.0) - at(0, edge=1.0)).cpu_s == {"edge": 1.0}
+    assert at(0, edge=1.0).cpu_us_per_token() is None
+    assert at(10, client=1.0).cpu_us_per_token() is None
+    assert HopSnapshot().table(1.0)["cpu_ratio"] is None
+
+
+# Spends 0.3 s of CPU, says so, then waits for its stdin to close.
+BUSY = """
+import sys, time
+t = time.process_time()
+while time.process_time() - t < 0.3:
+    pass
+print(flush=True)
+sys.stdin.read()
+"""
+NO_PID = 2**22 + 1
+"""Above Linux's highest process id (``pid_max`` is at most 2**22)."""
+
+
+def test_cpu_time_is_read_per_process_and_a_process_gone_is_left_out() -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", BUSY], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as busy:
+        try:
+            assert busy.stdout is not None and busy.stdout.readline() == b"\n"
+            mine = time.process_time()
+            read = cpu_seconds({"busy": busy.pid, "gone": NO_PID})
+        finally:
+            busy.kill()
+    assert set(read) == {"busy", CLIENT}
+    assert read["busy"] >= 0.25 and read[CLIENT] >= mine
