@@ -135,15 +135,20 @@ def started(request_id: str, pod_id: str, event: GenerationStarted) -> pb.Genera
     )
 
 
-def delta(sequence: int, event: GeneratedTokens) -> pb.TokenDelta:
-    return pb.TokenDelta(
-        sequence=sequence,
-        text=event.text,
-        token_ids=event.token_ids,
-        output_token_offset=event.output_token_offset,
-        tool_calls=[tool_call_delta(part) for part in event.tool_calls],
-        logprobs=[token_logprob(entry) for entry in event.logprobs],
-    )
+def fill_delta(target: pb.TokenDelta, sequence: int, event: GeneratedTokens) -> pb.TokenDelta:
+    """Fill ``target`` (an empty delta, or one inside the event that carries
+    it, so it is not copied there) with ``event``; returns it. Fields left
+    empty are not touched: a pod sends one delta per step of every generation."""
+    target.SetInParent()
+    target.sequence = sequence
+    target.text = event.text
+    target.token_ids.extend(event.token_ids)
+    target.output_token_offset = event.output_token_offset
+    if event.tool_calls:
+        target.tool_calls.extend(tool_call_delta(part) for part in event.tool_calls)
+    if event.logprobs:
+        target.logprobs.extend(token_logprob(entry) for entry in event.logprobs)
+    return target
 
 
 def tool_call_delta(part: ToolCallPart) -> common_pb2.ToolCallDelta:

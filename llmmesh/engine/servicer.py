@@ -113,7 +113,9 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
                             hops.stamp("first_token")
                             hops.observe(self._hops)
                         deltas += 1
-                        yield pb.GenerateResponse(delta=messages.delta(deltas, event))
+                        response = pb.GenerateResponse()
+                        messages.fill_delta(response.delta, deltas, event)
+                        yield response
                     else:
                         yield pb.GenerateResponse(finished=messages.finished(request.request_id, event))
             if refused:

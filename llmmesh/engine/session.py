@@ -59,7 +59,9 @@ class GenerationSession(SessionServer[pb.GenerateStart, pb.GenerationEvent, pb.G
         return pb.GenerationEvent(request_id=request_id, error=error.to_stream_error())
 
     def response(self, events: list[pb.GenerationEvent]) -> pb.GenerateSessionResponse:
-        return pb.GenerateSessionResponse(events=events)
+        response = pb.GenerateSessionResponse()
+        response.events.extend(events)
+        return response
 
     async def cancel(self, request_id: str, reason: str) -> None:
         log.info("cancel of %s requested: %s", request_id, reason)
@@ -93,8 +95,9 @@ class GenerationSession(SessionServer[pb.GenerateStart, pb.GenerationEvent, pb.G
                             hops.stamp("first_token")
                             hops.observe(self._hops)
                         deltas += 1
-                        delta = messages.delta(deltas, event)
-                        self.outbox.put(pb.GenerationEvent(request_id=request_id, delta=delta))
+                        generation_event = pb.GenerationEvent(request_id=request_id)
+                        messages.fill_delta(generation_event.delta, deltas, event)
+                        self.outbox.put(generation_event)
                     else:
                         finished = messages.finished(request_id, event)
                         if span.is_recording():

@@ -82,7 +82,9 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
         return pb.TurnEvent(request_id=request_id, response=response)
 
     def response(self, events: list[pb.TurnEvent]) -> pb.ChatSessionResponse:
-        return pb.ChatSessionResponse(events=events)
+        response = pb.ChatSessionResponse()
+        response.events.extend(events)
+        return response
 
     def refusal(self, request_id: str) -> MeshError | None:
         if self._sessions.draining:
@@ -109,6 +111,8 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
                 async with contextlib.aclosing(events):
                     async for event in events:
                         recorder.observe(event)
-                        self.outbox.put(pb.TurnEvent(request_id=request_id, response=event))
+                        turn_event = pb.TurnEvent(request_id=request_id)
+                        turn_event.response.CopyFrom(event)
+                        self.outbox.put(turn_event)
         finally:
             del self._cancels[request_id]

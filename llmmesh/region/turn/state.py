@@ -92,15 +92,18 @@ class TurnMeter:
         self.tool_calls.add(release.tool_calls)
         if self.latency is not None:
             self.latency.delivered(len(release.token_ids))
-        return chat_service_pb2.ChatResponse(
-            delta=chat_service_pb2.ChatDelta(
-                sequence=base_sequence + self.sequence,
-                text=release.text,
-                token_ids=release.token_ids,
-                tool_calls=release.tool_calls,
-                logprobs=release.logprobs,
-            )
-        )
+        # Filled in place, empty fields left alone: a turn sends one of these per token.
+        response = chat_service_pb2.ChatResponse()
+        delta = response.delta
+        delta.SetInParent()
+        delta.sequence = base_sequence + self.sequence
+        delta.text = release.text
+        delta.token_ids.extend(release.token_ids)
+        if release.tool_calls:
+            delta.tool_calls.extend(release.tool_calls)
+        if release.logprobs:
+            delta.logprobs.extend(release.logprobs)
+        return response
 
 
 @dataclass(frozen=True)
