@@ -46,7 +46,7 @@ client left out; beside direct's, and the one total over the other as
 ``cpu_ratio``), that is what the path costs whatever the machine's
 scheduling does to its latency: on a machine with fewer cores than processes, the cost of every
 token is what decides how far the mesh's latency stretches under load, and
-it changes far less from run to run than the latency does.
+it changes less from run to run than the latency does.
 
 Their sum, in means, set beside the client-side figure (the mesh's mean
 time to first token less direct's) leaves ``unaccounted``: what no plane
