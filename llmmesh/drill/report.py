@@ -1,6 +1,9 @@
 """The figures of a drill, from the turn records, geo-routing's answers and billing.
 
-Times are seconds; ``D`` is the moment of the disruption, ``R`` the
+Times are seconds; ``D`` is the moment the drill began the disruption
+(a signal goes at once; a link or route change runs a command, which on a
+busy host may take seconds to return, ``disruption_took_s``, and a turn in
+flight when it began may end before it returns), ``R`` the
 restore (the SIGCONT of a partition, the link back up of a link-down, the
 routes removed of a partition-global; for a kill, the moment ``mesh.json``
 names the restarted process, which serves by then; for a certificate
@@ -33,6 +36,9 @@ window: ``R``, or the end of the traffic when there was no restore.
   (the request sent, the response headers, each SSE event, the end) among
   the gaps that end at or after ``D``; percentiles by nearest rank over
   the affected turns; null when none was affected.
+- ``outage_s``: from ``D`` to ``R``; ``disruption_took_s``: from ``D``
+  until the disruption's call returned (a signal's, at once; a command's,
+  seconds on a busy host).
 - ``time_to_exclude_s``: from ``D`` until geo-routing's ``Route`` for the
   drill's tenant first left the region out (the kinds that name a region);
   null when it never did (a pod whose region kept serving, a restart
@@ -119,8 +125,11 @@ class Timeline:
 
     started: float
     disrupted: float
+    """When the drill began the disruption (``D``)."""
     restored: float | None
     traffic_ended: float
+    applied: float | None = None
+    """When the disruption's own call returned (None: not known)."""
 
     @property
     def window_end(self) -> float:
@@ -409,6 +418,7 @@ def build_report(
         "time_to_return_s": return_time(plan, region, timeline, records, routing),
         "restored": timeline.restored is not None,
         "outage_s": _since(timeline.disrupted, timeline.restored),
+        "disruption_took_s": _since(timeline.disrupted, timeline.applied),
         "residency": held,
         "usage": {
             "billed_output_tokens": usage.billed_output_tokens,

@@ -44,6 +44,8 @@ from llmmesh.drill.traffic import StreamFleet
 from llmmesh.drill.usage import read_usage, wait_for_billing
 
 PROGRESS_EVERY_S = 5.0
+SLOW_DISRUPTION_S = 1.0
+"""A disruption that takes this long to apply is named in the progress lines."""
 Progress = Callable[[str], None]
 _DOING = {
     "kill": "killing",
@@ -114,8 +116,13 @@ class DrillRunner:
         disruption = self._disruption = setup.disruption_for(self._region, self._pod)
         what = disruption.description if plan.mode == "rotate" else f"{plan.kind} {disruption.description}"
         self.progress(f"{_DOING[plan.mode]} {what}")
-        await disruption.disrupt()
+        # D is when the disruption began: a link or route command may take
+        # seconds on a busy host, and the turns it reaches are those in flight now.
         disrupted = time.monotonic()
+        await disruption.disrupt()
+        applied = time.monotonic()
+        if applied - disrupted >= SLOW_DISRUPTION_S:
+            self.progress(f"{what}: the disruption took {applied - disrupted:.1f} s to apply")
         if not disruption.restores_itself:
             await self._phase("disrupted", plan.partition_s)
         restored = await disruption.restore(plan.restore_timeout_s)
@@ -126,10 +133,10 @@ class DrillRunner:
             self.progress(f"{what} {done} after {restored - disrupted:.1f} s")
         await self._phase("after the restore", plan.duration_s)
         if restored is not None:
-            await self._until_returned(Timeline(started, disrupted, restored, time.monotonic()))
+            await self._until_returned(Timeline(started, disrupted, restored, time.monotonic(), applied))
         self.progress("stopping the streams; each finishes its turn")
         await fleet.stop()
-        timeline = Timeline(started, disrupted, restored, time.monotonic())
+        timeline = Timeline(started, disrupted, restored, time.monotonic(), applied)
         source = await self._count_tokens(fleet.records)
         received = tally_tokens(fleet.records, plan.max_tokens).received
         checked = billing_checked_turns(plan, self._region, timeline, fleet.records)

@@ -178,6 +178,17 @@ def test_the_report_of_a_clean_failover_passes() -> None:
     assert report["time_to_return_s"] == pytest.approx(1.1)
     assert report["passed"] is True
     assert "turns_on_region_while_excluded" not in report  # a figure of kind partition-global only
+    assert report["outage_s"] == pytest.approx(10.0) and report["disruption_took_s"] is None
+    # A link taken down by a command that returned 2.5 s after it began: the
+    # turn in flight when it began is affected though it ended before that.
+    slow = Timeline(started=0.0, disrupted=10.0, restored=20.0, traffic_ended=40.0, applied=12.5)
+    ended_meanwhile = turn(0, 9.0, 11.0, events=[9.5, 11.0])
+    report = build_report(
+        plan=plan, region="us-east", target="us-east (host 10.0.0.4, link lm0)", timeline=slow,
+        records=[ended_meanwhile], routing=routing, region_zones=ZONES, token_source="tokenizer", usage=usage,
+    )  # fmt: skip
+    assert report["disruption_took_s"] == pytest.approx(2.5)
+    assert report["streams_affected"] == report["turns_affected"] == 1
     lossy = build_report(
         plan=plan,
         region="us-east",
