@@ -325,16 +325,17 @@ class OverheadBench:
                         sampled = self.sampling.deal(f"c{level}-r{round_index}", requests, delays)
                         marks.setdefault(key(system, level), []).append(sampled)
                     urls = metrics.get(system) if scraper is not None else None
+                    processes = pids.get(system, {})
                     before = await scrape_hops(scraper, urls) if scraper is not None and urls else None
-                    cpu_before = HopSnapshot(cpu_s=cpu_seconds(pids.get(system, {})))
+                    cpu_before = cpu_seconds(processes) if before is not None else {}
                     run = await measure_level(name, jittered[system], requests, level, progress)
-                    delivered = sum(record.output_tokens for record in run.records)
-                    used = HopSnapshot(cpu_s=cpu_seconds(pids.get(system, {})), output_tokens=delivered)
                     runs.setdefault(key(system, level), []).append(run)
                     if before is not None and scraper is not None and urls:
+                        delivered = sum(record.output_tokens for record in run.records)
+                        used = HopSnapshot(cpu_s=cpu_seconds(processes), output_tokens=delivered)
                         after = await scrape_hops(scraper, urls)
                         rounds_hops.setdefault(key(system, level), []).append(
-                            after - before + (used - cpu_before)
+                            after - before + (used - HopSnapshot(cpu_s=cpu_before))
                         )
         hops = {name: total(snapshots) for name, snapshots in rounds_hops.items()}
         return runs, after_idle, marks, hops

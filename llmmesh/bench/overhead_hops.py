@@ -44,9 +44,10 @@ direct's, its pod) and of the benchmark's own process, its client
 (``cpu_us_per_token``, with the ``total`` of the serving processes, the
 client left out; beside direct's, and the one total over the other as
 ``cpu_ratio``), that is what the path costs whatever the machine's
-scheduling does to its latency: on a machine with fewer cores than processes, the cost of every
-token is what decides how far the mesh's latency stretches under load, and
-it changes less from run to run than the latency does.
+scheduling does to its latency: on a machine with fewer cores than
+processes, the cost of every token is what decides how far the mesh's
+latency stretches under load, and it changes less from run to run than
+the latency does.
 
 Their sum, in means, set beside the client-side figure (the mesh's mean
 time to first token less direct's) leaves ``unaccounted``: what no plane

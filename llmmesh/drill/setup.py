@@ -10,9 +10,9 @@ the drill runs). Streams whose turns end together start their next ones
 together, so there are moments when no turn in flight has been accepted
 yet (its region is not known): the choice waits for the first acceptance
 then (at most :data:`ACCEPT_WAIT_S`), and only when none comes takes the
-region geo-routing puts first, which, ordered by load, is the idler one. Kind ``pod``
-without ``--pod`` disrupts the region's pod running most generations then
-(:meth:`DrillSetup.choose_pod`). The traffic uses the
+region geo-routing puts first, which, ordered by load, is the idler one.
+Kind ``pod`` without ``--pod`` disrupts the region's pod running most
+generations then (:meth:`DrillSetup.choose_pod`). The traffic uses the
 key of that zone (the region's zone when one is named; the primary key's
 otherwise). For the other kinds it uses every zone's key in turn.
 
@@ -130,15 +130,15 @@ class DrillSetup:
         ``wait_s``; then the busiest that answered, else the region's first."""
         if self.plan.kind != "pod" or self.plan.pod:
             return self.plan.pod
-        refs = self.target.pods.get(region, ())
         deadline = time.monotonic() + wait_s
         while True:
             loads = await self.pod_loads(region)
-            busiest = max(loads.items(), key=lambda load: load[1], default=None)
-            if busiest is not None and (busiest[1] > 0 or time.monotonic() >= deadline):
-                return busiest[0]
+            busiest = max(loads, key=loads.__getitem__, default="")
+            if busiest and loads[busiest] > 0:
+                return busiest
             if time.monotonic() >= deadline:
-                return refs[0].pod_id if refs else ""
+                refs = self.target.pods.get(region, ())
+                return busiest or (refs[0].pod_id if refs else "")
             await asyncio.sleep(POD_POLL_S)
 
     async def pod_loads(self, region: str) -> dict[str, int]:
