@@ -15,7 +15,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmmesh.core.errors import PermissionDenied, Reason, Unavailable
 from llmmesh.region import metrics as region_metrics
@@ -124,11 +124,11 @@ class InputFilter:
         return found
 
 
-@dataclass(frozen=True)
-class OutputDecision:
+class OutputDecision(NamedTuple):
     """What the caller may send on: ``release`` (text checked clean). When
     ``stopped`` is set, nothing more is ever released: the caller aborts the
-    engine request and ends the turn with finish reason ``content_filter``."""
+    engine request and ends the turn with finish reason ``content_filter``.
+    A named tuple: one is made for every delta."""
 
     release: str
     stopped: Verdict | None = None
@@ -231,6 +231,9 @@ class StreamingOutputFilter:
             return OutputDecision("", self._stopped)
         end = self._base + len(self._text)
         while end > self._checked and (final or end - self._checked >= self._min_check):
+            # A step that reaches the end: its stop is the last edge up to the
+            # end (see _next_stop), so after its check none is left to stop at.
+            last_step = end <= self._checked + self._window - self._overlap
             stop = self._next_stop(end, final)
             if stop is None:
                 break
@@ -251,6 +254,8 @@ class StreamingOutputFilter:
                 self._stopped = verdict
                 return OutputDecision("", verdict)
             self._checked, self._window_start = stop, start
+            if last_step:
+                break
         upto = end if final else max(self._released, self._clear_end(end))
         release = self._text[self._released - self._base : upto - self._base]
         self._released = upto

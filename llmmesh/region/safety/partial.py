@@ -23,7 +23,7 @@ import itertools
 import re
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import regex
 
@@ -35,13 +35,15 @@ _COMPOSING_ASCII = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwx
 def normalise(text: str) -> str:
     """The form the rules match: compatibility forms (full-width letters,
     ligatures) folded and invisible characters dropped, both classic ways
-    around a deny list."""
+    around a deny list. ASCII text is its own normal form."""
+    if text.isascii():
+        return text
     return unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
 
 
-@dataclass(frozen=True)
-class Normalised:
-    """``normalise(original)`` and the way back to offsets in ``original``."""
+class Normalised(NamedTuple):
+    """``normalise(original)`` and the way back to offsets in ``original``
+    (a named tuple: the output filter makes one for every delta)."""
 
     text: str
     starts: tuple[int, ...] | None

@@ -261,6 +261,14 @@ class RulesBackend(SafetyBackend):
         self._term_prefixes = term_prefixes(blocking)
         self._held_pii = _partial(_EMAIL_FROM_AT, *_PHONES, *_NATIONAL_IDS) if self._blocks(cat.PII) else None
         self._held_injection = _partial(*self._injection) if self._blocks(cat.PROMPT_INJECTION) else None
+        # What _held_in searches, per kind: the patterns that exist, built once.
+        self._held_terms = tuple(t for t in (self._term_prefixes, self._whole_terms) if t is not None)
+        pii = () if self._held_pii is None else (self._held_pii,)
+        injection = () if self._held_injection is None else (self._held_injection,)
+        self._held_partial: dict[str, tuple[regex.Pattern[str], ...]] = {
+            "output": pii,
+            "input": pii + injection,
+        }
         self._held_patterns: list[regex.Pattern[str]] | None
         try:
             self._held_patterns = [_partial(p) for c, p in self._patterns if self._blocks(c)]
@@ -363,16 +371,16 @@ class RulesBackend(SafetyBackend):
     def _held_in(self, seen: str, pos: int, kind: CheckKind) -> int | None:
         """:meth:`hold_from` in normal form, from ``pos`` on."""
         starts = [len(seen)]
-        for terms in (self._term_prefixes, self._whole_terms):
-            match = terms.search(seen, pos) if terms is not None else None
+        for terms in self._held_terms:
+            match = terms.search(seen, pos)
             if match is not None:
                 starts.append(match.start())
         if self._held_pii is not None:
             starts.append(card_hold(seen, pos))
-        partial = [self._held_pii, self._held_injection if kind == "input" else None]
-        if any(partial):
+        partial = self._held_partial[kind]
+        if partial:
             stood_in = proxied(seen)
-            starts.extend(partial_start(p, stood_in, pos) for p in partial if p is not None)
+            starts.extend(partial_start(p, stood_in, pos) for p in partial)
         if self._held_patterns:
             if not engines_agree(seen):
                 return None

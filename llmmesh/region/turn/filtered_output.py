@@ -22,7 +22,7 @@ delivered again.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmmesh.region.safety import OutputDecision, StreamingOutputFilter, Verdict
 from llmmesh.region.turn.tool_calls import merge_parts, part_text
@@ -32,9 +32,9 @@ SEED_CHARS = 1024
 """How much of a continuation's delivered text seeds its filter: far more than a filter's overlap."""
 
 
-@dataclass(frozen=True)
-class Release:
-    """Deltas now cleared for the client, merged (empty when none are)."""
+class Release(NamedTuple):
+    """Deltas now cleared for the client, merged (empty when none are); a
+    named tuple, as one is made for every delta."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -45,8 +45,10 @@ class Release:
         return bool(self.text or self.token_ids or self.tool_calls)
 
 
-@dataclass(frozen=True)
-class _Held:
+_NOTHING = Release("", ())
+
+
+class _Held(NamedTuple):
     """One delta waiting for the filter; ``checked`` is how much filter text it is."""
 
     checked: int
@@ -96,25 +98,28 @@ class FilteredOutput:
         delta = Release(text, token_ids, tool_calls, logprobs)
         if self._filter is None:
             return delta
-        checked = text + part_text(tool_calls)
+        checked = text + part_text(tool_calls) if tool_calls else text
         self._held.append(_Held(len(checked), delta))
         return self._take(await self._filter.feed(checked))
 
     async def finish(self) -> Release:
         """The engine finished: check and clear what is held."""
         if self._filter is None:
-            return Release("", ())
+            return _NOTHING
         return self._take(await self._filter.finish())
 
     def _take(self, decision: OutputDecision) -> Release:
         if decision.stopped is not None:
-            return Release("", ())
+            return _NOTHING
         self._cleared += len(decision.release)
+        held = self._held
+        if not held or held[0].checked > self._cleared:
+            return _NOTHING
         released: list[Release] = []
-        while self._held and self._held[0].checked <= self._cleared:
-            held = self._held.popleft()
-            self._cleared -= held.checked
-            released.append(held.release)
+        while held and held[0].checked <= self._cleared:
+            checked, release = held.popleft()
+            self._cleared -= checked
+            released.append(release)
         return merge(released)
 
 
