@@ -10,7 +10,12 @@ every request of a batch at once goes out as one message.
 A request's failure is an event of that request; the stream stays up for
 the others. A client message that holds neither a start nor a cancel (a
 client speaking a newer contract, or a broken one) is never skipped: the
-stream ends with INVALID_ARGUMENT, its running requests cancelled. When
+stream ends with INVALID_ARGUMENT, its running requests cancelled. Nor is
+a cancel: one naming a request that runs stops it; one naming a request
+that ended on the stream (the cancel crossed its last events) has nothing
+left to stop; one naming a request the stream never ran (or no request) is
+refused with that request's error event (NOT_FOUND ``REQUEST_NOT_FOUND``,
+or INVALID_ARGUMENT without an id), the stream going on. When
 the client half-closes (or the server stops taking requests), the stream
 ends once its requests have; a cancelled stream cancels every request
 still running on it. Subclasses say how a request
@@ -25,16 +30,21 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Generic, TypeVar
 
 import grpc.aio
 
-from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, Reason
+from llmmesh.core.errors import AlreadyExists, InvalidArgument, MeshError, NotFound, Reason
 from llmmesh.core.outbox import Outbox
 from llmmesh.core.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+ENDED_KEPT = 4096
+"""How many ended requests a stream remembers, to tell a cancel that crossed
+a request's end from one naming a request it never ran."""
 
 Start = TypeVar("Start")
 Event = TypeVar("Event")
@@ -52,6 +62,7 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
     def __init__(self) -> None:
         self.outbox: Outbox[Event] = Outbox()
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._half_closed = False
         self._refused: MeshError | None = None
 
@@ -71,6 +82,11 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
     @abstractmethod
     def error_event(self, request_id: str, error: MeshError) -> Event:
         """The event that ends a request with ``error``."""
+
+    def cancel_refused(self, request_id: str, error: MeshError) -> Event:
+        """The event that refuses a cancel naming no request the stream ran
+        (``request_id`` is not one of its requests: none failed)."""
+        return self.error_event(request_id, error)
 
     @abstractmethod
     def response(self, events: list[Event]) -> Response:
@@ -123,9 +139,7 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
                 if action == "start":
                     self._begin(request.start)
                 elif action == "cancel":
-                    stop = request.cancel
-                    if stop.request_id in self._running:
-                        await self.cancel(stop.request_id, stop.reason or "no reason given")
+                    await self._stop(request.cancel.request_id, request.cancel.reason)
                 else:
                     self._refused = InvalidArgument(
                         Reason.INVALID_REQUEST,
@@ -136,15 +150,36 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
         self._half_closed = True
         self.outbox.poke()
 
+    async def _stop(self, request_id: str, reason: str) -> None:
+        if request_id in self._running:
+            await self.cancel(request_id, reason or "no reason given")
+        elif request_id in self._ended:
+            log.debug("cancel of %s %s after it ended: nothing left to stop", self.kind, request_id)
+        elif not request_id:
+            self.outbox.put(self.cancel_refused(request_id, _no_request_id()))
+        else:
+            self.outbox.put(
+                self.cancel_refused(
+                    request_id,
+                    NotFound(
+                        Reason.REQUEST_NOT_FOUND,
+                        f"no {self.kind} {request_id!r} ran on this session: nothing to cancel",
+                        metadata={"param": "request_id"},
+                    ),
+                )
+            )
+
+    def _remember_ended(self, request_id: str) -> None:
+        self._ended[request_id] = None
+        self._ended.move_to_end(request_id)
+        if len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+
     def _begin(self, start: Start) -> None:
         request_id = self.request_id(start)
         error: MeshError | None
         if not request_id:
-            error = InvalidArgument(
-                Reason.INVALID_REQUEST,
-                "request_id is required on a session",
-                metadata={"param": "request_id"},
-            )
+            error = _no_request_id()
         elif request_id in self._running:
             error = AlreadyExists(
                 Reason.DUPLICATE_REQUEST,
@@ -155,6 +190,8 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
             error = self.refusal(request_id)
         if error is not None:
             self.outbox.put(self.error_event(request_id, error))
+            if request_id and request_id not in self._running:
+                self._remember_ended(request_id)  # refused: a cancel of it has nothing to stop
         else:
             self._running[request_id] = asyncio.create_task(
                 self._run(request_id, start), name=f"{self.kind}-{request_id}"
@@ -170,4 +207,11 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
             self.outbox.put(self.error_event(request_id, self.internal))
         finally:
             del self._running[request_id]
+            self._remember_ended(request_id)
             self.outbox.poke()
+
+
+def _no_request_id() -> InvalidArgument:
+    return InvalidArgument(
+        Reason.INVALID_REQUEST, "request_id is required on a session", metadata={"param": "request_id"}
+    )

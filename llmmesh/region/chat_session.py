@@ -78,6 +78,9 @@ class ChatSessionRun(SessionServer[pb.SessionTurnStart, pb.TurnEvent, pb.ChatSes
 
     def error_event(self, request_id: str, error: MeshError) -> pb.TurnEvent:
         region_metrics.turn_failed(error)
+        return self.cancel_refused(request_id, error)
+
+    def cancel_refused(self, request_id: str, error: MeshError) -> pb.TurnEvent:
         response = pb.ChatResponse(error=error.to_stream_error())
         return pb.TurnEvent(request_id=request_id, response=response)
 

@@ -113,7 +113,11 @@ Global___SessionTurnStart: _TypeAlias = SessionTurnStart  # noqa: Y015
 
 @_typing.final
 class SessionTurnCancel(_message.Message):
-    """Stops one turn on a ChatSession stream."""
+    """Stops one turn on a ChatSession stream. A cancel of a turn that already
+    ended there has nothing left to stop; one naming no turn the stream ran
+    is refused with an error event of that id (NOT_FOUND, REQUEST_NOT_FOUND;
+    INVALID_ARGUMENT without an id).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

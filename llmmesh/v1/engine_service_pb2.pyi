@@ -326,7 +326,11 @@ Global___KvTransfer: _TypeAlias = KvTransfer  # noqa: Y015
 
 @_typing.final
 class GenerateCancel(_message.Message):
-    """Stops a running generation."""
+    """Stops a running generation. On a GenerateSession stream, a cancel of a
+    generation that already ended there has nothing left to stop; one naming
+    no generation the stream ran is refused with an error event of that id
+    (NOT_FOUND, REQUEST_NOT_FOUND; INVALID_ARGUMENT without an id).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -158,6 +158,30 @@ async def test_a_cancel_stops_one_generation_and_keeps_its_usage(
     call.cancel()
 
 
+async def test_a_cancel_of_an_ended_generation_is_moot_and_of_an_unknown_one_refused(
+    stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    call = stub.GenerateSession()
+    await call.write(start("done", max_tokens=2))
+    await read_until_ended(call, {"done"})
+    for request_id in ("done", "never-ran", ""):
+        await call.write(cancel(request_id))
+    await call.write(start("after", max_tokens=3))
+    await call.done_writing()
+    events: list[pb.GenerationEvent] = []
+    async with asyncio.timeout(10):
+        while (message := await call.read()) is not grpc.aio.EOF:
+            events += message.events
+    refusals = [(e.request_id, e.error.code, e.error.reason) for e in events if e.HasField("error")]
+    assert sorted(refusals) == [
+        ("", grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_REQUEST"),
+        ("never-ran", grpc.StatusCode.NOT_FOUND.value[0], "REQUEST_NOT_FOUND"),
+    ]
+    assert not [e for e in events if e.request_id == "done"], "an ended generation's cancel got an answer"
+    assert [e.finished.usage.output_tokens for e in events if e.HasField("finished")] == [3]
+    assert await call.code() == grpc.StatusCode.OK
+
+
 async def test_ending_the_stream_aborts_what_runs_on_it(
     slow_pod: EnginePod, slow_stub: pb_grpc.EngineServiceAsyncStub
 ) -> None:

@@ -143,6 +143,18 @@ async def test_a_cancel_stops_its_turn_only_and_it_is_billed(stack: Stack, sessi
     assert of(events, "goes")[-1].finished.reason == common_pb2.FINISH_REASON_CANCELLED
     assert of(events, "stays")[-1].finished.reason == common_pb2.FINISH_REASON_LENGTH
     assert await billed(stack, "goes")
+    # Nothing left to stop for a turn that ended; one the stream never ran is refused.
+    for request_id in ("stays", "never-ran"):
+        await session.write(cancel(request_id))
+    await session.done_writing()
+    after: list[pb.TurnEvent] = []
+    async with asyncio.timeout(10):
+        while (message := await session.read()) is not grpc.aio.EOF:
+            after += message.events
+    assert [(e.request_id, e.response.error.code, e.response.error.reason) for e in after] == [
+        ("never-ran", grpc.StatusCode.NOT_FOUND.value[0], "REQUEST_NOT_FOUND")
+    ]
+    assert await session.code() == grpc.StatusCode.OK
 
 
 async def test_ending_the_stream_cancels_its_turns_and_bills_them(stack: Stack) -> None:
