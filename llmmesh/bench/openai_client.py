@@ -26,30 +26,41 @@ _DONE = "[DONE]"
 
 
 def streamed_body(
-    model: str, messages: list[dict[str, str]], max_tokens: int, *, continuous_usage: bool = True
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    *,
+    continuous_usage: bool = True,
+    ignore_eos: bool = True,
 ) -> dict[str, Any]:
-    """A chat completion body: greedy, ``ignore_eos`` (a vLLM extension),
+    """A chat completion body: greedy, ``ignore_eos`` (a vLLM extension; sent only when set),
     streamed with the usage at the end, and with ``continuous_usage`` on
     every chunk (vLLM's ``continuous_usage_stats``, which the mesh's edge
     refuses as the OpenAI API does not know it)."""
     stream_options: dict[str, bool] = {"include_usage": True}
     if continuous_usage:
         stream_options["continuous_usage_stats"] = True
-    return {
+    body: dict[str, Any] = {
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": stream_options,
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
 
 
-def chat_body(model: str, request: ChatRequest, *, continuous_usage: bool = True) -> dict[str, Any]:
+def chat_body(
+    model: str, request: ChatRequest, *, continuous_usage: bool = True, ignore_eos: bool = True
+) -> dict[str, Any]:
     """The JSON body of ``request`` (see :func:`streamed_body`)."""
     messages = [{"role": "system", "content": request.system}, {"role": "user", "content": request.user}]
-    return streamed_body(model, messages, request.max_tokens, continuous_usage=continuous_usage)
+    return streamed_body(
+        model, messages, request.max_tokens, continuous_usage=continuous_usage, ignore_eos=ignore_eos
+    )
 
 
 class ChunkCounter:

@@ -66,7 +66,16 @@ closed loop. ``ignore_eos`` makes every reply ``max_tokens`` long; a first
 probe checks that the whole mesh path honours it, and where it does not,
 all systems run without it: the simulator's reply length is then a
 function of the prompt, which all send alike, so replies still match one
-for one (the report counts any that do not). Each level runs in rounds,
+for one (the report counts any that do not). ``--reply-lengths natural``
+runs without it on purpose: with every reply ``max_tokens`` long, the
+streams of a level that start together end together and start their next
+requests together, so the pod prefills them in one step; a path that
+spreads those starts over several steps (the mesh's time to first token
+varies by tens of milliseconds at c64) pays a prefill step (here a fixed
+cost, whatever the prompt) for each, and its throughput falls with the
+spread rather than with its own cost. Replies of their natural lengths
+(12 to 80 tokens, capped at ``max_tokens``, the same request alike in
+every system) end at different steps on either path. Each level runs in rounds,
 the systems alternating ABBA (ABC CBA with three), after a warm-up of each
 at the busiest level; a system's figures pool its rounds.
 
@@ -211,6 +220,7 @@ class OverheadBench:
                 )
                 meshes.append(mesh)
             clients: dict[str, StreamingClient] = {}
+            fixed = plan.reply_lengths == "fixed"
             for system, mesh in zip(mesh_systems, meshes, strict=True):
                 clients[system] = SseChatClient(
                     mesh.edge_url,
@@ -219,10 +229,11 @@ class OverheadBench:
                     plan.request_timeout_s,
                     SimChunkCounter,
                     self.sampling.flags if system == MESH_TRACED else None,
+                    ignore_eos=fixed,
                 )
                 stack.push_async_callback(clients[system].close)
-            ignore_eos = True
-            for system in mesh_systems:
+            ignore_eos = fixed
+            for system in mesh_systems if fixed else ():
                 honoured = await self._mesh_honours_ignore_eos(system, clients[system], progress)
                 ignore_eos = ignore_eos and honoured
             reference = meshes[0]
@@ -409,6 +420,7 @@ class OverheadBench:
                 "rounds": plan.rounds,
                 "warmup_requests": plan.warmup,
                 "arrival_jitter_s": plan.jitter_s,
+                "reply_lengths": plan.reply_lengths,
             },
         }
 

@@ -69,6 +69,9 @@ class SimTiming:
         }
 
 
+REPLY_LENGTHS = ("fixed", "natural")
+
+
 @dataclass(frozen=True)
 class OverheadBenchPlan:
     """What to run. ``safety_runs`` is the region's safety setting of each
@@ -79,7 +82,10 @@ class OverheadBenchPlan:
     means 24 x the level, at least 32) in ``rounds`` rounds, the systems
     alternating ABBA. Each request waits a seeded random delay of up to
     ``arrival_jitter_s`` before it is sent (None means one decode step; see
-    :mod:`llmmesh.bench.overhead`). ``tls`` says how the planes talk; see
+    :mod:`llmmesh.bench.overhead`). ``reply_lengths`` is ``fixed`` (every
+    reply ``max_tokens`` long, ``ignore_eos``) or ``natural`` (each as long
+    as its prompt makes it, up to ``max_tokens``, the same in every system).
+    ``tls`` says how the planes talk; see
     :meth:`tls_of`; ``tracing`` whether a traced mesh runs beside, see
     :meth:`traced_in`."""
 
@@ -93,6 +99,7 @@ class OverheadBenchPlan:
     tracing: str = "off"
     timing: SimTiming = field(default_factory=SimTiming)
     arrival_jitter_s: float | None = None
+    reply_lengths: str = "fixed"
     startup_timeout_s: float = 120.0
     request_timeout_s: float = 120.0
 
@@ -111,6 +118,8 @@ class OverheadBenchPlan:
             raise ValueError("the runs must be safety off, on, or off then on")
         if self.tls not in TLS_MODES:
             raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}")
+        if self.reply_lengths not in REPLY_LENGTHS:
+            raise ValueError(f"reply lengths must be one of {', '.join(REPLY_LENGTHS)}")
         if self.tracing not in TRACING_MODES:
             raise ValueError(f"tracing must be one of {', '.join(TRACING_MODES)}")
         if self.tracing == "both" and self.tls == "on":
@@ -192,6 +201,14 @@ def add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         "untraced twin: what tracing adds, sampled turns over unsampled ones; off (default): no traced mesh",
     )
     group.add_argument(
+        "--reply-lengths",
+        choices=REPLY_LENGTHS,
+        default="fixed",
+        help="fixed (default): every reply max_tokens long (ignore_eos), so a level's streams start and "
+        "end together; natural: each reply as long as its prompt makes it (12 to 80 tokens, capped at "
+        "max_tokens), alike in every system, so they start and end spread out",
+    )
+    group.add_argument(
         "--step-ms", type=float, default=None, help="the simulator pod's fixed decode step, ms (15)"
     )
     group.add_argument(
@@ -226,4 +243,5 @@ def overhead_plan_from_args(args: argparse.Namespace) -> OverheadBenchPlan:
         tracing=args.tracing,
         timing=timing,
         arrival_jitter_s=None if args.arrival_jitter_ms is None else args.arrival_jitter_ms / 1000,
+        reply_lengths=args.reply_lengths,
     )

@@ -83,8 +83,8 @@ class SseChatClient:
     """Streams chat completions from ``base_url`` (``http://host:port``)
     for ``model``, authenticated by ``api_key``; ``chunk_counter`` makes
     each stream's token counter. Requests are the same JSON bodies as
-    :func:`llmmesh.bench.openai_client.chat_body` (greedy, ``ignore_eos``,
-    the usage at the end of the stream: the edge refuses vLLM's per-chunk
+    :func:`llmmesh.bench.openai_client.chat_body` (greedy, ``ignore_eos``
+    unless told not to, the usage at the end of the stream: the edge refuses vLLM's per-chunk
     usage, so ``chunk_counter`` counts the chunks). Each is bounded by
     ``request_timeout_s``. With ``trace_flags``, every request carries a
     W3C ``traceparent`` of a trace of its own, as a traced client of the
@@ -99,6 +99,7 @@ class SseChatClient:
         request_timeout_s: float,
         chunk_counter: Callable[[], ChunkCounter] = ChunkCounter,
         trace_flags: Callable[[ChatRequest], str] | None = None,
+        ignore_eos: bool = True,
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme != "http" or url.hostname is None or url.port is None:
@@ -114,11 +115,14 @@ class SseChatClient:
         self._timeout_s = request_timeout_s
         self._chunk_counter = chunk_counter
         self._idle: list[_Connection] = []
+        self._ignore_eos = ignore_eos
 
     async def generate(self, request: ChatRequest) -> RequestRecord:
         """See :class:`llmmesh.bench.loadgen.StreamingClient`: a stream that
         ends without ``data: [DONE]`` is a failure (recorded, not raised)."""
-        body = json.dumps(chat_body(self._model, request, continuous_usage=False)).encode()
+        body = json.dumps(
+            chat_body(self._model, request, continuous_usage=False, ignore_eos=self._ignore_eos)
+        ).encode()
         head = f"{self._head}{self._traceparent(request)}Content-Length: {len(body)}\r\n\r\n".encode()
         record = RequestRecord(sent_at=time.perf_counter())
         connection: _Connection | None = None

@@ -167,6 +167,15 @@ def test_impossible_plans_are_refused() -> None:
         OverheadBenchPlan(tls="sometimes")
     with pytest.raises(SystemExit):
         _plan("--tls", "maybe")
+    with pytest.raises(ValueError, match="reply lengths"):
+        OverheadBenchPlan(reply_lengths="long")
+    with pytest.raises(SystemExit):
+        _plan("--reply-lengths", "long")
+
+
+def test_replies_are_max_tokens_long_unless_natural_lengths_are_asked_for() -> None:
+    assert _plan().reply_lengths == "fixed"
+    assert _plan("--reply-lengths", "natural").reply_lengths == "natural"
 
 
 # ---------------------------------------------------------------- clients
@@ -319,10 +328,12 @@ STREAM = _sse(
 
 
 @contextlib.asynccontextmanager
-async def _serving(server: _SseServer) -> AsyncIterator[SseChatClient]:
+async def _serving(server: _SseServer, ignore_eos: bool = True) -> AsyncIterator[SseChatClient]:
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    client = SseChatClient(f"http://127.0.0.1:{port}", "m", "sk-test", 10.0, SimChunkCounter)
+    client = SseChatClient(
+        f"http://127.0.0.1:{port}", "m", "sk-test", 10.0, SimChunkCounter, ignore_eos=ignore_eos
+    )
     try:
         yield client
     finally:
@@ -346,7 +357,16 @@ async def test_sse_client_reads_events_across_chunks_and_keeps_the_connection() 
     assert sent.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert b"Authorization: Bearer sk-test" in sent
     body = json.loads(sent.split(b"\r\n\r\n", 1)[1])
-    assert body["max_tokens"] == 5 and body["stream"] is True
+    assert body["max_tokens"] == 5 and body["stream"] is True and body["ignore_eos"] is True
+
+
+@pytest.mark.asyncio
+async def test_sse_client_for_natural_lengths_leaves_ignore_eos_out() -> None:
+    server = _SseServer(lambda n: _chunked(STREAM, pieces=1))
+    async with _serving(server, ignore_eos=False) as client:
+        record = await client.generate(ChatWorkload().requests("t", 1, 5)[0])
+    assert record.ok, record.error
+    assert "ignore_eos" not in json.loads(server.requests[0].split(b"\r\n\r\n", 1)[1])
 
 
 @pytest.mark.asyncio

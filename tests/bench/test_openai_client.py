@@ -38,6 +38,7 @@ def test_the_body_asks_for_a_greedy_stream_with_usage() -> None:
     assert body["ignore_eos"] is True
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert "ignore_eos" not in chat_body("llmmesh-tiny", REQUEST, ignore_eos=False)
 
 
 def test_chunk_counter_uses_running_usage() -> None:
