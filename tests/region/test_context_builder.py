@@ -242,7 +242,12 @@ async def tokenizer() -> AsyncIterator[TokenizerClient]:
     pod = await start_engine(pod_settings())
     pool = EnginePool([pod.address])
     try:
-        await pool.check()
+        # A loaded machine may time the first health checks out: wait (bounded) for the pod.
+        async with asyncio.timeout(20):
+            await pool.check()
+            while not pool.healthy_pods:
+                await asyncio.sleep(0.2)
+                await pool.check()
         yield TokenizerClient(pool)
     finally:
         await pool.close()
