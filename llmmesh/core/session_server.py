@@ -155,19 +155,17 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
             await self.cancel(request_id, reason or "no reason given")
         elif request_id in self._ended:
             log.debug("cancel of %s %s after it ended: nothing left to stop", self.kind, request_id)
-        elif not request_id:
-            self.outbox.put(self.cancel_refused(request_id, _no_request_id()))
         else:
-            self.outbox.put(
-                self.cancel_refused(
-                    request_id,
-                    NotFound(
-                        Reason.REQUEST_NOT_FOUND,
-                        f"no {self.kind} {request_id!r} ran on this session: nothing to cancel",
-                        metadata={"param": "request_id"},
-                    ),
+            error: MeshError = (
+                _no_request_id()
+                if not request_id
+                else NotFound(
+                    Reason.REQUEST_NOT_FOUND,
+                    f"no {self.kind} {request_id!r} ran on this session: nothing to cancel",
+                    metadata={"param": "request_id"},
                 )
             )
+            self.outbox.put(self.cancel_refused(request_id, error))
 
     def _remember_ended(self, request_id: str) -> None:
         self._ended[request_id] = None
