@@ -81,6 +81,16 @@ def pytest_testnodedown(node: object, error: object) -> None:
         config.stash[_NOT_RUN] = sorted({*known, *output["not_run"]})
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` hands out the longest file first (tests/scheduling.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.scheduling import LongestFileFirst
+
+    return LongestFileFirst(config, log)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     held = config.stash.get(_NOT_RUN, [])
     if held:

@@ -14,6 +14,10 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
+# One round of four requests: each system starts once (the A B A order of
+# longer runs is test_cli's).
+ONE_ROUND = ("--rounds", "1", "--requests", "4")
+
 
 @pytest.mark.timeout(450)
 def test_quick_engine_bench() -> None:
@@ -21,7 +25,7 @@ def test_quick_engine_bench() -> None:
         pytest.skip("vLLM is not installed")
     llmmesh = Path(sys.executable).parent / "llmmesh"
     done = subprocess.run(
-        [str(llmmesh), "bench", "engine", "--json", "--quick"],
+        [str(llmmesh), "bench", "engine", "--json", "--quick", *ONE_ROUND],
         capture_output=True,
         text=True,
         timeout=400,
@@ -47,7 +51,7 @@ def test_quick_engine_bench_measures_speculation_on_against_off() -> None:
         pytest.skip("vLLM is not installed")
     llmmesh = Path(sys.executable).parent / "llmmesh"
     done = subprocess.run(
-        [str(llmmesh), "bench", "engine", "--json", "--quick", "--speculative", "ngram"],
+        [str(llmmesh), "bench", "engine", "--json", "--quick", *ONE_ROUND, "--speculative", "ngram"],
         capture_output=True,
         text=True,
         timeout=400,

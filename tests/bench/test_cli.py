@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from llmmesh.bench.engine import EngineBench
 from llmmesh.bench.plan import EngineBenchPlan
 from llmmesh.cli.bench import plan_from_args
 from llmmesh.cli.main import build_parser
@@ -53,3 +56,18 @@ def test_explicit_flags_win() -> None:
 def test_bad_concurrency_is_refused(levels: str) -> None:
     with pytest.raises(SystemExit):
         _plan("--concurrency", levels)
+
+
+def test_a_run_is_ours_then_the_peer_then_ours_again(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+
+    def sessions(rounds: int, speculative: str = "") -> list[tuple[str, range]]:
+        plan = EngineBenchPlan(rounds=rounds, model_path=str(tmp_path), speculative=speculative)
+        return [(system, turns) for system, turns in EngineBench(plan, tmp_path, print).sessions() if turns]
+
+    assert sessions(4) == [("llmmesh", range(2)), ("vllm-serve", range(4)), ("llmmesh", range(2, 4))]
+    assert sessions(3) == [("llmmesh", range(2)), ("vllm-serve", range(3)), ("llmmesh", range(2, 3))]
+    # One round: each system starts once.
+    assert sessions(1) == [("llmmesh", range(1)), ("vllm-serve", range(1))]
+    speculating = [("llmmesh-spec", range(1)), ("llmmesh", range(2)), ("llmmesh-spec", range(1, 2))]
+    assert sessions(2, "ngram") == speculating

@@ -30,7 +30,11 @@ from typing import TypeVar
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    ElementClickInterceptedException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -141,6 +145,29 @@ class Page:
     def visible(self, element_id: str) -> WebElement:
         self.until(lambda c: c.find_element(By.ID, element_id).is_displayed(), f"#{element_id} shown")
         return self.chrome.find_element(By.ID, element_id)
+
+    def click(self, element_id: str) -> None:
+        """Click ``#element_id`` once it is shown and takes the click: a button
+        that has just appeared can sit, for a frame or two, where the layout
+        put it before the thread reflowed (a click there lands on whatever
+        covers it). The first refused click leaves a screenshot."""
+        covered = False
+
+        def clicked(chrome: webdriver.Chrome) -> bool:
+            element = chrome.find_element(By.ID, element_id)
+            if not element.is_displayed():
+                return False
+            try:
+                element.click()
+            except ElementClickInterceptedException:
+                nonlocal covered
+                if not covered:
+                    self.shot(f"{element_id}-covered")
+                covered = True
+                return False
+            return True
+
+        self.until(clicked, f"#{element_id} shown and taking the click")
 
     def messages(self) -> list[tuple[str, str, str]]:
         """The thread as shown: (role, stored id, text) of each message, read
@@ -375,7 +402,7 @@ def test_chat_page_streams_branches_and_finds_the_conversation_again(
     page.until(
         lambda c: int(page.find(".message.streaming").get_attribute("data-chunks") or 0) >= 2, "a part"
     )
-    page.visible("stop").click()
+    page.click("stop")
     thread = page.settled(4)
     assert page.find(f'.message[data-id="{thread[3][1]}"]').get_attribute("data-finish") == "cancelled"
     assert "finished: cancelled" in page.find(f'.message[data-id="{thread[3][1]}"] .finish').text
