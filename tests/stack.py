@@ -11,6 +11,7 @@ mesh: the global plane, engine pods, one region and optionally the edge;
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from llmmesh.region.server import RegionPlane, start_region
 from llmmesh.region.settings import RegionSettings
 
 DEV_KEY = "sk-llmmesh-test"
+ROUTABLE_WAIT_S = 10.0
 
 
 @dataclass
@@ -94,8 +96,15 @@ class MeshBuilder:
         return [await self.pod(f"{region}-pod-{n}", **overrides) for n in range(count)]
 
     async def region(self, settings: RegionSettings) -> RegionPlane:
+        """A started region, once geo-routing knows it: on a loaded machine
+        its first heartbeat can miss its deadline, and until one arrives the
+        zone has no region to route to (at most ROUTABLE_WAIT_S, for a test
+        whose global plane refuses the region on purpose)."""
         plane = await start_region(settings)
         self.on_exit(plane, lambda: plane.stop(0.5))
+        deadline = time.monotonic() + ROUTABLE_WAIT_S
+        while not plane.heartbeat.delivered and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         return plane
 
     async def edge(self, global_address: str, **overrides: object) -> EdgeServer:

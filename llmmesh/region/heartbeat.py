@@ -61,6 +61,11 @@ class Heartbeater:
         self._on_catalog_change = on_catalog_change
         self.catalog_version = ""
 
+    @property
+    def delivered(self) -> bool:
+        """Whether the last heartbeat sent reached the directory."""
+        return self._reachable
+
     async def beat(self) -> bool:
         """Send one heartbeat; False when the directory is unreachable."""
         try:
