@@ -278,29 +278,28 @@ async def test_the_openai_sdk_streams_through_a_failover(tmp_path: Path) -> None
         _, reference_key = await mesh.new_key("us")
         text, prompt_tokens, output_tokens = await baseline(mesh, "us-west", reference_key)
         tenant_id, secret = await mesh.new_key("us")
-        client = openai.AsyncOpenAI(base_url=f"{mesh.url}/v1", api_key=secret, max_retries=0)
-        parts: list[str] = []
-        usage = None
-        finishes = 0
-        async with client.chat.completions.with_streaming_response.create(
-            model="auto",
-            messages=[{"role": "user", "content": PROMPT}],
-            max_tokens=MAX_TOKENS,
-            stream=True,
-            stream_options={"include_usage": True},
-        ) as response:
-            serving = response.headers["x-llmmesh-region"]
-            async for chunk in await response.parse():
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                if not chunk.choices:
-                    continue
-                finishes += chunk.choices[0].finish_reason is not None
-                if chunk.choices[0].delta.content:
-                    parts.append(chunk.choices[0].delta.content)
-                    if len(parts) == K:
-                        await mesh.kill(serving)
-        await client.close()
+        async with openai.AsyncOpenAI(base_url=f"{mesh.url}/v1", api_key=secret, max_retries=0) as client:
+            parts: list[str] = []
+            usage = None
+            finishes = 0
+            async with client.chat.completions.with_streaming_response.create(
+                model="auto",
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=MAX_TOKENS,
+                stream=True,
+                stream_options={"include_usage": True},
+            ) as response:
+                serving = response.headers["x-llmmesh-region"]
+                async for chunk in await response.parse():
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    if not chunk.choices:
+                        continue
+                    finishes += chunk.choices[0].finish_reason is not None
+                    if chunk.choices[0].delta.content:
+                        parts.append(chunk.choices[0].delta.content)
+                        if len(parts) == K:
+                            await mesh.kill(serving)
         assert serving == "us-east"
         assert "".join(parts) == text and finishes == 1
         assert usage is not None

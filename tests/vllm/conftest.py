@@ -106,9 +106,12 @@ def stop_pod(pod: VllmPod) -> int:
     try:
         return pod.process.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pod.process.kill()
-        pod.process.wait()
         raise AssertionError(f"the vLLM pod ignored SIGTERM:\n{pod.log()}") from None
+    finally:
+        # Also when the test's time limit interrupts the wait: no pod outlives its module.
+        if pod.process.poll() is None:
+            pod.process.kill()
+            pod.process.wait()
 
 
 @pytest.fixture(scope="module")
