@@ -21,8 +21,8 @@ STARTUP_TIMEOUT_S = 420.0
 STOP_TIMEOUT_S = 60.0
 
 
-# A module's first test also waits for its pod to start (up to
-# STARTUP_TIMEOUT_S), inside the test's time limit.
+# Every test here has this time limit (no per-test ones): a module's first
+# test also waits for its pod to start (up to STARTUP_TIMEOUT_S).
 TEST_TIMEOUT_S = 900
 
 

@@ -108,7 +108,6 @@ def spec_metric(metrics_url: str, name: str) -> float:
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(400)
 async def test_greedy_speculation_equals_vllms_output_without_it(
     stub: pb_grpc.EngineServiceStub, speculating_pod: VllmPod, long_model_dir: Path
 ) -> None:
@@ -135,7 +134,6 @@ async def test_greedy_speculation_equals_vllms_output_without_it(
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(300)
 async def test_a_prompt_beyond_4k_tokens_is_served_in_the_32k_window(stub: pb_grpc.EngineServiceStub) -> None:
     prompt = " ".join(WORDS[i % len(WORDS)] for i in range(6000))
     tokens, finished = await generate(stub, "spec-long", prompt, max_tokens=8, ignore_eos=True)
@@ -166,7 +164,6 @@ async def test_what_speculation_cannot_do_is_refused_by_name(
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(400)
 async def test_a_draft_model_speculates_without_changing_a_greedy_token(
     stub: pb_grpc.EngineServiceStub, long_model_dir: Path, tmp_path: Path
 ) -> None:
