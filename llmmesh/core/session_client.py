@@ -35,6 +35,10 @@ Call: TypeAlias = grpc.aio.StreamStreamCall
 _WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
 
 
+def _is_start(message: Any) -> bool:
+    return bool(message.WhichOneof("action") == "start")
+
+
 def ends_its_request(event: Message) -> bool:
     """Whether a session event, whose oneof is ``event``, is its request's
     last: ``finished`` or ``error``."""
@@ -167,7 +171,18 @@ class SessionClient(Generic[Request, Event]):
     ``open_call`` opens the stream; ``events_of`` splits a message into
     ``(request_id, event)`` pairs; ``is_last`` says an event ends its
     request; ``cancel_request`` builds the message that stops a request;
-    ``broken`` builds the error of a broken stream from what broke it.
+    ``broken`` builds the error of a broken stream from what broke it;
+    ``batch_starts`` builds one message of several start messages (their
+    oneof ``action`` is ``start``), or is None where the server takes one
+    start a message.
+
+    Messages go out one write at a time, in the order they were given. A
+    write is a round trip through gRPC's completion queue, so starts given
+    while one is written wait for it; they then go out together, as one
+    message of ``batch_starts``: a burst of turns (a batch of replies ended
+    together, their callers' next requests arriving at once) reaches the
+    server in one message rather than one per turn, spread over as many
+    writes.
     """
 
     def __init__(
@@ -178,6 +193,7 @@ class SessionClient(Generic[Request, Event]):
         is_last: Callable[[Event], bool],
         cancel_request: Callable[[str, str], Request],
         broken: Callable[[str], MeshError],
+        batch_starts: Callable[[list[Request]], Request] | None = None,
     ) -> None:
         self._name = name
         self._open_call = open_call
@@ -189,6 +205,9 @@ class SessionClient(Generic[Request, Event]):
         self._reader: asyncio.Task[None] | None = None
         self._requests: dict[str, SessionRequest[Request, Event]] = {}
         self._write_lock = asyncio.Lock()
+        # Messages given and not yet written, in order (see write).
+        self._unwritten: list[Request] = []
+        self._batch_starts = batch_starts
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -214,16 +233,74 @@ class SessionClient(Generic[Request, Event]):
         return request
 
     async def write(self, message: Request) -> None:
-        """Send one message; a failed write is the stream's failure, which
-        its reader reports to every request."""
-        call = self._call
-        if call is None:
+        """Send one message, returning once it is written (with what was
+        given before it); a failed write is the stream's failure, which its
+        reader reports to every request.
+
+        Whoever holds the write lock writes everything given by then, so a
+        message given while another is written goes out with the messages
+        given beside it: the lock is first come, first served, and a writer
+        that finds its message written already (by the writer before it,
+        which it waited for) has nothing left to do. A writer cancelled
+        while it waits takes its message back; one cancelled while it writes
+        others' messages too lets that write finish first."""
+        if self._call is None:
             return
-        async with self._write_lock:
+        self._unwritten.append(message)
+        try:
+            await self._write_lock.acquire()
+        except asyncio.CancelledError:
+            self._take_back(message)
+            raise
+        try:
+            call = self._call
+            given, self._unwritten = self._unwritten, []
+            if call is None or not given:
+                return
+            if len(given) == 1:
+                await self._send(call, given)
+                return
+            writing = asyncio.create_task(self._send(call, self._coalesced(given)))
             try:
+                await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait([writing])
+                raise
+        finally:
+            self._write_lock.release()
+
+    async def _send(self, call: Call, messages: list[Request]) -> None:
+        try:
+            for message in messages:
                 await call.write(message)
-            except _WRITE_ERRORS as err:
-                log.debug("write to the session of %s failed: %s", self._name, err)
+        except _WRITE_ERRORS as err:
+            log.debug("write to the session of %s failed: %s", self._name, err)
+
+    def _take_back(self, message: Request) -> None:
+        for index, unwritten in enumerate(self._unwritten):
+            if unwritten is message:
+                del self._unwritten[index]
+                return
+
+    def _coalesced(self, given: list[Request]) -> list[Request]:
+        """``given`` as the messages to write: each run of two or more
+        starts as one message of ``batch_starts``, every other message as
+        it is, in order."""
+        if self._batch_starts is None:
+            return given
+        out: list[Request] = []
+        starts: list[Request] = []
+        for message in given:
+            if _is_start(message):
+                starts.append(message)
+                continue
+            if starts:
+                out.append(starts[0] if len(starts) == 1 else self._batch_starts(starts))
+                starts = []
+            out.append(message)
+        if starts:
+            out.append(starts[0] if len(starts) == 1 else self._batch_starts(starts))
+        return out
 
     def forget(self, request: SessionRequest[Request, Event], reason: str) -> None:
         if self._requests.get(request.request_id) is not request:

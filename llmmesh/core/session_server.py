@@ -8,9 +8,11 @@ holds as one message each time it wakes, so a decode step that reaches
 every request of a batch at once goes out as one message.
 
 A request's failure is an event of that request; the stream stays up for
-the others. A client message that holds neither a start nor a cancel (a
-client speaking a newer contract, or a broken one) is never skipped: the
-stream ends with INVALID_ARGUMENT, its running requests cancelled. Nor is
+the others. A client message may hold several starts (``starts``), taken
+in order as that many start messages would be. One that holds no action,
+or ``starts`` without a start (a client speaking a newer contract, or a
+broken one), is never skipped: the stream ends with INVALID_ARGUMENT, its
+running requests cancelled. Nor is
 a cancel: one naming a request that runs stops it; one naming a request
 that ended on the stream (the cancel crossed its last events) has nothing
 left to stop; one naming a request the stream never ran (or no request) is
@@ -140,10 +142,13 @@ class SessionServer(ABC, Generic[Start, Event, Response]):
                     self._begin(request.start)
                 elif action == "cancel":
                     await self._stop(request.cancel.request_id, request.cancel.reason)
+                elif action == "starts" and request.starts.starts:
+                    for start in request.starts.starts:
+                        self._begin(start)
                 else:
                     self._refused = InvalidArgument(
                         Reason.INVALID_REQUEST,
-                        "a session message must hold a start or a cancel",
+                        "a session message must hold a start, starts (at least one) or a cancel",
                         metadata={"param": "action"},
                     )
                     break

@@ -44,13 +44,15 @@ Global___SafetyStage: _TypeAlias = SafetyStage  # noqa: Y015
 @_typing.final
 class ChatSessionRequest(_message.Message):
     """A message from the client on a ChatSession stream. One that holds no
-    action ends the stream with INVALID_ARGUMENT (its turns are cancelled).
+    action, or a `starts` that holds no start, ends the stream with
+    INVALID_ARGUMENT (its turns are cancelled).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     START_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___SessionTurnStart:
         """Starts a turn."""
@@ -59,21 +61,52 @@ class ChatSessionRequest(_message.Message):
     def cancel(self) -> Global___SessionTurnCancel:
         """Stops the turn its request_id names, as Chat's cancel does."""
 
+    @_builtins.property
+    def starts(self) -> Global___SessionTurnStarts:
+        """Starts several turns, in order, as that many `start` messages would:
+        a client with starts waiting to be written sends them at once.
+        """
+
     def __init__(
         self,
         *,
         start: Global___SessionTurnStart | None = ...,
         cancel: Global___SessionTurnCancel | None = ...,
+        starts: Global___SessionTurnStarts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel", "starts"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
 Global___ChatSessionRequest: _TypeAlias = ChatSessionRequest  # noqa: Y015
+
+@_typing.final
+class SessionTurnStarts(_message.Message):
+    """Turns started by one ChatSession message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def starts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SessionTurnStart]:
+        """At least one; each is taken as a `start` message is."""
+
+    def __init__(
+        self,
+        *,
+        starts: _abc.Iterable[Global___SessionTurnStart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["starts", b"starts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionTurnStarts: _TypeAlias = SessionTurnStarts  # noqa: Y015
 
 @_typing.final
 class SessionTurnStart(_message.Message):

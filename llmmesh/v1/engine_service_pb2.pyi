@@ -91,14 +91,15 @@ Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 @_typing.final
 class GenerateSessionRequest(_message.Message):
     """A message from the client on a GenerateSession stream. One that holds
-    no action ends the stream with INVALID_ARGUMENT (its generations are
-    cancelled).
+    no action, or a `starts` that holds no start, ends the stream with
+    INVALID_ARGUMENT (its generations are cancelled).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     START_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___GenerateStart:
         """Starts a generation; its request_id must be unique on the stream
@@ -109,21 +110,52 @@ class GenerateSessionRequest(_message.Message):
     def cancel(self) -> Global___GenerateCancel:
         """Stops the generation its request_id names; it finishes as CANCELLED."""
 
+    @_builtins.property
+    def starts(self) -> Global___GenerateStarts:
+        """Starts several generations, in order, as that many `start` messages
+        would: a client with starts waiting to be written sends them at once.
+        """
+
     def __init__(
         self,
         *,
         start: Global___GenerateStart | None = ...,
         cancel: Global___GenerateCancel | None = ...,
+        starts: Global___GenerateStarts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel", b"cancel", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel", "starts"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
 Global___GenerateSessionRequest: _TypeAlias = GenerateSessionRequest  # noqa: Y015
+
+@_typing.final
+class GenerateStarts(_message.Message):
+    """Generations started by one GenerateSession message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def starts(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateStart]:
+        """At least one; each is taken as a `start` message is."""
+
+    def __init__(
+        self,
+        *,
+        starts: _abc.Iterable[Global___GenerateStart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["starts", b"starts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateStarts: _TypeAlias = GenerateStarts  # noqa: Y015
 
 @_typing.final
 class GenerateSessionResponse(_message.Message):

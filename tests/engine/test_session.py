@@ -94,6 +94,23 @@ async def test_generations_share_the_stream_and_a_step_is_one_message(
     assert await call.code() == grpc.StatusCode.OK
 
 
+async def test_starts_in_one_message_run_as_that_many_start_messages(
+    slow_stub: pb_grpc.EngineServiceAsyncStub,
+) -> None:
+    call = slow_stub.GenerateSession()
+    batch = pb.GenerateSessionRequest()
+    batch.starts.starts.extend(start(request_id, max_tokens=3).start for request_id in ("b1", "b2", "b1", ""))
+    await call.write(batch)
+    messages = await read_until_ended(call, {"b1", "b2"})
+    for request_id in ("b1", "b2"):
+        # The second b1's refusal is an event under that id too.
+        kinds = [e.WhichOneof("event") for e in events_of(messages, request_id) if not e.HasField("error")]
+        assert kinds == ["started"] + ["delta"] * 3 + ["finished"]
+    errors = sorted((e.request_id, e.error.reason) for m in messages for e in m.events if e.HasField("error"))
+    assert errors == [("", "INVALID_REQUEST"), ("b1", "DUPLICATE_REQUEST")]
+    call.cancel()
+
+
 async def test_a_bad_start_fails_its_generation_only(stub: pb_grpc.EngineServiceAsyncStub) -> None:
     call = stub.GenerateSession()
     await call.write(start("bad", model="no-such-model"))
@@ -209,13 +226,18 @@ async def test_a_half_closed_stream_ends_after_its_generations(
     assert await call.code() == grpc.StatusCode.OK
 
 
+@pytest.mark.parametrize(
+    "message",
+    [pb.GenerateSessionRequest(), pb.GenerateSessionRequest(starts=pb.GenerateStarts())],
+    ids=["no-action", "no-start-in-starts"],
+)
 async def test_a_message_holding_no_action_ends_the_stream_with_invalid_argument(
-    slow_stub: pb_grpc.EngineServiceAsyncStub,
+    slow_stub: pb_grpc.EngineServiceAsyncStub, message: pb.GenerateSessionRequest
 ) -> None:
     call = slow_stub.GenerateSession()
     await call.write(start("running", max_tokens=200))
     await wait_until_running(slow_stub, 1)
-    await call.write(pb.GenerateSessionRequest())
+    await call.write(message)
     with pytest.raises(grpc.aio.AioRpcError) as failed:
         await read_to_the_end(call)
     error = from_rpc_error(failed.value)
