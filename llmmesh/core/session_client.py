@@ -312,6 +312,9 @@ class SessionClient(Generic[Request, Event]):
             task.add_done_callback(self._background.discard)
 
     def _open(self) -> None:
+        # Messages still unwritten were given for the stream that broke,
+        # whose requests have failed: they must not start on this one.
+        self._unwritten = []
         call = self._open_call()
         self._call = call
         self._reader = asyncio.create_task(self._read(call), name=f"session-{self._name}")

@@ -147,3 +147,40 @@ async def test_a_writer_cancelled_while_it_writes_others_messages_lets_the_write
     await after
     assert [_shape(m) for m in call.written] == ["r1", ["r2", "r3"], "r4"]
     await session.close()
+
+
+class _BreakingCall(_GatedCall):
+    """A gated stream whose server ends it when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.end = asyncio.Event()
+
+    async def _nothing(self) -> AsyncIterator[pb.GenerateSessionResponse]:
+        await self.end.wait()
+        ended: tuple[pb.GenerateSessionResponse, ...] = ()
+        for message in ended:
+            yield message
+
+
+async def test_messages_given_for_a_stream_that_broke_never_reach_the_next_one() -> None:
+    broken, fresh = _BreakingCall(), _GatedCall()
+    calls = [broken, fresh]
+    stub = _Stub(broken)
+    stub.GenerateSession = lambda: calls.pop(0)
+    session = engine_session(stub, "pod-a")  # type: ignore[arg-type]
+    first = asyncio.create_task(session.start("r1", _start("r1")))
+    await _settle()
+    stale = asyncio.create_task(session.start("r2", _start("r2")))
+    await _settle()
+    broken.end.set()  # the stream breaks while r2 waits to be written
+    await _settle()
+    assert session.running == 0, "the broken stream's requests failed"
+    later = asyncio.create_task(session.start("r3", _start("r3")))
+    await _settle()
+    broken.finish.put_nowait(None)
+    fresh.finish.put_nowait(None)
+    await asyncio.gather(first, stale, later)
+    assert [_shape(m) for m in broken.written] == ["r1"]
+    assert [_shape(m) for m in fresh.written] == ["r3"]
+    await session.close()
