@@ -112,6 +112,33 @@ async def test_a_turn_refused_before_it_starts_is_an_error_event_of_that_turn(se
     assert of(events, "good")[-1].finished.reason == common_pb2.FINISH_REASON_LENGTH
 
 
+async def test_starts_in_one_message_are_each_judged_as_its_own_start(stack: Stack, session: Call) -> None:
+    batch = pb.ChatSessionRequest()
+    batch.starts.starts.extend(
+        message.start
+        for message in (
+            start("one", max_tokens=6),
+            start("wrong-key", key="sk-wrong"),
+            start("two", max_tokens=6),
+            start("one"),
+            start(""),
+        )
+    )
+    await session.write(batch)
+    events = await read_until_ended(session, {"one", "two", "wrong-key", ""})
+    refusals = sorted((e.request_id, e.response.error.reason) for e in events if e.response.HasField("error"))
+    assert refusals == [
+        ("", "INVALID_REQUEST"),
+        ("one", "DUPLICATE_REQUEST"),
+        ("wrong-key", "API_KEY_INVALID"),
+    ]
+    for request_id in ("one", "two"):
+        turn = [r for r in of(events, request_id) if not r.HasField("error")]
+        assert turn[-1].finished.reason == common_pb2.FINISH_REASON_LENGTH
+        assert sum(len(r.delta.token_ids) for r in turn if r.HasField("delta")) == 6
+        assert await billed(stack, request_id)
+
+
 async def test_a_start_without_id_or_with_a_running_id_is_refused(session: Call) -> None:
     await session.write(start("twice", max_tokens=2000))
     await session.write(start("twice"))
