@@ -241,9 +241,11 @@ class SessionClient(Generic[Request, Event]):
         message given while another is written goes out with the messages
         given beside it: the lock is first come, first served, and a writer
         that finds its message written already (by the writer before it,
-        which it waited for) has nothing left to do. A writer cancelled
-        while it waits takes its message back; one cancelled while it writes
-        others' messages too lets that write finish first."""
+        which it waited for) returns at once, leaving what was given since
+        to its own writers, who wait behind it. A writer cancelled
+        while it waits takes its message back. Others' messages go out in a
+        task of their own that holds the lock until they are written, so a
+        writer cancelled while it writes them loses none of them."""
         if self._call is None:
             return
         self._unwritten.append(message)
@@ -252,22 +254,22 @@ class SessionClient(Generic[Request, Event]):
         except asyncio.CancelledError:
             self._take_back(message)
             raise
+        handed_on = False
         try:
             call = self._call
+            if call is None or not any(unwritten is message for unwritten in self._unwritten):
+                return  # written by an earlier holder, or the stream is gone
             given, self._unwritten = self._unwritten, []
-            if call is None or not given:
-                return
             if len(given) == 1:
                 await self._send(call, given)
                 return
             writing = asyncio.create_task(self._send(call, self._coalesced(given)))
-            try:
-                await asyncio.shield(writing)
-            except asyncio.CancelledError:
-                await asyncio.wait([writing])
-                raise
+            writing.add_done_callback(lambda _: self._write_lock.release())
+            handed_on = True
+            await asyncio.shield(writing)
         finally:
-            self._write_lock.release()
+            if not handed_on:
+                self._write_lock.release()
 
     async def _send(self, call: Call, messages: list[Request]) -> None:
         try:
