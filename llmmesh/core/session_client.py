@@ -17,6 +17,7 @@ opens a new stream. Used by the region for its pods'
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -37,6 +38,13 @@ _WRITE_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidState
 
 def _is_start(message: Any) -> bool:
     return bool(message.WhichOneof("action") == "start")
+
+
+def _batch(starts: list[Any]) -> Any:
+    """One session message of the same type holding ``starts``' starts, in order."""
+    batch = type(starts[0])()
+    batch.starts.starts.extend(message.start for message in starts)
+    return batch
 
 
 def ends_its_request(event: Message) -> bool:
@@ -172,14 +180,15 @@ class SessionClient(Generic[Request, Event]):
     ``(request_id, event)`` pairs; ``is_last`` says an event ends its
     request; ``cancel_request`` builds the message that stops a request;
     ``broken`` builds the error of a broken stream from what broke it;
-    ``batch_starts`` builds one message of several start messages (their
-    oneof ``action`` is ``start``), or is None where the server takes one
-    start a message.
+    ``batch_starts`` says the server takes several starts in one message.
+    Session messages hold a oneof ``action`` of ``start``, ``cancel`` and,
+    where batched, ``starts`` (its repeated ``starts``), as
+    ``ChatSessionRequest`` and ``GenerateSessionRequest`` do.
 
     Messages go out one write at a time, in the order they were given. A
     write is a round trip through gRPC's completion queue, so starts given
     while one is written wait for it; they then go out together, as one
-    message of ``batch_starts``: a burst of turns (a batch of replies ended
+    ``starts`` message: a burst of turns (a batch of replies ended
     together, their callers' next requests arriving at once) reaches the
     server in one message rather than one per turn, spread over as many
     writes.
@@ -193,7 +202,7 @@ class SessionClient(Generic[Request, Event]):
         is_last: Callable[[Event], bool],
         cancel_request: Callable[[str, str], Request],
         broken: Callable[[str], MeshError],
-        batch_starts: Callable[[list[Request]], Request] | None = None,
+        batch_starts: bool = False,
     ) -> None:
         self._name = name
         self._open_call = open_call
@@ -286,22 +295,14 @@ class SessionClient(Generic[Request, Event]):
 
     def _coalesced(self, given: list[Request]) -> list[Request]:
         """``given`` as the messages to write: each run of two or more
-        starts as one message of ``batch_starts``, every other message as
-        it is, in order."""
-        if self._batch_starts is None:
+        starts as one ``starts`` message, every other message as it is, in
+        order."""
+        if not self._batch_starts:
             return given
         out: list[Request] = []
-        starts: list[Request] = []
-        for message in given:
-            if _is_start(message):
-                starts.append(message)
-                continue
-            if starts:
-                out.append(starts[0] if len(starts) == 1 else self._batch_starts(starts))
-                starts = []
-            out.append(message)
-        if starts:
-            out.append(starts[0] if len(starts) == 1 else self._batch_starts(starts))
+        for starting, run in itertools.groupby(given, key=_is_start):
+            messages = list(run)
+            out.extend([_batch(messages)] if starting and len(messages) > 1 else messages)
         return out
 
     def forget(self, request: SessionRequest[Request, Event], reason: str) -> None:

@@ -35,11 +35,6 @@ def region_session(stub: pb_grpc.ChatServiceStub, address: str) -> RegionSession
         message = f"the stream to {address} broke ({cause})"
         return SessionLost(Reason.REGION_UNAVAILABLE, message, retry_after_s=1.0)
 
-    def batch_starts(messages: list[pb.ChatSessionRequest]) -> pb.ChatSessionRequest:
-        request = pb.ChatSessionRequest()
-        request.starts.starts.extend(message.start for message in messages)
-        return request
-
     return SessionClient(
         address,
         stub.ChatSession,
@@ -47,7 +42,7 @@ def region_session(stub: pb_grpc.ChatServiceStub, address: str) -> RegionSession
         ends_its_request,
         cancel,
         broken,
-        batch_starts,
+        batch_starts=True,
     )
 
 

@@ -29,11 +29,6 @@ def engine_session(stub: pb_grpc.EngineServiceStub, pod_name: str) -> EngineSess
     def broken(cause: str) -> Unavailable:
         return Unavailable(Reason.ENGINE_FAILED, f"engine pod {pod_name} failed ({cause})", retry_after_s=1.0)
 
-    def batch_starts(messages: list[pb.GenerateSessionRequest]) -> pb.GenerateSessionRequest:
-        request = pb.GenerateSessionRequest()
-        request.starts.starts.extend(message.start for message in messages)
-        return request
-
     return SessionClient(
         pod_name,
         stub.GenerateSession,
@@ -41,5 +36,5 @@ def engine_session(stub: pb_grpc.EngineServiceStub, pod_name: str) -> EngineSess
         ends_its_request,
         cancel,
         broken,
-        batch_starts,
+        batch_starts=True,
     )

@@ -58,10 +58,13 @@ def _shape(message: pb.GenerateSessionRequest) -> Any:
     return [start.request_id for start in message.starts.starts]
 
 
-async def _session() -> tuple[EngineSession, _GatedCall]:
+async def _writing_r1() -> tuple[EngineSession, _GatedCall, asyncio.Task[Any]]:
+    """A session whose first start, r1, is being written."""
     call = _GatedCall()
     session = engine_session(_Stub(call), "pod-a")  # type: ignore[arg-type]
-    return session, call
+    first = asyncio.create_task(session.start("r1", _start("r1")))
+    await _settle()
+    return session, call, first
 
 
 async def _settle() -> None:
@@ -70,9 +73,7 @@ async def _settle() -> None:
 
 
 async def test_starts_given_during_a_write_go_out_as_one_message_after_it() -> None:
-    session, call = await _session()
-    first = asyncio.create_task(session.start("r1", _start("r1")))
-    await _settle()
+    session, call, first = await _writing_r1()
     rest = [asyncio.create_task(session.start(f"r{i}", _start(f"r{i}"))) for i in (2, 3, 4)]
     await _settle()
     assert [_shape(m) for m in call.written] == ["r1"]
@@ -89,9 +90,7 @@ async def test_starts_given_during_a_write_go_out_as_one_message_after_it() -> N
 
 
 async def test_a_cancel_keeps_its_place_between_the_starts_around_it() -> None:
-    session, call = await _session()
-    first = asyncio.create_task(session.start("r1", _start("r1")))
-    await _settle()
+    session, call, first = await _writing_r1()
     given = [
         session.start("r2", _start("r2")),
         session.start("r3", _start("r3")),
@@ -108,9 +107,7 @@ async def test_a_cancel_keeps_its_place_between_the_starts_around_it() -> None:
 
 
 async def test_a_writer_cancelled_while_it_waits_takes_its_message_back() -> None:
-    session, call = await _session()
-    first = asyncio.create_task(session.start("r1", _start("r1")))
-    await _settle()
+    session, call, first = await _writing_r1()
     waiting = asyncio.create_task(session.write(_start("gone")))
     kept = asyncio.create_task(session.write(_start("r2")))
     await _settle()
@@ -125,9 +122,7 @@ async def test_a_writer_cancelled_while_it_waits_takes_its_message_back() -> Non
 
 
 async def test_a_writer_cancelled_while_it_writes_others_messages_loses_none_of_them() -> None:
-    session, call = await _session()
-    first = asyncio.create_task(session.start("r1", _start("r1")))
-    await _settle()
+    session, call, first = await _writing_r1()
     holder = asyncio.create_task(session.write(_start("r2")))
     other = asyncio.create_task(session.write(_start("r3")))
     await _settle()
