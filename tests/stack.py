@@ -96,14 +96,18 @@ class MeshBuilder:
         return [await self.pod(f"{region}-pod-{n}", **overrides) for n in range(count)]
 
     async def region(self, settings: RegionSettings) -> RegionPlane:
-        """A started region, once geo-routing knows it: on a loaded machine
-        its first heartbeat can miss its deadline, and until one arrives the
-        zone has no region to route to (at most ROUTABLE_WAIT_S, for a test
-        whose global plane refuses the region on purpose)."""
+        """A started region, once geo-routing knows it and every pod has said
+        what it embeds: on a loaded machine its first heartbeat or a pod's
+        first answer can miss its deadline, and until one arrives the zone
+        has no region to route to, or an embedding model is not yet known
+        (at most ROUTABLE_WAIT_S, for a test whose global plane refuses the
+        region, or whose pod is down, on purpose)."""
         plane = await start_region(settings)
         self.on_exit(plane, lambda: plane.stop(0.5))
         deadline = time.monotonic() + ROUTABLE_WAIT_S
-        while not plane.heartbeat.delivered and time.monotonic() < deadline:
+        while not plane.heartbeat.delivered or plane.embedding_pods.unanswered:
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(0.05)
         return plane
 

@@ -6,7 +6,10 @@ is asked once per instance (``GetEmbeddingInfo``, again after a restart) in
 the background after every health round of the pool, so a request rarely
 waits for discovery: only when no pod known to the region embeds with the
 model asked for and some healthy pod has not answered yet (its first
-answer was late), :meth:`place` asks those pods before refusing.
+answer was late), :meth:`place` asks those pods before refusing. While a pod
+of the region has not answered in its current instance (down since it
+started, or its answer late again), a model no answering pod embeds with is
+refused UNAVAILABLE with a retry, not INVALID_ARGUMENT: that pod may serve it.
 """
 
 from __future__ import annotations
@@ -94,25 +97,27 @@ class EmbeddingPods:
         self._known[pod.address] = (instance, EmbeddingPod(pod, stub, info, instance))
         log.info("engine pod %s embeds with %s (%s)", pod.pod_id, info.model, info.backend)
 
-    def _unasked(self) -> list[EnginePodHandle]:
-        """Healthy pods whose current instance has not told what it embeds."""
+    @property
+    def unanswered(self) -> list[EnginePodHandle]:
+        """Pods of the pool (up or down) whose current instance has not told what it embeds."""
         return [
             p
-            for p in self._pool.healthy_pods
+            for p in self._pool.pods
             if (known := self._known.get(p.address)) is None or known[0] != p.info.instance_id
         ]
 
     async def place(self, model: str, exclude: frozenset[str] = frozenset()) -> EmbeddingPod:
-        """:meth:`choose`, after asking the pods not yet asked when no pod
-        known here embeds with ``model``."""
-        if not self.serves(model) and (unasked := self._unasked()):
+        """:meth:`choose`, after asking the healthy pods not yet asked when
+        no pod known here embeds with ``model``."""
+        if not self.serves(model) and (unasked := [p for p in self.unanswered if p.healthy]):
             await asyncio.gather(*(self._probe(p) for p in unasked))
         return self.choose(model, exclude)
 
     def choose(self, model: str, exclude: frozenset[str] = frozenset()) -> EmbeddingPod:
         """The healthy pod embedding with ``model`` that has the fewest
-        requests in flight. INVALID_ARGUMENT (param ``model``) when no pod
-        of the region embeds with it; UNAVAILABLE when those that do are down."""
+        requests in flight. INVALID_ARGUMENT (param ``model``) when every pod
+        of the region has answered and none embeds with it; UNAVAILABLE when
+        those that do are down, or some pod has not answered yet."""
         candidates = [
             e
             for _, e in self._known.values()
@@ -120,6 +125,14 @@ class EmbeddingPods:
         ]
         if candidates:
             return min(candidates, key=lambda e: e.in_flight)
+        if not self.serves(model) and (unanswered := self.unanswered):
+            names = ", ".join(p.pod_id or p.address for p in unanswered)
+            raise Unavailable(
+                Reason.ENGINE_UNAVAILABLE,
+                f"no engine pod of this region that answered embeds with {model!r}, and "
+                f"{len(unanswered)} has not said what it embeds yet ({names})",
+                retry_after_s=1.0,
+            )
         if not self.serves(model):
             raise InvalidArgument(
                 Reason.UNKNOWN_MODEL,

@@ -14,7 +14,9 @@ import grpc.aio
 import pytest
 
 from llmmesh.core.embedding_tokens import TOKEN_IDS_HEADER
-from llmmesh.core.errors import Reason, from_rpc_error
+from llmmesh.core.errors import Reason, Unavailable, from_rpc_error
+from llmmesh.region.embedding_pods import EmbeddingPods
+from llmmesh.region.engine_pool import EnginePool
 from llmmesh.region.safety import OPENAI_CATEGORIES
 from llmmesh.v1 import chat_service_pb2, chat_service_pb2_grpc, common_pb2
 from llmmesh.v1 import embedding_service_pb2 as epb
@@ -245,3 +247,17 @@ async def test_a_pod_whose_first_answer_was_late_is_asked_before_a_refusal(stack
     chat_model = epb.CreateEmbeddingsRequest(model="llmmesh-tiny", inputs=_texts("x"))
     code, _, param = await _refusal(stack, chat_model)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and param == "model" and pods.models == [MODEL]
+
+
+async def test_a_model_is_not_refused_by_name_while_a_pod_has_not_answered() -> None:
+    # A pod down since the region started has never said what it embeds: it
+    # may serve the model asked for, so the refusal is a retry, naming the pod.
+    pool = EnginePool(["127.0.0.1:9"])
+    try:
+        pods = EmbeddingPods(pool)
+        assert [p.address for p in pods.unanswered] == ["127.0.0.1:9"]
+        with pytest.raises(Unavailable) as caught:
+            await pods.place(MODEL)
+        assert caught.value.retry_after_s == 1.0 and "127.0.0.1:9" in str(caught.value)
+    finally:
+        await pool.close()

@@ -4,6 +4,7 @@ gap resets the pod in the index."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,7 +17,8 @@ from llmmesh.engine.backend import ChatTurn, GenerationRequest, SamplingOptions
 from llmmesh.engine.server import start_engine
 from llmmesh.engine.servicer import SERVICE_NAME, EngineServicer
 from llmmesh.engine.sim.backend import SimBackend
-from llmmesh.region.placement.kv_events_feed import Backoff, KvEventSubscriber
+from llmmesh.region.engine_pool import EnginePool
+from llmmesh.region.placement.kv_events_feed import Backoff, KvEventFeeds, KvEventSubscriber
 from llmmesh.region.placement.kv_index import ApplyOutcome, InMemoryPrefixIndex
 from llmmesh.v1 import engine_service_pb2, engine_service_pb2_grpc
 from tests.engine.support import collect
@@ -226,3 +228,23 @@ def test_backoff_grows_to_its_cap() -> None:
     assert 0.08 <= backoff.delay(1) <= 0.1
     assert 0.16 <= backoff.delay(2) <= 0.2
     assert 0.8 <= backoff.delay(10) <= 1.0
+
+
+@pytest.mark.asyncio
+async def test_a_feed_whose_channel_is_closed_ends_and_a_closed_feeds_follows_no_pod() -> None:
+    # A closed channel can never feed again: the subscriber ends quietly
+    # instead of dying on grpc's UsageError, and feeds closed while a health
+    # round was running start no subscriber on a channel about to close.
+    index = InMemoryPrefixIndex()
+    pool = EnginePool(["127.0.0.1:9"])
+    (pod,) = pool.pods
+    pod.pod_id = "pod-a"
+    await pool.close()
+    subscriber = KvEventSubscriber("pod-a", pod.stub, index, QUICK, max_consecutive_failures=3)
+    async with asyncio.timeout(10):
+        await subscriber.run()
+    assert subscriber.stats.failures == 0
+    feeds = KvEventFeeds(index, QUICK)
+    await feeds.close()
+    feeds.follow([pod])
+    assert feeds.subscriber("pod-a") is None

@@ -123,6 +123,10 @@ class KvEventSubscriber:
             except PrefixIndexError as err:
                 # The batch was not applied: the next attempt replays it.
                 await self._failed(str(err))
+            except grpc.aio.UsageError as err:
+                # The pod's channel was closed (the region stops, or let the pod go): it can never feed again.
+                log.info("kv feed of %s: ended, its channel is closed (%s)", self.pod_id, err)
+                return
             if self._max_failures is not None and self._failures >= self._max_failures:
                 log.error("kv feed of %s: giving up after %d failures", self.pod_id, self._failures)
                 return
@@ -173,10 +177,14 @@ class KvEventFeeds:
         self._index = index
         self._backoff = backoff
         self._subscribers: dict[str, KvEventSubscriber] = {}
+        self._closed = False
 
     def follow(self, pods: Iterable[EnginePodHandle]) -> None:
         """Start following every pod that has answered (has a pod id) and is
-        not followed yet; call it after each health round."""
+        not followed yet; call it after each health round. After :meth:`close`
+        (a health round may still end while the region stops) it follows none."""
+        if self._closed:
+            return
         for pod in pods:
             if pod.pod_id and pod.pod_id not in self._subscribers:
                 subscriber = KvEventSubscriber(pod.pod_id, pod.stub, self._index, self._backoff)
@@ -187,6 +195,7 @@ class KvEventFeeds:
         return self._subscribers.get(pod_id)
 
     async def close(self) -> None:
+        self._closed = True
         for subscriber in self._subscribers.values():
             await subscriber.stop()
         self._subscribers.clear()
