@@ -52,9 +52,11 @@ By default the whole measurement runs twice, each time in a fresh mesh:
 first with the region's safety filters off (``transport``: what the mesh's
 path adds), then with them on (``with_output_filter``: the product path).
 ``--safety off`` or ``--safety on`` makes only that run. The two differ
-where a reply's first token could begin a rule (a deny-listed phrase's
-first word, digits that may grow into a card number): the streaming output
-filter holds such text until the next token tells, about one decode step;
+where a reply's first token could begin a rule (a one-word deny-listed
+term's first letters, digits that may grow into a card number; a phrase's
+first word only where the region holds it, ``--safety-hold-first-word``):
+the streaming output filter holds such text until the next token tells,
+about one decode step;
 the direct path has no such filter. The targets are judged on the
 transport run, and what the filter adds to time to first token is reported on its own:
 what the mesh adds with the filter on minus what it adds with it off, each

@@ -25,6 +25,7 @@ PIECES = [
 SEPARATORS = [" ", "  ", "\n", ", ", ". ", "-", "'", ""]
 
 _TERM = re.compile(r"(?<!\w)forbidden\s+phrase(?!\w)", re.IGNORECASE)
+_FIRST_WORD = re.compile(r"forbidden\s+", re.IGNORECASE)
 _RUN = re.compile(r"\d(?:[ -]?\d)*")
 
 
@@ -35,9 +36,10 @@ def texts(draw: st.DrawFn, max_pieces: int = 40) -> str:
     return "".join(piece + separator for piece, separator in zip(pieces, separators, strict=True))
 
 
-def rules() -> RulesBackend:
-    """The deny-listed ``TERM`` and the built-in PII rules."""
-    return RulesBackend(deny_terms={"violence": [TERM]}, builtin=False)
+def rules(*, hold_first_word: bool = True) -> RulesBackend:
+    """The deny-listed ``TERM`` and the built-in PII rules; without
+    ``hold_first_word``, the term's first word may be let out."""
+    return RulesBackend(deny_terms={"violence": [TERM]}, builtin=False, hold_first_word=hold_first_word)
 
 
 def _card_spans(text: str) -> list[tuple[int, int]]:
@@ -55,18 +57,29 @@ def _card_spans(text: str) -> list[tuple[int, int]]:
 class Match(NamedTuple):
     """A rule's match: its span, and ``guarded``, where the part no filter
     may release before the match is checked begins (an email address's
-    ``@``; the start for every other rule)."""
+    ``@``; the term's second word where its first may be let out; the start
+    for every other rule)."""
 
     start: int
     end: int
     guarded: int
 
 
-def matches(text: str, since: int = 0) -> list[Match]:
+def _guarded(pattern: re.Pattern[str], match: re.Match[str], hold_first_word: bool) -> int:
+    if pattern is _EMAIL:
+        return match.string.index("@", match.start())
+    if pattern is _TERM and not hold_first_word:
+        first = _FIRST_WORD.match(match.string, match.start())
+        assert first is not None
+        return first.end()
+    return match.start()
+
+
+def matches(text: str, since: int = 0, *, hold_first_word: bool = True) -> list[Match]:
     """The rules' matches in ``text`` (ASCII and normal forms only) whose
     guarded part begins at ``since`` or later: one per pattern and start."""
     found = [
-        Match(*match.span(), text.index("@", match.start()) if pattern is _EMAIL else match.start())
+        Match(*match.span(), _guarded(pattern, match, hold_first_word))
         for pattern in (_TERM, _EMAIL, *_PHONES, *_NATIONAL_IDS)
         for start in range(len(text))
         if (match := pattern.match(text, start)) is not None

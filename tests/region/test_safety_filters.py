@@ -389,19 +389,23 @@ def test_a_phrase_within_the_overlap_is_always_caught_before_release(
     text=texts(max_pieces=30),
     cuts=st.lists(st.integers(0, 10_000), max_size=60),
     window=st.integers(64, 200),
+    hold_first_word=st.booleans(),
     data=st.data(),
 )
 def test_no_part_of_a_match_is_released_however_the_deltas_split_it(
-    text: str, cuts: list[int], window: int, data: st.DataObject
+    text: str, cuts: list[int], window: int, hold_first_word: bool, data: st.DataObject
 ) -> None:
     overlap = data.draw(st.integers(40, window - 1))
     min_check = data.draw(st.integers(1, window - overlap))
-    output = StreamingOutputFilter([rules()], window, overlap, min_check_chars=min_check)
+    output = StreamingOutputFilter(
+        [rules(hold_first_word=hold_first_word)], window, overlap, min_check_chars=min_check
+    )
     released, stopped = asyncio.run(stream(output, split_at(text, cuts)))
     assert text.startswith(released)
     # The windows see whole any match of up to the overlap: it must stop the
-    # reply, and none of it may have gone out before.
-    seen_whole = [match.guarded for match in matches(text) if match.end - match.start <= overlap]
+    # reply, and none of it (past its first word, where that may go out) may have gone out before.
+    found = matches(text, hold_first_word=hold_first_word)
+    seen_whole = [match.guarded for match in found if match.end - match.start <= overlap]
     if seen_whole:
         assert stopped is not None
         assert len(released) <= min(seen_whole)
@@ -434,13 +438,16 @@ async def decisions(output: StreamingOutputFilter, deltas: Sequence[str]) -> lis
     cuts=st.lists(st.integers(0, 10_000), max_size=60),
     window=st.integers(16, 256),
     builtin=st.booleans(),
+    hold_first_word=st.booleans(),
     data=st.data(),
 )
 def test_narrow_windows_decide_as_whole_ones_for_backends_that_tell_exactly(
-    text: str, cuts: list[int], window: int, builtin: bool, data: st.DataObject
+    text: str, cuts: list[int], window: int, builtin: bool, hold_first_word: bool, data: st.DataObject
 ) -> None:
     overlap = data.draw(st.integers(1, window - 1))
-    backend = RulesBackend(deny_terms={"violence": ["forbidden phrase"]}, builtin=builtin)
+    backend = RulesBackend(
+        deny_terms={"violence": ["forbidden phrase"]}, builtin=builtin, hold_first_word=hold_first_word
+    )
     deltas = split_at(text, cuts)
     narrow = asyncio.run(decisions(StreamingOutputFilter([backend], window, overlap), deltas))
     whole = asyncio.run(decisions(WholeWindows([backend], window, overlap), deltas))
@@ -528,3 +535,25 @@ async def test_built_filters_use_configured_terms_and_report_only() -> None:
     await filters.input_filter.check([("user", "mail jane@example.com")])
     with pytest.raises(PermissionDenied):
         await filters.input_filter.check([("user", "knee him")])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("hold_first_word", "expected"),
+    [
+        # The default: a phrase is held from its second word, so a reply's first word leaves with its token.
+        (False, [(" You", False), ("", False), ("", False), ("", True)]),
+        (True, [(" ", False), ("", False), ("", False), ("", True)]),
+    ],
+)
+async def test_a_flagged_phrase_never_goes_out_past_its_first_word(
+    hold_first_word: bool, expected: list[tuple[str, bool]]
+) -> None:
+    filters = build_filters(SafetySettings(safety_hold_first_word=hold_first_word))
+    assert await decisions(filters.new_output_filter(), [" You", " are", " worthless", " now"]) == expected
+    # Clean text after such a word goes out once the next word tells.
+    made = await decisions(filters.new_output_filter(), [" You", " are", " right", "."])
+    assert "".join(release for release, _ in made) == " You are right."
+    assert made[0][0] == (" " if hold_first_word else " You")
+    # A one-word term is held from its first letters either way.
+    assert (await filters.new_output_filter().feed(" Disem")).release == " "

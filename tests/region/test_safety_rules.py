@@ -317,15 +317,17 @@ def test_hold_from_cannot_tell_when_configured_patterns_and_engines_differ() -> 
     assert backend.hold_from("\u0915\u093e get crac", kind="output") is None  # a combining vowel sign
 
 
-@given(text=texts(), data=st.data())
-def test_hold_from_is_never_later_than_a_match_still_to_come(text: str, data: st.DataObject) -> None:
-    backend = rules()
+@given(text=texts(), hold_first_word=st.booleans(), data=st.data())
+def test_hold_from_is_never_later_than_a_match_still_to_come(
+    text: str, hold_first_word: bool, data: st.DataObject
+) -> None:
+    backend = rules(hold_first_word=hold_first_word)
     cut = data.draw(st.integers(0, len(text)))
     since = data.draw(st.integers(0, cut))
     offset = backend.hold_from(text[:cut], kind="output", since=since)
     assert offset is not None
     assert since <= offset <= cut
-    for match in matches(text, since):
+    for match in matches(text, since, hold_first_word=hold_first_word):
         if match.guarded < cut:
             assert offset <= match.guarded
 

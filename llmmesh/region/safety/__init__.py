@@ -114,7 +114,11 @@ def build_filters(
     for name in _backend_names(values.safety_backends):
         if name == "rules":
             terms = parse_term_lists(values.safety_deny_terms)
-            backends.append(RulesBackend(deny_terms=terms, report_only=report_only))
+            backends.append(
+                RulesBackend(
+                    deny_terms=terms, report_only=report_only, hold_first_word=values.safety_hold_first_word
+                )
+            )
         else:
             if judge is None:
                 raise ValueError("the judge safety backend needs a model to call")

@@ -32,6 +32,8 @@ class SafetyValues(Protocol):
     def safety_window_chars(self) -> int: ...
     @property
     def safety_overlap_chars(self) -> int: ...
+    @property
+    def safety_hold_first_word(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ class SafetySettings:
     safety_window_chars: int = setting(256, "characters of streamed output one safety check sees")
     safety_overlap_chars: int = setting(
         64, "characters consecutive output windows share; with the judge, held back until rechecked"
+    )
+    safety_hold_first_word: bool = setting(
+        False,
+        "hold a streamed word that may begin a deny-listed phrase of several words until the next word "
+        "tells; off: the phrase is held from its second word, so its first word may reach the client",
     )
 
 

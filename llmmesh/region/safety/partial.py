@@ -95,21 +95,55 @@ def _word_prefix(word: str, then: str) -> str:
     return re.escape(word[0]) + pattern
 
 
-def term_prefixes(terms: Iterable[str]) -> re.Pattern[str] | None:
+RELEASED_WORD_CHARS = 32
+"""The longest first word of a deny-list phrase :func:`term_prefixes` may
+leave out of its holds (``hold_first_word=False``); a longer one is held as
+any other part of its phrase."""
+
+
+def term_prefixes(terms: Iterable[str], *, hold_first_word: bool = True) -> re.Pattern[str] | None:
     """A pattern that matches, at the end of a text, every non-empty prefix of
     a deny-list match of ``terms`` (whole words, case-insensitive, any run of
     whitespace between words), whole terms included; the rules' own engine,
-    so its word edges and case folding are theirs."""
+    so its word edges and case folding are theirs.
+
+    Without ``hold_first_word``, a phrase of two or more words (its first no
+    longer than :data:`RELEASED_WORD_CHARS`) matches only once whitespace
+    follows its first word: the word alone, a common one (a phrase's words
+    are not flagged one by one), is nothing to hold, and the phrase is held
+    from what follows it. The match still begins at the first word, so a
+    search must start there (see :func:`word_before`)."""
     alternatives: set[str] = set()
     for term in terms:
+        words = term.split()
         pattern = ""
-        for word in reversed(term.split()):
-            pattern = _word_prefix(word, rf"(?:\s+(?:{pattern})?)?" if pattern else "")
+        for index in range(len(words) - 1, -1, -1):
+            rest = rf"(?:\s+(?:{pattern})?)?" if pattern else ""
+            if index == 0 and not hold_first_word and pattern and len(words[0]) <= RELEASED_WORD_CHARS:
+                pattern = re.escape(words[0]) + rf"\s+(?:{pattern})?"
+            else:
+                pattern = _word_prefix(words[index], rest)
         if pattern:
             alternatives.add(pattern)
     if not alternatives:
         return None
     return re.compile(r"(?<!\w)(?:" + "|".join(sorted(alternatives)) + r")\Z", re.IGNORECASE)
+
+
+_WORD_CHAR = re.compile(r"\w")
+_SPACE_CHAR = re.compile(r"\s")
+
+
+def word_before(text: str, pos: int) -> int:
+    """Where the word and the whitespace just before ``pos`` begin (in
+    ``re``'s classes): where a phrase whose first word was let out
+    (:func:`term_prefixes`) may begin."""
+    start = pos
+    while start > 0 and _SPACE_CHAR.match(text, start - 1):
+        start -= 1
+    while start > 0 and _WORD_CHAR.match(text, start - 1):
+        start -= 1
+    return start
 
 
 _CLASSES = (r"\w", r"\d", r"\s")

@@ -24,6 +24,7 @@ import regex
 from llmmesh.region.safety import verdict as cat
 from llmmesh.region.safety.backend import SafetyBackend
 from llmmesh.region.safety.partial import (
+    RELEASED_WORD_CHARS,
     Normalised,
     engines_agree,
     normalise,
@@ -31,6 +32,7 @@ from llmmesh.region.safety.partial import (
     proxied,
     settled_end,
     term_prefixes,
+    word_before,
 )
 from llmmesh.region.safety.verdict import CheckKind, Verdict, require_categories
 
@@ -220,6 +222,14 @@ class RulesBackend(SafetyBackend):
     ``deny_terms`` and ``patterns`` (regexes) extend the built-in rules per
     category; ``builtin=False`` drops the built-in deny terms. Categories in
     ``report_only`` are reported in the verdict but never block.
+
+    ``hold_first_word=False`` lets a streamed reply's word out even where it
+    is the first word of a deny-listed phrase of two or more words (see
+    :func:`region.safety.partial.term_prefixes`): the phrase is held from
+    its second word, so a reply beginning "You" or "I" is not held a decode
+    step for "you are worthless" or "i want to kill myself", and a flagged
+    phrase never reaches the client past its first word. With it (the
+    default here) no part of a phrase is let out.
     """
 
     def __init__(
@@ -230,8 +240,10 @@ class RulesBackend(SafetyBackend):
         report_only: Collection[str] = (),
         builtin: bool = True,
         name: str = "rules",
+        hold_first_word: bool = True,
     ) -> None:
         self.name = name
+        self.hold_first_word = hold_first_word
         self._report_only = frozenset(require_categories(report_only))
         terms: dict[str, list[str]] = {
             c: list(BUILTIN_DENY_TERMS.get(c, ())) if builtin else [] for c in cat.ALL_CATEGORIES
@@ -258,7 +270,7 @@ class RulesBackend(SafetyBackend):
         report-only one never stops a reply."""
         blocking = [t for category, listed in terms.items() if self._blocks(category) for t in listed]
         self._whole_terms = _term_pattern(blocking)
-        self._term_prefixes = term_prefixes(blocking)
+        self._term_prefixes = term_prefixes(blocking, hold_first_word=self.hold_first_word)
         self._held_pii = _partial(_EMAIL_FROM_AT, *_PHONES, *_NATIONAL_IDS) if self._blocks(cat.PII) else None
         self._held_injection = _partial(*self._injection) if self._blocks(cat.PROMPT_INJECTION) else None
         # What _held_in searches, per kind: the patterns that exist, built once.
@@ -279,8 +291,10 @@ class RulesBackend(SafetyBackend):
         # letter or a configured pattern might (an ASCII term's prefix is held
         # anyway, and a composed letter never makes a built-in pattern match).
         self._ascii_settles = not self._held_patterns and all(term.isascii() for term in blocking)
-        # Configured patterns may look back any distance; the built-in rules and terms a few characters.
-        self.context_chars = None if self._patterns else _CONTEXT_CHARS
+        # Configured patterns may look back any distance; the built-in rules and
+        # terms a few characters, and a phrase whose first word was let out that word.
+        self._look_back = _CONTEXT_CHARS + (0 if self.hold_first_word else RELEASED_WORD_CHARS)
+        self.context_chars = None if self._patterns else self._look_back
 
     def _blocks(self, category: str) -> bool:
         return category not in self._report_only
@@ -349,7 +363,7 @@ class RulesBackend(SafetyBackend):
         since = min(max(0, since), len(text))
         # Configured patterns may look back any distance; the built-in ones
         # need only a little context before since.
-        start = 0 if self._held_patterns else max(0, since - _CONTEXT_CHARS)
+        start = 0 if self._held_patterns else max(0, since - self._look_back)
         normal = Normalised.of(text[start:])
         if normal is None:
             return None
@@ -371,8 +385,10 @@ class RulesBackend(SafetyBackend):
     def _held_in(self, seen: str, pos: int, kind: CheckKind) -> int | None:
         """:meth:`hold_from` in normal form, from ``pos`` on."""
         starts = [len(seen)]
+        # A phrase whose first word was let out begins at the word before pos.
+        terms_from = pos if self.hold_first_word else word_before(seen, pos)
         for terms in self._held_terms:
-            match = terms.search(seen, pos)
+            match = terms.search(seen, terms_from)
             if match is not None:
                 starts.append(match.start())
         if self._held_pii is not None:
