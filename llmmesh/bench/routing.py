@@ -139,6 +139,8 @@ def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, Workin
     workload = workload_of(plan)
     working = working_set(workload, plan.concurrency, counter)
     pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
+    # At least one turn at its longest must fit a pod (many pods, few users).
+    pressure = max(pressure, math.ceil(working.longest_turn_tokens / plan.block_size) + 1)
     return workload, working, plan.kv_blocks or pressure
 
 
@@ -152,6 +154,11 @@ def sim_setup(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, KvSizing,
         raise ValueError(
             f"the longest turn needs {working.longest_turn_tokens} tokens, more than the "
             f"{context_window}-token context window; shorten the workload"
+        )
+    if kv_blocks * plan.block_size < working.longest_turn_tokens:
+        raise ValueError(
+            f"--kv-blocks {kv_blocks} gives a pod {kv_blocks * plan.block_size} tokens of KV cache; the "
+            f"longest turn needs {working.longest_turn_tokens}: raise --kv-blocks"
         )
     sizing = KvSizing(plan.pods, plan.block_size, kv_blocks, working)
     return workload, sizing, SimPodSpec(kv_blocks, plan.block_size, plan.max_num_seqs, context_window)

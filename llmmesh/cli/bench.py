@@ -203,7 +203,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-pressure",
         type=_fraction,
         default=None,
-        help="share of the simulator cluster's KV cache the workload's working set fills (0.7)",
+        help="share of the simulator cluster's KV cache the workload's working set fills (0.7); "
+        "a pod holds at least its longest turn, so many pods for few users fill less",
     )
     routing.add_argument(
         "--kv-blocks",

@@ -17,6 +17,7 @@ import pytest
 
 from llmmesh.bench.openai_client import ChunkCounter
 from llmmesh.bench.plan import ROUTING_POLICIES, SIM_ROUTING, VLLM_ROUTING, RoutingBenchPlan
+from llmmesh.bench.routing import sim_setup, sim_workload
 from llmmesh.bench.routing_clients import (
     PrefixCacheCounts,
     chat_body,
@@ -145,6 +146,16 @@ def test_default_sim_workload_overflows_one_pod_and_fits_the_cluster() -> None:
     assert sizing.shared_prefix_over_pod_kv > 1.0
     assert 0.6 < sizing.kv_pressure <= 0.7
     assert working.longest_turn_tokens < 4096
+
+
+def test_many_pods_for_few_users_still_fit_a_turn_and_too_few_kv_blocks_are_refused() -> None:
+    # 1,024 pods for the default 16 users: sized to the KV pressure alone a
+    # pod would hold 3 blocks, and every turn would fail; it holds the longest turn.
+    many = dataclasses.replace(SIM_ROUTING, pods=1024)
+    _, working, blocks = sim_workload(many)
+    assert blocks * many.block_size >= working.longest_turn_tokens
+    with pytest.raises(ValueError, match="--kv-blocks 2 gives a pod 32 tokens"):
+        sim_setup(dataclasses.replace(SIM_ROUTING, kv_blocks=2))
 
 
 # ---------------------------------------------------------------- clients
