@@ -127,10 +127,7 @@ def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, Workin
     if plan.workload in (RAG, AGENTIC):
         seeded = RagWorkload.of(plan) if plan.workload == RAG else AgenticWorkload.of(plan)
         working = seeded.working_set(plan.concurrency, counter)
-        pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
-        # At least one turn at its longest must fit a pod.
-        pressure = max(pressure, math.ceil(working.longest_turn_tokens / plan.block_size) + 1)
-        return seeded, working, plan.kv_blocks or pressure
+        return seeded, working, plan.kv_blocks or _pressure_blocks(working, plan)
     if plan.workload == PREFILL_HEAVY:
         heavy = PrefillHeavyWorkload.of(plan)
         working = heavy.working_set(plan.concurrency, counter)
@@ -138,10 +135,14 @@ def sim_workload(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, Workin
         return heavy, working, plan.kv_blocks or blocks
     workload = workload_of(plan)
     working = working_set(workload, plan.concurrency, counter)
+    return workload, working, plan.kv_blocks or _pressure_blocks(working, plan)
+
+
+def _pressure_blocks(working: WorkingSet, plan: RoutingBackendPlan) -> int:
+    """KV blocks per pod for ``plan.kv_pressure``, and at least one turn at
+    its longest (many pods for few users would otherwise hold none)."""
     pressure = blocks_for_pressure(working.tokens, plan.pods, plan.block_size, plan.kv_pressure)
-    # At least one turn at its longest must fit a pod (many pods, few users).
-    pressure = max(pressure, math.ceil(working.longest_turn_tokens / plan.block_size) + 1)
-    return workload, working, plan.kv_blocks or pressure
+    return max(pressure, math.ceil(working.longest_turn_tokens / plan.block_size) + 1)
 
 
 def sim_setup(plan: RoutingBackendPlan) -> tuple[ConversationWorkload, KvSizing, SimPodSpec]:

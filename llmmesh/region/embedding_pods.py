@@ -125,15 +125,14 @@ class EmbeddingPods:
         ]
         if candidates:
             return min(candidates, key=lambda e: e.in_flight)
-        if not self.serves(model) and (unanswered := self.unanswered):
-            names = ", ".join(p.pod_id or p.address for p in unanswered)
-            raise Unavailable(
-                Reason.ENGINE_UNAVAILABLE,
-                f"no engine pod of this region that answered embeds with {model!r}, and "
-                f"{len(unanswered)} has not said what it embeds yet ({names})",
-                retry_after_s=1.0,
-            )
         if not self.serves(model):
+            if unanswered := self.unanswered:
+                raise Unavailable(
+                    Reason.ENGINE_UNAVAILABLE,
+                    f"no engine pod of this region that answered embeds with {model!r}; not heard "
+                    f"from yet: {', '.join(p.pod_id or p.address for p in unanswered)}",
+                    retry_after_s=1.0,
+                )
             raise InvalidArgument(
                 Reason.UNKNOWN_MODEL,
                 f"model {model!r} is not an embedding model served in this region"
