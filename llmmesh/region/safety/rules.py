@@ -34,6 +34,7 @@ from llmmesh.region.safety.partial import (
     term_prefixes,
     word_before,
 )
+from llmmesh.region.safety.prefilter import TermWords, lowered_if_ascii, needs_of
 from llmmesh.region.safety.verdict import CheckKind, Verdict, require_categories
 
 # A small, conservative starting point per category; deployments extend it
@@ -255,13 +256,18 @@ class RulesBackend(SafetyBackend):
             pattern = _term_pattern(listed)
             if pattern is not None:
                 self._terms.append((category, pattern))
-        self._any_term = _any_term_pattern(term for listed in terms.values() for term in listed)
+        all_terms = [term for listed in terms.values() for term in listed]
+        self._any_term = _any_term_pattern(all_terms)
+        # What a text needs for a term to match, tested before the search (see prefilter).
+        self._any_term_needs = TermWords.of(all_terms)
         self._patterns: list[tuple[str, re.Pattern[str]]] = [
             (require_categories([category])[0], re.compile(source, re.IGNORECASE))
             for category, sources in (patterns or {}).items()
             for source in sources
         ]
         self._injection = [re.compile(p, re.IGNORECASE) for p in INJECTION_PATTERNS]
+        self._pattern_needs = [needs_of(pattern) for _, pattern in self._patterns]
+        self._injection_needs = [needs_of(pattern) for pattern in self._injection]
         self._clean = Verdict.safe(self.name)
         self._init_holds(terms)
 
@@ -312,19 +318,29 @@ class RulesBackend(SafetyBackend):
     def classify(self, text: str, *, kind: CheckKind) -> Verdict:
         """The same decision as :meth:`check`, synchronously."""
         normal = normalise(text)
+        # Lower-cased where a rule's needs may be tested (ASCII text): a rule
+        # whose needs it does not meet cannot match, and is not searched.
+        lowered = lowered_if_ascii(normal)
         findings: dict[str, str] = {}
         # Which categories only when some term matches at all: most windows hold none.
-        if self._any_term is not None and self._any_term.search(normal):
+        if (
+            self._any_term is not None
+            and (lowered is None or self._any_term_needs is None or self._any_term_needs.met_by(lowered))
+            and self._any_term.search(normal)
+        ):
             for category, pattern in self._terms:
                 if pattern.search(normal):
                     findings.setdefault(category, "deny-listed term")
-        for category, pattern in self._patterns:
-            if pattern.search(normal):
+        for (category, pattern), needs in zip(self._patterns, self._pattern_needs, strict=True):
+            if (lowered is None or needs.met_by(lowered)) and pattern.search(normal):
                 findings.setdefault(category, "configured pattern")
         pii = self._pii(normal)
         if pii:
             findings.setdefault(cat.PII, pii)
-        if kind == "input" and any(p.search(normal) for p in self._injection):
+        if kind == "input" and any(
+            (lowered is None or needs.met_by(lowered)) and pattern.search(normal)
+            for pattern, needs in zip(self._injection, self._injection_needs, strict=True)
+        ):
             findings.setdefault(cat.PROMPT_INJECTION, "prompt-injection marker")
         if not findings:
             return self._clean
