@@ -16,12 +16,24 @@ Also :func:`chat_role_name`, the role names chat templates use.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmmesh.v1 import common_pb2, engine_service_pb2
 
 _ROLE_PREFIX = "CHAT_ROLE_"
+
+CACHED_CONTENT_CHARS = 512
+"""The shortest message content whose ids :class:`PieceTokenizer` keeps (a
+shorter one encodes in about as long as the cache takes)."""
+CACHED_CONTENT_MAX_CHARS = 16_384
+"""The longest it keeps: a document-sized message is rarely sent twice."""
+CONTENT_CACHE_ENTRIES = 128
+"""How many message contents' ids it keeps, the least recently used going
+first: at most 2 M characters, and their ids at 4 bytes an id (an id per
+character of ASCII text, at most one per UTF-8 byte of any)."""
 
 
 def chat_role_name(role: common_pb2.ChatRole.ValueType) -> str:
@@ -61,12 +73,21 @@ TokenizerSpec = PieceTokenizerSpec | HfTokenizerSpec
 
 
 class PieceTokenizer:
-    """Runs a :class:`PieceTokenizerSpec`. Stateless after construction and cheap to call.
+    """Runs a :class:`PieceTokenizerSpec`. Cheap to call; what it keeps
+    between calls is a cache of its own answers.
 
     Text is split into the matches of the pattern; a match that is a piece
     becomes its id, any other match one id per UTF-8 byte (SentencePiece's
     byte fallback), so every text has stable ids. A lone surrogate, which is
     not valid UTF-8, encodes as ``?``.
+
+    A chat's messages are encoded one by one (:meth:`render_chat`), so a
+    message many prompts share (a tenant's system prompt, a conversation's
+    earlier turns) encodes to the same ids each time: the ids of the last
+    :data:`CONTENT_CACHE_ENTRIES` messages of :data:`CACHED_CONTENT_CHARS`
+    characters or more (up to :data:`CACHED_CONTENT_MAX_CHARS`) are kept and
+    reused. Encoding is a function of the text alone, so the reuse changes
+    no id.
     """
 
     def __init__(self, spec: PieceTokenizerSpec) -> None:
@@ -75,6 +96,7 @@ class PieceTokenizer:
         self._piece_ids = {piece: spec.piece_offset + index for index, piece in enumerate(spec.pieces)}
         self._byte_offset = spec.byte_offset
         self._role_ids = dict(spec.role_ids)
+        self._contents: OrderedDict[str, array[int]] = OrderedDict()
 
     def piece_id(self, piece: str) -> int:
         """The id of one vocabulary piece; KeyError if it is not one."""
@@ -103,13 +125,27 @@ class PieceTokenizer:
             if role_id is None:
                 raise ValueError(f"unknown chat role {role!r}; expected one of {', '.join(self._role_ids)}")
             ids.append(role_id)
-            ids.extend(self.encode(content))
+            ids.extend(self._content_ids(content))
             ids.append(self.spec.end_of_turn_id)
         if add_generation_prompt:
             opener = self._role_ids.get("assistant")
             if opener is None:
                 raise ValueError("the vocabulary has no assistant role to open a reply with")
             ids.append(opener)
+        return ids
+
+    def _content_ids(self, content: str) -> Sequence[int]:
+        """:meth:`encode` of one message's content, from the cache where it is kept."""
+        if not CACHED_CONTENT_CHARS <= len(content) <= CACHED_CONTENT_MAX_CHARS:
+            return self.encode(content)
+        cache = self._contents
+        ids = cache.get(content)
+        if ids is not None:
+            cache.move_to_end(content)
+            return ids
+        ids = cache[content] = array("i", self.encode(content))
+        if len(cache) > CONTENT_CACHE_ENTRIES:
+            cache.popitem(last=False)
         return ids
 
 

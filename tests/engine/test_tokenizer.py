@@ -5,12 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmmesh.core.chat_tokenizer import PieceTokenizer, PieceTokenizerSpec, tokenizer_response, tokenizer_spec
+from llmmesh.core.chat_tokenizer import (
+    CACHED_CONTENT_CHARS,
+    CACHED_CONTENT_MAX_CHARS,
+    CONTENT_CACHE_ENTRIES,
+    PieceTokenizer,
+    PieceTokenizerSpec,
+    tokenizer_response,
+    tokenizer_spec,
+)
 from llmmesh.engine.sim.tokenizer import SimTokenizer
 from llmmesh.engine.sim.vocabulary import SPECIAL_TOKENS, VOCAB_SIZE, WORDS
 
@@ -87,3 +96,38 @@ def test_the_published_spec_renders_chats_as_the_simulator_does(
     assert PieceTokenizer(PUBLISHED).render_chat(turns, add_generation_prompt) == TOKENIZER.render_chat(
         turns, add_generation_prompt
     )
+
+
+def test_a_message_sent_again_renders_from_the_cache_to_the_same_ids() -> None:
+    """A long message's ids are kept and reused, the oldest going first past
+    the cache's size; a short one is encoded every time."""
+    assert isinstance(PUBLISHED, PieceTokenizerSpec)
+    tokenizer = PieceTokenizer(PUBLISHED)
+    system = " ".join(WORDS[i % len(WORDS)] for i in range(CACHED_CONTENT_CHARS // 3))
+    assert CACHED_CONTENT_CHARS <= len(system) <= CACHED_CONTENT_MAX_CHARS
+
+    def chat(user: str) -> list[int]:
+        return tokenizer.render_chat([("system", system), ("user", user)], True)
+
+    first = chat("hello")
+    assert first == [
+        TOKENIZER.spec.bos_id,
+        TOKENIZER.spec.role_ids["system"],
+        *tokenizer.encode(system),
+        TOKENIZER.spec.end_of_turn_id,
+        TOKENIZER.spec.role_ids["user"],
+        *tokenizer.encode("hello"),
+        TOKENIZER.spec.end_of_turn_id,
+        TOKENIZER.spec.role_ids["assistant"],
+    ]
+    first.clear()  # what a caller does with its ids is not the cache's
+    with mock.patch.object(tokenizer, "encode", wraps=tokenizer.encode) as encode:
+        again = chat("hello again")
+        assert again == TOKENIZER.render_chat([("system", system), ("user", "hello again")], True)
+        assert [c.args[0] for c in encode.call_args_list] == ["hello again"]  # the system prompt came cached
+        # Past the cache's size the oldest content goes; encoding it again gives the same ids.
+        for index in range(CONTENT_CACHE_ENTRIES):
+            tokenizer.render_chat([("user", f"{index} {system}")], False)
+        encode.reset_mock()
+        assert chat("hello again") == again
+        assert [c.args[0] for c in encode.call_args_list] == [system, "hello again"]
