@@ -97,6 +97,12 @@ from llmmesh.topology.mesh_config import (
 from llmmesh.topology.netns import HostNetwork, NetHost, NetnsError
 
 STARTUP_TIMEOUT_S = 120.0
+"""How long a plane, or a group of planes started together, may take to
+become ready, by default, in a mesh whose pods are all simulators."""
+VLLM_STARTUP_TIMEOUT_S = 600.0
+"""The same where a pod runs vLLM: importing it, loading the model and
+sizing the KV cache take a minute on an idle machine here, several on a
+busy one, and longer for a large model."""
 
 
 def add_up_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +176,14 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "iproute2; removed on exit); mesh.json's netns entry names each host's namespace and link",
     )
     parser.add_argument(
+        "--startup-timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"how long a plane, or a group of planes started together, may take to become ready "
+        f"(default {STARTUP_TIMEOUT_S:.0f}, {VLLM_STARTUP_TIMEOUT_S:.0f} where a pod runs vLLM)",
+    )
+    parser.add_argument(
         "--redis",
         choices=REDIS_MODES,
         default="auto",
@@ -178,6 +192,25 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "redis-server of the zone's own when one is on the PATH; embedded: always one of the mesh's "
         "own per zone; none: each process alone, so RPM/TPM hold per region, not per key",
     )
+
+
+def _positive_seconds(raw: str) -> float:
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {raw}")
+    return seconds
+
+
+def startup_timeout_s(args: argparse.Namespace, config: MeshConfig) -> float:
+    """``--startup-timeout``, or the default for the mesh's pods."""
+    if args.startup_timeout is not None:
+        return float(args.startup_timeout)
+    if any(config.backend_of(region) == "vllm" for region in config.regions()):
+        return VLLM_STARTUP_TIMEOUT_S
+    return STARTUP_TIMEOUT_S
 
 
 def mesh_config_of(args: argparse.Namespace) -> tuple[MeshConfig, str]:
@@ -362,7 +395,9 @@ class MeshLauncher:
         self.progress(f"edge serving on {self.edge.info['url']}")
         names = [r.name for r in config.regions()]
         asyncio.run(
-            wait_regions_serving(glob.address(), names, STARTUP_TIMEOUT_S, self._check, self.admin_security())
+            wait_regions_serving(
+                glob.address(), names, self.sup.startup_timeout_s, self._check, self.admin_security()
+            )
         )
         self.progress(f"geo-routing lists all {len(names)} regions as serving")
         if not _wait_healthy(str(self.edge.info["url"]), 15.0):
@@ -592,7 +627,7 @@ def _run(
     """:func:`run_up` once the home is this mesh's and its ports are free."""
     with tempfile.TemporaryDirectory(prefix="llmmesh-up-") as run_dir:
         policy = RestartPolicy(enabled=args.restart == "on-failure")
-        sup = Supervisor(Path(run_dir), STARTUP_TIMEOUT_S, policy)
+        sup = Supervisor(Path(run_dir), startup_timeout_s(args, config), policy)
 
         def on_signal(signum: int, frame: types.FrameType | None) -> None:
             sup.stopping = True
