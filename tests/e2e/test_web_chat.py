@@ -32,6 +32,7 @@ import pytest
 from selenium import webdriver
 from selenium.common.exceptions import (
     ElementClickInterceptedException,
+    ElementNotInteractableException,
     StaleElementReferenceException,
     TimeoutException,
 )
@@ -150,7 +151,8 @@ class Page:
         """Click ``#element_id`` once it is shown and takes the click: a button
         that has just appeared can sit, for a frame or two, where the layout
         put it before the thread reflowed (a click there lands on whatever
-        covers it). The first refused click leaves a screenshot."""
+        covers it), or have no size yet on a busy machine (the browser refuses
+        a click on it). The first refused click leaves a screenshot."""
         covered = False
 
         def clicked(chrome: webdriver.Chrome) -> bool:
@@ -159,7 +161,7 @@ class Page:
                 return False
             try:
                 element.click()
-            except ElementClickInterceptedException:
+            except (ElementClickInterceptedException, ElementNotInteractableException):
                 nonlocal covered
                 if not covered:
                     self.shot(f"{element_id}-covered")
