@@ -31,6 +31,7 @@ from llmmesh.bench.plan import (
     RoutingBackendPlan,
     RoutingBenchPlan,
 )
+from llmmesh.cli.arg_types import positive_number
 
 if TYPE_CHECKING:
     from llmmesh.bench.routing_report import RoutingReport
@@ -87,13 +88,6 @@ def _policies(text: str) -> tuple[str, ...]:
             f"expected routing policies among {', '.join(ROUTING_POLICIES)}, got {text!r}"
         )
     return policies
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,7 +195,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     routing.add_argument(
         "--kv-pressure",
-        type=_fraction,
+        type=positive_number(),
         default=None,
         help="share of the simulator cluster's KV cache the workload's working set fills (0.7); "
         "a pod holds at least its longest turn, so many pods for few users fill less",

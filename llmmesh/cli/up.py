@@ -73,6 +73,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from llmmesh.cli.arg_types import positive_number
 from llmmesh.cli.embedded_redis import REDIS_MODES, choose_redis, start_embedded_redis
 from llmmesh.cli.fleet_bootstrap import ensure_family_models, pod_env
 from llmmesh.cli.mesh_bootstrap import dev_tenants, ensure_dev_tenants, wait_regions_serving
@@ -177,7 +178,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--startup-timeout",
-        type=_positive_seconds,
+        type=positive_number("number of seconds"),
         default=None,
         metavar="SECONDS",
         help=f"how long a plane, or a group of planes started together, may take to become ready "
@@ -192,16 +193,6 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         "redis-server of the zone's own when one is on the PATH; embedded: always one of the mesh's "
         "own per zone; none: each process alone, so RPM/TPM hold per region, not per key",
     )
-
-
-def _positive_seconds(raw: str) -> float:
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {raw}")
-    return seconds
 
 
 def startup_timeout_s(args: argparse.Namespace, config: MeshConfig) -> float:

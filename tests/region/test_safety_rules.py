@@ -437,7 +437,9 @@ def test_needs_are_read_off_the_patterns() -> None:
     )
     assert you_are == (("you",), ("are",), ("now",), ("dan", "developer", "jailbroken", "unfiltered"))
     assert system_prompt == (("system",), ("prompt",))
+    assert reveal == (("reveal", "print", "show", "repeat"), ("your", "the"), ("system", "instructions"))
     assert im_start == (("<|im_start|>",), ("system",))
+    assert developer == (("developer",), ("mode",), ("enabled",))
     # Optional parts, classes and look-arounds need nothing; an alternative that needs nothing
     # leaves its whole branch out.
     assert needs_of(re.compile(r"(?:ab)?\d+(?=xyz)[cd]")).clauses == ()
@@ -451,4 +453,3 @@ def test_needs_are_read_off_the_patterns() -> None:
     )
     assert not words.met_by("kills them all") and not words.met_by("selfharm")
     assert TermWords.of(["caf\u00e9 noir"]) is None
-    assert reveal and developer
